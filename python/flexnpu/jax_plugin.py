@@ -1,0 +1,39 @@
+"""JAX plugin entry point (group `jax_plugins`): registers the `flexnpu` platform.
+
+JAX imports this module during backend discovery and calls `initialize()`; user code never
+imports FlexNPU for `JAX_PLATFORMS=flexnpu` to work.
+"""
+
+from __future__ import annotations
+
+import logging
+
+PLATFORM_NAME = "flexnpu"
+logger = logging.getLogger(__name__)
+
+
+def _default_options() -> dict[str, str]:
+    from flexnpu._paths import cpu_plugin_path
+
+    # The C++ side cannot find a Python package; hand it the default backend's path.
+    return {"cpu_plugin_path": str(cpu_plugin_path())}
+
+
+def _enable_donation() -> None:
+    # JAX only honours donate_argnums on platforms in a hard-coded list; FlexNPU forwards
+    # donation to the physical backend, which implements it.
+    from jax._src.interpreters import mlir
+
+    if PLATFORM_NAME not in mlir._platforms_with_donation:
+        mlir._platforms_with_donation.append(PLATFORM_NAME)
+
+
+def initialize() -> None:
+    from jax._src import xla_bridge
+
+    from flexnpu._paths import plugin_library_path
+
+    xla_bridge.register_plugin(
+        PLATFORM_NAME, library_path=str(plugin_library_path()), options=_default_options
+    )
+    _enable_donation()

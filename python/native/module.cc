@@ -1,0 +1,16 @@
+// flexnpu._native: the C++ cores (HLO analysis, placement) exposed to Python.
+#include <nanobind/nanobind.h>
+
+namespace nb = nanobind;
+
+namespace flexnpu::python {
+// Each component registers its bindings from its own file in this folder.
+void RegisterAnalysis(nb::module_& m);
+}  // namespace flexnpu::python
+
+NB_MODULE(_native, m) {
+  m.doc() = "FlexNPU native cores";
+#ifdef FLEXNPU_HAVE_XLA_PASSES
+  flexnpu::python::RegisterAnalysis(m);
+#endif
+}
