@@ -1,0 +1,74 @@
+// Helpers shared by the C API entry points: argument checks, handle resolution, exception
+// containment and forwarding of calls whose arguments only differ by one handle.
+#ifndef FLEXNPU_C_API_COMMON_H_
+#define FLEXNPU_C_API_COMMON_H_
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "pjrt_c_api.h"
+#include "pjrt_flexnpu/runtime/error.h"
+#include "pjrt_flexnpu/runtime/handles.h"
+#include "pjrt_flexnpu/runtime/status.h"
+
+namespace flexnpu::c_api {
+
+// Runs `body` (returning Status) so that no C++ exception crosses the C boundary.
+template <typename Body>
+PJRT_Error* Guard(const char* where, Body&& body) {
+  try {
+    return ToPjrtError(body());
+  } catch (const std::exception& e) {
+    return ToPjrtError(Internal(std::string(where) + ": " + e.what()));
+  } catch (...) {
+    return ToPjrtError(Internal(std::string(where) + ": unknown C++ exception"));
+  }
+}
+
+// The entry points, one per family; api.cc puts them in the PJRT_Api table.
+#define FLEXNPU_DECLARE(Fn) PJRT_Error* Fn(Fn##_Args* args);
+
+}  // namespace flexnpu::c_api
+
+// Checks that `args` is non-null and large enough to hold `last_field` (">=", never "==":
+// callers built against newer headers pass larger structs).
+#define FLEXNPU_CHECK_ARGS(Fn, last_field)                                                  \
+  do {                                                                                      \
+    if (args == nullptr) return ::flexnpu::InvalidArgument(#Fn ": args is null");           \
+    if (args->struct_size < offsetof(Fn##_Args, last_field) + sizeof(args->last_field)) {  \
+      return ::flexnpu::InvalidArgument(#Fn ": args struct_size " +                         \
+                                        std::to_string(args->struct_size) + " is too small"); \
+    }                                                                                       \
+  } while (0)
+
+// Declares `var` as the FlexNPU object behind `handle`, or returns INVALID_ARGUMENT.
+#define FLEXNPU_RESOLVE(var, Type, handle, Fn, what)                                          \
+  Type* var = ::flexnpu::FromHandle<Type>(handle);                                            \
+  if (var == nullptr) {                                                                       \
+    return ::flexnpu::InvalidArgument(std::string(#Fn ": ") + what +                          \
+                                      " is not a FlexNPU handle (null, foreign or destroyed)"); \
+  }
+
+// Calls inner `Fn` with the caller's arguments, `handle_field` swapped for `inner_handle`,
+// and copies the results back within the caller's struct size.
+#define FLEXNPU_FORWARD(backend, Fn, handle_field, inner_handle)          \
+  [&]() -> ::flexnpu::Status {                                            \
+    Fn##_Args inner_args{};                                               \
+    const size_t n = std::min(args->struct_size, sizeof(inner_args));     \
+    std::memcpy(&inner_args, args, n);                                    \
+    inner_args.struct_size = Fn##_Args_STRUCT_SIZE;                       \
+    inner_args.handle_field = inner_handle;                               \
+    ::flexnpu::Status s = FLEXNPU_INNER_CALL(backend, Fn, &inner_args);   \
+    if (!s.ok()) return s;                                                \
+    const size_t caller_size = args->struct_size;                         \
+    auto caller_handle = args->handle_field;                              \
+    std::memcpy(args, &inner_args, n);                                    \
+    args->struct_size = caller_size;                                      \
+    args->handle_field = caller_handle;                                   \
+    return s;                                                             \
+  }()
+
+#endif  // FLEXNPU_C_API_COMMON_H_

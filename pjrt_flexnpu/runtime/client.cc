@@ -1,0 +1,280 @@
+#include "pjrt_flexnpu/runtime/client.h"
+
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "pjrt_flexnpu/runtime/event.h"
+#include "pjrt_flexnpu/runtime/executable.h"
+
+namespace flexnpu {
+namespace {
+
+std::string ResolveBackendPath(const Options& options, Status* status) {
+  if (options.backend != "cpu") return options.backend;
+  if (options.cpu_plugin_path.empty()) {
+    *status = InvalidArgument(
+        "backend 'cpu' needs the path of the xla-cpu-pjrt plugin: the flexnpu Python package "
+        "passes it as create option 'cpu_plugin_path'; set it or FLEXNPU_CPU_PLUGIN_PATH");
+  }
+  return options.cpu_plugin_path;
+}
+
+// Named values for the inner client; `storage` keeps the strings alive.
+std::vector<PJRT_NamedValue> ToNamedValues(const std::vector<NamedOption>& options) {
+  std::vector<PJRT_NamedValue> out;
+  for (const auto& option : options) {
+    PJRT_NamedValue v{};
+    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    v.name = option.name.c_str();
+    v.name_size = option.name.size();
+    if (const auto* s = std::get_if<std::string>(&option.value)) {
+      v.type = PJRT_NamedValue_kString;
+      v.string_value = s->c_str();
+      v.value_size = s->size();
+    } else if (const auto* i = std::get_if<int64_t>(&option.value)) {
+      v.type = PJRT_NamedValue_kInt64;
+      v.int64_value = *i;
+      v.value_size = 1;
+    } else if (const auto* d = std::get_if<double>(&option.value)) {
+      v.type = PJRT_NamedValue_kFloat;
+      v.float_value = static_cast<float>(*d);
+      v.value_size = 1;
+    } else {
+      v.type = PJRT_NamedValue_kBool;
+      v.bool_value = std::get<bool>(option.value);
+      v.value_size = 1;
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<VirtualClient>> VirtualClient::Create(const Options& options) {
+  std::unique_ptr<VirtualClient> client(new VirtualClient(options));
+  FLEXNPU_RETURN_IF_ERROR(client->Init());
+  return client;
+}
+
+VirtualClient::~VirtualClient() = default;
+
+Status VirtualClient::Init() {
+  Status status;
+  const std::string path = ResolveBackendPath(options_, &status);
+  FLEXNPU_RETURN_IF_ERROR(status);
+  auto backend = PhysicalBackend::Load(path);
+  if (!backend.ok()) return backend.status();
+  backend_ = *backend;
+  const PhysicalBackend& b = *backend_;
+
+  // The owners of `backend_options` strings outlive the create call.
+  const std::vector<NamedOption> inner_options = EffectiveBackendOptions(options_);
+  std::vector<PJRT_NamedValue> named = ToNamedValues(inner_options);
+  PJRT_Client_Create_Args create{};
+  create.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
+  create.create_options = named.data();
+  create.num_options = named.size();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_Create, &create));
+  inner_ = Own(b, create.client);
+
+  PJRT_Client_PlatformName_Args name_args{};
+  name_args.struct_size = PJRT_Client_PlatformName_Args_STRUCT_SIZE;
+  name_args.client = inner_.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_PlatformName, &name_args));
+  backend_platform_.assign(name_args.platform_name, name_args.platform_name_size);
+  PJRT_Client_PlatformVersion_Args version_args{};
+  version_args.struct_size = PJRT_Client_PlatformVersion_Args_STRUCT_SIZE;
+  version_args.client = inner_.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_PlatformVersion, &version_args));
+  platform_version_ = "flexnpu 0.1.0 over " + backend_platform_ + " (" +
+                      std::string(version_args.platform_version,
+                                  version_args.platform_version_size) +
+                      ", PJRT C API 0." + std::to_string(b.minor_version()) + ")";
+
+  PJRT_Client_AddressableDevices_Args devices_args{};
+  devices_args.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
+  devices_args.client = inner_.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_AddressableDevices, &devices_args));
+  if (devices_args.num_addressable_devices == 0) {
+    return FailedPrecondition("physical backend '" + path + "' has no addressable devices");
+  }
+
+  // Memory kinds, in first-seen order over all physical devices.
+  std::vector<std::string> kinds;
+  std::vector<int> kind_ids;
+  std::vector<int> default_kind;
+  for (size_t p = 0; p < devices_args.num_addressable_devices; ++p) {
+    PhysicalDevice device;
+    device.device = devices_args.addressable_devices[p];
+    PJRT_Device_GetDescription_Args desc_args{};
+    desc_args.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
+    desc_args.device = device.device;
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Device_GetDescription, &desc_args));
+    PJRT_DeviceDescription_Id_Args id_args{};
+    id_args.struct_size = PJRT_DeviceDescription_Id_Args_STRUCT_SIZE;
+    id_args.device_description = desc_args.device_description;
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_DeviceDescription_Id, &id_args));
+    device.id = id_args.id;
+
+    PJRT_Device_AddressableMemories_Args mem_args{};
+    mem_args.struct_size = PJRT_Device_AddressableMemories_Args_STRUCT_SIZE;
+    mem_args.device = device.device;
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Device_AddressableMemories, &mem_args));
+    PJRT_Device_DefaultMemory_Args default_args{};
+    default_args.struct_size = PJRT_Device_DefaultMemory_Args_STRUCT_SIZE;
+    default_args.device = device.device;
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Device_DefaultMemory, &default_args));
+    int default_index = -1;
+    for (size_t m = 0; m < mem_args.num_memories; ++m) {
+      PJRT_Memory* memory = mem_args.memories[m];
+      PJRT_Memory_Kind_Args kind_args{};
+      kind_args.struct_size = PJRT_Memory_Kind_Args_STRUCT_SIZE;
+      kind_args.memory = memory;
+      FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Memory_Kind, &kind_args));
+      std::string kind(kind_args.kind, kind_args.kind_size);
+      int kind_id = static_cast<int>(m);
+      if (b.HasSlot(offsetof(PJRT_Api, PJRT_Memory_Kind_Id))) {
+        PJRT_Memory_Kind_Id_Args kind_id_args{};
+        kind_id_args.struct_size = PJRT_Memory_Kind_Id_Args_STRUCT_SIZE;
+        kind_id_args.memory = memory;
+        FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Memory_Kind_Id, &kind_id_args));
+        kind_id = kind_id_args.kind_id;
+      }
+      int index = -1;
+      for (size_t k = 0; k < kinds.size(); ++k) {
+        if (kinds[k] == kind) index = static_cast<int>(k);
+      }
+      if (index < 0) {
+        index = static_cast<int>(kinds.size());
+        kinds.push_back(kind);
+        kind_ids.push_back(kind_id);
+      }
+      if (device.memory_by_kind.size() <= static_cast<size_t>(index)) {
+        device.memory_by_kind.resize(index + 1, nullptr);
+      }
+      device.memory_by_kind[index] = memory;
+      kind_index_of_memory_[memory] = index;
+      if (memory == default_args.memory) default_index = index;
+    }
+    if (default_index < 0) {
+      return FailedPrecondition("physical device " + std::to_string(p) +
+                                " has no default memory among its addressable memories");
+    }
+    default_kind.push_back(default_index);
+    physical_.push_back(std::move(device));
+  }
+  for (auto& device : physical_) device.memory_by_kind.resize(kinds.size(), nullptr);
+
+  auto placer = MakePlacer(options_.policy, num_physical());
+  if (!placer.ok()) return placer.status();
+  placer_ = std::move(*placer);
+
+  const int num_virtual =
+      options_.num_virtual_devices > 0 ? options_.num_virtual_devices : num_physical();
+  for (int v = 0; v < num_virtual; ++v) {
+    const int home = placer_->HomeOf(v);
+    auto device = std::make_unique<VirtualDevice>(this, v, home, backend_platform_);
+    device->memories_by_kind_.assign(kinds.size(), nullptr);
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      if (physical_[home].memory_by_kind[k] == nullptr) continue;
+      auto memory = std::make_unique<VirtualMemory>(
+          device.get(), static_cast<int>(memories_.size()), static_cast<int>(k), kinds[k],
+          kind_ids[k]);
+      device->memories_by_kind_[k] = memory.get();
+      device->memory_handles_.push_back(ToHandle<PJRT_Memory>(memory.get()));
+      memory_handles_.push_back(ToHandle<PJRT_Memory>(memory.get()));
+      memories_.push_back(std::move(memory));
+    }
+    device->default_memory_ = device->memories_by_kind_[default_kind[home]];
+    device_handles_.push_back(ToHandle<PJRT_Device>(device.get()));
+    topology_.descriptions_.push_back(
+        ToHandle<PJRT_DeviceDescription>(device->description()));
+    devices_.push_back(std::move(device));
+  }
+  return Status::Ok();
+}
+
+int VirtualClient::KindIndexOf(PJRT_Memory* physical_memory) const {
+  auto it = kind_index_of_memory_.find(physical_memory);
+  return it == kind_index_of_memory_.end() ? -1 : it->second;
+}
+
+StatusOr<VirtualBuffer*> VirtualClient::BufferFromHostBuffer(
+    PJRT_Client_BufferFromHostBuffer_Args* args, VirtualMemory* memory) {
+  const int physical_device = memory->device()->home_physical();
+  PJRT_Memory* target = PhysicalMemory(physical_device, memory->kind_index());
+  PJRT_Client_BufferFromHostBuffer_Args inner{};
+  inner.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
+  inner.client = inner_.get();
+  inner.data = args->data;
+  inner.type = args->type;
+  inner.dims = args->dims;
+  inner.num_dims = args->num_dims;
+  inner.byte_strides = args->byte_strides;
+  inner.num_byte_strides = args->num_byte_strides;
+  inner.host_buffer_semantics = args->host_buffer_semantics;
+  inner.memory = target;
+  inner.device_layout = args->device_layout;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend_, PJRT_Client_BufferFromHostBuffer, &inner));
+  InnerEvent done = Own(*backend_, inner.done_with_host_buffer);
+  auto buffer = VirtualBuffer::Wrap(memory, Own(*backend_, inner.buffer), physical_device);
+  if (!buffer.ok()) return buffer.status();
+  args->done_with_host_buffer =
+      done ? ToHandle<PJRT_Event>(Event::Wrap(*backend_, done.release())) : nullptr;
+  return buffer;
+}
+
+StatusOr<VirtualBuffer*> VirtualClient::CopyBuffer(VirtualBuffer* source,
+                                                   VirtualMemory* destination) {
+  const int physical_device = destination->device()->home_physical();
+  PJRT_Memory* target = PhysicalMemory(physical_device, destination->kind_index());
+  std::shared_ptr<PhysicalBuffer> physical = source->physical();
+  PJRT_Buffer_CopyToMemory_Args args{};
+  args.struct_size = PJRT_Buffer_CopyToMemory_Args_STRUCT_SIZE;
+  args.buffer = physical->handle.get();
+  args.dst_memory = target;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend_, PJRT_Buffer_CopyToMemory, &args));
+  return VirtualBuffer::Wrap(destination, Own(*backend_, args.dst_buffer), physical_device);
+}
+
+Status VirtualClient::DefaultDeviceAssignment(int num_replicas, int num_partitions,
+                                              int* out) const {
+  const int64_t n = static_cast<int64_t>(num_replicas) * num_partitions;
+  if (num_replicas <= 0 || num_partitions <= 0 || n > num_devices()) {
+    return InvalidArgument("no default device assignment for " + std::to_string(num_replicas) +
+                           " replicas x " + std::to_string(num_partitions) + " partitions over " +
+                           std::to_string(num_devices()) + " virtual devices");
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int>(i);
+  return Status::Ok();
+}
+
+StatusOr<VirtualLoadedExecutable*> VirtualClient::Compile(const PJRT_Program* program,
+                                                          std::string_view compile_options) {
+  counters_.compiles.fetch_add(1, std::memory_order_relaxed);
+  return VirtualLoadedExecutable::Compile(this, program, compile_options);
+}
+
+std::string VirtualClient::StatsJson() const {
+  std::ostringstream out;
+  out << "{\"platform_version\":\"" << platform_version_ << "\",\"policy\":\""
+      << placer_->name() << "\",\"num_physical_devices\":" << num_physical()
+      << ",\"executions\":" << counters_.executions.load()
+      << ",\"migrations\":" << counters_.migrations.load()
+      << ",\"bytes_migrated\":" << counters_.bytes_migrated.load()
+      << ",\"compiles\":" << counters_.compiles.load() << ",\"virtual_devices\":[";
+  for (int v = 0; v < num_devices(); ++v) {
+    VirtualDevice* d = devices_[v].get();
+    if (v > 0) out << ",";
+    out << "{\"id\":" << v << ",\"home_physical\":" << d->home_physical()
+        << ",\"bytes_in_use\":" << d->stats().bytes_in_use()
+        << ",\"peak_bytes_in_use\":" << d->stats().peak_bytes_in_use()
+        << ",\"num_allocs\":" << d->stats().num_allocs() << "}";
+  }
+  out << "]}";
+  return out.str();
+}
+
+}  // namespace flexnpu

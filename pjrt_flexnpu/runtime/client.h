@@ -1,0 +1,105 @@
+// The virtual client: owns the inner (physical) client, the virtual devices and memories
+// JAX sees, and the placer that maps one onto the other.
+#ifndef FLEXNPU_RUNTIME_CLIENT_H_
+#define FLEXNPU_RUNTIME_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "pjrt_c_api.h"
+#include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/runtime/buffer.h"
+#include "pjrt_flexnpu/runtime/device.h"
+#include "pjrt_flexnpu/runtime/handles.h"
+#include "pjrt_flexnpu/runtime/options.h"
+#include "pjrt_flexnpu/runtime/placer.h"
+#include "pjrt_flexnpu/runtime/status.h"
+
+namespace flexnpu {
+
+class VirtualLoadedExecutable;
+
+struct PhysicalDevice {
+  PJRT_Device* device = nullptr;
+  int64_t id = 0;  // the backend's global device id (used in device assignments)
+  std::vector<PJRT_Memory*> memory_by_kind;  // by the client's memory-kind index
+};
+
+// Counters of what FlexNPU did, for observability (lock-free).
+struct ClientCounters {
+  std::atomic<int64_t> executions{0};
+  std::atomic<int64_t> migrations{0};
+  std::atomic<int64_t> bytes_migrated{0};
+  std::atomic<int64_t> compiles{0};
+};
+
+class VirtualClient : public Tagged {
+ public:
+  static constexpr Tag kTag = Tag::kClient;
+  static StatusOr<std::unique_ptr<VirtualClient>> Create(const Options& options);
+  ~VirtualClient();
+
+  const PhysicalBackend& backend() const { return *backend_; }
+  const std::shared_ptr<const PhysicalBackend>& shared_backend() const { return backend_; }
+  PJRT_Client* inner() const { return inner_.get(); }
+  const Options& options() const { return options_; }
+  const std::string& platform_version() const { return platform_version_; }
+  const std::string& backend_platform() const { return backend_platform_; }
+  Placer& placer() { return *placer_; }
+  ClientCounters& counters() { return counters_; }
+
+  int num_physical() const { return static_cast<int>(physical_.size()); }
+  const PhysicalDevice& physical(int index) const { return physical_[index]; }
+  // The physical memory of `kind_index` on `physical_device`, or nullptr.
+  PJRT_Memory* PhysicalMemory(int physical_device, int kind_index) const {
+    return physical_[physical_device].memory_by_kind[kind_index];
+  }
+  // The memory-kind index of an inner memory, or -1.
+  int KindIndexOf(PJRT_Memory* physical_memory) const;
+
+  int num_devices() const { return static_cast<int>(devices_.size()); }
+  VirtualDevice* device(int64_t index) const {
+    return index >= 0 && index < num_devices() ? devices_[index].get() : nullptr;
+  }
+  const std::vector<PJRT_Device*>& device_handles() const { return device_handles_; }
+  const std::vector<PJRT_Memory*>& memory_handles() const { return memory_handles_; }
+  Topology* topology() { return &topology_; }
+
+  StatusOr<VirtualBuffer*> BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args,
+                                                VirtualMemory* memory);
+  StatusOr<VirtualBuffer*> CopyBuffer(VirtualBuffer* source, VirtualMemory* destination);
+  StatusOr<VirtualLoadedExecutable*> Compile(const PJRT_Program* program,
+                                             std::string_view compile_options);
+  Status DefaultDeviceAssignment(int num_replicas, int num_partitions, int* out) const;
+
+  // Per physical and virtual device state as JSON, for `flexnpu stats` and tests.
+  std::string StatsJson() const;
+
+ private:
+  explicit VirtualClient(Options options) : Tagged(kTag), options_(std::move(options)),
+                                            topology_(this) {}
+  Status Init();
+
+  Options options_;
+  std::shared_ptr<const PhysicalBackend> backend_;
+  InnerClient inner_;
+  std::string backend_platform_;
+  std::string platform_version_;
+  std::vector<PhysicalDevice> physical_;
+  std::unordered_map<PJRT_Memory*, int> kind_index_of_memory_;
+  std::vector<std::unique_ptr<VirtualDevice>> devices_;
+  std::vector<std::unique_ptr<VirtualMemory>> memories_;
+  std::vector<PJRT_Device*> device_handles_;
+  std::vector<PJRT_Memory*> memory_handles_;
+  Topology topology_;
+  std::unique_ptr<Placer> placer_;
+  ClientCounters counters_;
+};
+
+}  // namespace flexnpu
+
+#endif  // FLEXNPU_RUNTIME_CLIENT_H_

@@ -1,0 +1,64 @@
+#include "pjrt_flexnpu/runtime/event.h"
+
+#include "pjrt_flexnpu/runtime/error.h"
+
+namespace flexnpu {
+namespace {
+
+struct OnReadyContext {
+  const PhysicalBackend* backend;
+  PJRT_Event_OnReadyCallback callback;
+  void* user_arg;
+};
+
+void InnerOnReady(PJRT_Error* inner_error, void* arg) {
+  auto* context = static_cast<OnReadyContext*>(arg);
+  Status status = context->backend->Consume(inner_error, "PJRT_Event");
+  context->callback(ToPjrtError(std::move(status)), context->user_arg);
+  delete context;
+}
+
+}  // namespace
+
+StatusOr<bool> Event::IsReady() const {
+  if (!inner_) return true;
+  PJRT_Event_IsReady_Args args{};
+  args.struct_size = PJRT_Event_IsReady_Args_STRUCT_SIZE;
+  args.event = inner_.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend_, PJRT_Event_IsReady, &args));
+  return args.is_ready;
+}
+
+Status Event::Error() const {
+  if (!inner_) return status_;
+  PJRT_Event_Error_Args args{};
+  args.struct_size = PJRT_Event_Error_Args_STRUCT_SIZE;
+  args.event = inner_.get();
+  return FLEXNPU_INNER_CALL(*backend_, PJRT_Event_Error, &args);
+}
+
+Status Event::Await() const {
+  if (!inner_) return status_;
+  PJRT_Event_Await_Args args{};
+  args.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+  args.event = inner_.get();
+  return FLEXNPU_INNER_CALL(*backend_, PJRT_Event_Await, &args);
+}
+
+Status Event::OnReady(PJRT_Event_OnReadyCallback callback, void* user_arg) const {
+  if (!inner_) {
+    callback(ToPjrtError(status_), user_arg);
+    return Status::Ok();
+  }
+  auto* context = new OnReadyContext{backend_, callback, user_arg};
+  PJRT_Event_OnReady_Args args{};
+  args.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
+  args.event = inner_.get();
+  args.callback = InnerOnReady;
+  args.user_arg = context;
+  Status status = FLEXNPU_INNER_CALL(*backend_, PJRT_Event_OnReady, &args);
+  if (!status.ok()) delete context;
+  return status;
+}
+
+}  // namespace flexnpu

@@ -1,0 +1,385 @@
+#include "pjrt_flexnpu/runtime/executable.h"
+
+#include <cstddef>
+
+#include "pjrt_flexnpu/backend/compile_options.h"
+#include "pjrt_flexnpu/runtime/buffer.h"
+#include "pjrt_flexnpu/runtime/client.h"
+#include "pjrt_flexnpu/runtime/event.h"
+#include "pjrt_flexnpu/runtime/small_vector.h"
+
+namespace flexnpu {
+namespace {
+
+constexpr size_t kInlineArgs = 16;
+
+// Copies the fields of the caller's options that both it and FlexNPU's header know.
+PJRT_ExecuteOptions TranslateOptions(const PJRT_ExecuteOptions* options) {
+  PJRT_ExecuteOptions inner{};
+  inner.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+  if (options == nullptr) return inner;
+#define FLEXNPU_COPY_IF_PRESENT(field)                                                    \
+  if (options->struct_size >= offsetof(PJRT_ExecuteOptions, field) + sizeof(options->field)) \
+    inner.field = options->field;
+  FLEXNPU_COPY_IF_PRESENT(send_callbacks)
+  FLEXNPU_COPY_IF_PRESENT(recv_callbacks)
+  FLEXNPU_COPY_IF_PRESENT(num_send_ops)
+  FLEXNPU_COPY_IF_PRESENT(num_recv_ops)
+  FLEXNPU_COPY_IF_PRESENT(launch_id)
+  FLEXNPU_COPY_IF_PRESENT(non_donatable_input_indices)
+  FLEXNPU_COPY_IF_PRESENT(num_non_donatable_input_indices)
+  FLEXNPU_COPY_IF_PRESENT(call_location)
+  FLEXNPU_COPY_IF_PRESENT(num_tasks)
+  FLEXNPU_COPY_IF_PRESENT(task_ids)
+  FLEXNPU_COPY_IF_PRESENT(incarnation_ids)
+#undef FLEXNPU_COPY_IF_PRESENT
+  // Execute contexts carry FFI user data; FlexNPU does not offer them (no FFI extension).
+  inner.context = nullptr;
+  return inner;
+}
+
+// Resolves JAX's argument handle to a FlexNPU buffer of `client`.
+StatusOr<VirtualBuffer*> ArgumentBuffer(VirtualClient* client, PJRT_Buffer* handle,
+                                        size_t device, size_t arg) {
+  VirtualBuffer* buffer = FromHandle<VirtualBuffer>(handle);
+  if (buffer == nullptr) {
+    return InvalidArgument("PJRT_LoadedExecutable_Execute: argument " + std::to_string(arg) +
+                           " for device " + std::to_string(device) +
+                           " is not a FlexNPU buffer (null, foreign or destroyed)");
+  }
+  if (buffer->client() != client) {
+    return InvalidArgument("PJRT_LoadedExecutable_Execute: argument " + std::to_string(arg) +
+                           " for device " + std::to_string(device) +
+                           " belongs to another FlexNPU client");
+  }
+  return buffer;
+}
+
+// The inner buffer of `buffer` on `physical_device`, moving it there first if needed.
+StatusOr<std::shared_ptr<PhysicalBuffer>> OnPhysical(VirtualBuffer* buffer, int physical_device) {
+  std::shared_ptr<PhysicalBuffer> physical = buffer->physical();
+  if (physical->physical_device == physical_device) return physical;
+  FLEXNPU_RETURN_IF_ERROR(buffer->MoveTo(physical_device));
+  return buffer->physical();
+}
+
+// Wraps the inner outputs of one device as buffers of virtual device `device`.
+Status WrapOutputs(VirtualClient* client, VirtualDevice* device, int physical_device,
+                   PJRT_Buffer** inner_outputs, size_t num_outputs, PJRT_Buffer** outputs) {
+  const PhysicalBackend& b = client->backend();
+  Status status;
+  size_t wrapped = 0;
+  for (; wrapped < num_outputs; ++wrapped) {
+    InnerBuffer inner = Own(b, inner_outputs[wrapped]);
+    inner_outputs[wrapped] = nullptr;
+    PJRT_Buffer_Memory_Args memory_args{};
+    memory_args.struct_size = PJRT_Buffer_Memory_Args_STRUCT_SIZE;
+    memory_args.buffer = inner.get();
+    status = FLEXNPU_INNER_CALL(b, PJRT_Buffer_Memory, &memory_args);
+    if (!status.ok()) break;
+    const int kind = client->KindIndexOf(memory_args.memory);
+    VirtualMemory* memory = kind >= 0 ? device->memory_of_kind(kind) : nullptr;
+    if (memory == nullptr) memory = device->default_memory();
+    auto buffer = VirtualBuffer::Wrap(memory, std::move(inner), physical_device);
+    if (!buffer.ok()) {
+      status = buffer.status();
+      break;
+    }
+    outputs[wrapped] = ToHandle<PJRT_Buffer>(*buffer);
+  }
+  if (status.ok()) return status;
+  for (size_t i = 0; i < wrapped; ++i) {
+    delete FromHandle<VirtualBuffer>(outputs[i]);
+    outputs[i] = nullptr;
+  }
+  for (size_t i = wrapped + 1; i < num_outputs; ++i) Own(b, inner_outputs[i]);
+  return status;
+}
+
+}  // namespace
+
+StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
+    VirtualClient* client, const PJRT_Program* program, std::string_view compile_options) {
+  auto info = ReadCompileOptions(compile_options);
+  if (!info.ok()) return info.status();
+  const int64_t n = info->num_replicas * info->num_partitions;
+  std::vector<int64_t> ids = info->device_ids;
+  if (!info->has_device_assignment) {
+    if (n > client->num_devices()) {
+      return InvalidArgument("a program over " + std::to_string(n) + " devices needs as many " +
+                             "virtual devices; this client has " +
+                             std::to_string(client->num_devices()));
+    }
+    for (int64_t i = 0; i < n; ++i) ids.push_back(i);
+  }
+
+  std::unique_ptr<VirtualLoadedExecutable> exe(new VirtualLoadedExecutable(client));
+  std::vector<bool> seen(client->num_devices(), false);
+  for (int64_t id : ids) {
+    VirtualDevice* device = client->device(id);
+    if (device == nullptr) {
+      return InvalidArgument("compile options assign virtual device id " + std::to_string(id) +
+                             "; this FlexNPU client has devices 0.." +
+                             std::to_string(client->num_devices() - 1));
+    }
+    if (seen[id]) {
+      return InvalidArgument("compile options assign virtual device id " + std::to_string(id) +
+                             " twice");
+    }
+    seen[id] = true;
+    exe->devices_.push_back(device);
+    exe->device_handles_.push_back(ToHandle<PJRT_Device>(device));
+  }
+  exe->serialized_assignment_ =
+      SerializeDeviceAssignment(info->num_replicas, info->num_partitions, ids);
+  exe->single_device_ = n == 1;
+  exe->program_code_.assign(program->code, program->code_size);
+  exe->program_format_.assign(program->format, program->format_size);
+
+  std::vector<int> mapping;
+  if (exe->single_device_) {
+    auto portable = RewriteAsPortable(compile_options);
+    if (!portable.ok()) return portable.status();
+    exe->compile_options_ = std::move(*portable);
+  } else {
+    exe->compile_options_.assign(compile_options);
+    std::vector<int> virtual_ids(ids.begin(), ids.end());
+    auto placed = client->placer().PlaceGroup(virtual_ids);
+    if (!placed.ok()) return placed.status();
+    mapping = std::move(*placed);
+  }
+  auto compiled = exe->CompileFor(mapping);
+  if (!compiled.ok()) return compiled.status();
+  exe->initial_ = *compiled;
+  if (!exe->single_device_) exe->by_mapping_.emplace(mapping, exe->initial_);
+
+  const PhysicalBackend& b = client->backend();
+  PJRT_LoadedExecutable_GetExecutable_Args get_args{};
+  get_args.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
+  get_args.loaded_executable = exe->initial_->executable.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_GetExecutable, &get_args));
+  InnerExecutable unloaded = Own(b, get_args.executable);
+  PJRT_Executable_NumOutputs_Args outputs_args{};
+  outputs_args.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
+  outputs_args.executable = unloaded.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_NumOutputs, &outputs_args));
+  exe->num_outputs_ = outputs_args.num_outputs;
+  return exe.release();
+}
+
+StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecutable::CompileFor(
+    const std::vector<int>& physical) {
+  const PhysicalBackend& b = client_->backend();
+  std::string options = compile_options_;
+  if (!single_device_) {
+    std::vector<int64_t> physical_ids;
+    for (int p : physical) physical_ids.push_back(client_->physical(p).id);
+    auto rewritten = RewriteDeviceAssignment(compile_options_, physical_ids);
+    if (!rewritten.ok()) return rewritten.status();
+    options = std::move(*rewritten);
+  }
+  PJRT_Program program{};
+  program.struct_size = PJRT_Program_STRUCT_SIZE;
+  program.code = program_code_.data();
+  program.code_size = program_code_.size();
+  program.format = program_format_.data();
+  program.format_size = program_format_.size();
+  PJRT_Client_Compile_Args args{};
+  args.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE;
+  args.client = client_->inner();
+  args.program = &program;
+  args.compile_options = options.data();
+  args.compile_options_size = options.size();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_Compile, &args));
+
+  auto compiled = std::make_shared<Compiled>();
+  compiled->executable = Own(b, args.executable);
+  compiled->physical = physical;
+  if (!single_device_) {
+    PJRT_LoadedExecutable_AddressableDevices_Args devices_args{};
+    devices_args.struct_size = PJRT_LoadedExecutable_AddressableDevices_Args_STRUCT_SIZE;
+    devices_args.executable = compiled->executable.get();
+    FLEXNPU_RETURN_IF_ERROR(
+        FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_AddressableDevices, &devices_args));
+    for (int p : physical) {
+      int position = -1;
+      for (size_t i = 0; i < devices_args.num_addressable_devices; ++i) {
+        if (devices_args.addressable_devices[i] == client_->physical(p).device) {
+          position = static_cast<int>(i);
+        }
+      }
+      if (position < 0) {
+        return Internal("the physical backend compiled the SPMD program without physical device " +
+                        std::to_string(p) + " that FlexNPU assigned");
+      }
+      compiled->inner_position.push_back(position);
+    }
+  }
+  return compiled;
+}
+
+StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>>
+VirtualLoadedExecutable::CompiledFor(const std::vector<int>& physical) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_mapping_.find(physical);
+  if (it != by_mapping_.end()) return it->second;
+  auto compiled = CompileFor(physical);
+  if (!compiled.ok()) return compiled.status();
+  by_mapping_.emplace(physical, *compiled);
+  return compiled;
+}
+
+Status VirtualLoadedExecutable::Execute(PJRT_LoadedExecutable_Execute_Args* args) {
+  if (IsDeleted()) {
+    return FailedPrecondition("PJRT_LoadedExecutable_Execute: the executable has been deleted");
+  }
+  if (args->execute_device != nullptr) {
+    VirtualDevice* device = FromHandle<VirtualDevice>(args->execute_device);
+    if (device == nullptr || device->client() != client_) {
+      return InvalidArgument("PJRT_LoadedExecutable_Execute: execute_device is not a device of "
+                             "this FlexNPU client");
+    }
+    if (!single_device_ || args->num_devices != 1) {
+      return InvalidArgument("PJRT_LoadedExecutable_Execute: execute_device is only valid for a "
+                             "single-device program run on one device");
+    }
+    return ExecuteSingle(args, device);
+  }
+  if (args->num_devices != devices_.size()) {
+    return InvalidArgument("PJRT_LoadedExecutable_Execute: the program was compiled for " +
+                           std::to_string(devices_.size()) + " devices, got arguments for " +
+                           std::to_string(args->num_devices));
+  }
+  if (single_device_) return ExecuteSingle(args, devices_[0]);
+  return ExecuteSpmd(args);
+}
+
+Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args* args,
+                                              VirtualDevice* device) {
+  const int physical_device = client_->placer().PlaceExecution(device->index());
+  const size_t num_args = args->num_args;
+  SmallVector<std::shared_ptr<PhysicalBuffer>, kInlineArgs> holds(num_args);
+  SmallVector<PJRT_Buffer*, kInlineArgs> inner_args(num_args);
+  SmallVector<VirtualBuffer*, kInlineArgs> buffers(num_args);
+  for (size_t a = 0; a < num_args; ++a) {
+    auto buffer = ArgumentBuffer(client_, args->argument_lists[0][a], 0, a);
+    if (!buffer.ok()) return buffer.status();
+    buffers[a] = *buffer;
+    auto physical = OnPhysical(*buffer, physical_device);
+    if (!physical.ok()) return physical.status();
+    holds[a] = std::move(*physical);
+    inner_args[a] = holds[a]->handle.get();
+  }
+
+  const PhysicalBackend& b = client_->backend();
+  PJRT_ExecuteOptions options = TranslateOptions(args->options);
+  SmallVector<PJRT_Buffer*, kInlineArgs> inner_outputs(num_outputs_);
+  PJRT_Buffer* const* argument_list = inner_args.data();
+  PJRT_Buffer** output_list = inner_outputs.data();
+  PJRT_Event* inner_event = nullptr;
+  PJRT_LoadedExecutable_Execute_Args inner{};
+  inner.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+  inner.executable = initial_->executable.get();
+  inner.options = &options;
+  inner.argument_lists = &argument_list;
+  inner.num_devices = 1;
+  inner.num_args = num_args;
+  inner.output_lists = &output_list;
+  inner.device_complete_events = args->device_complete_events ? &inner_event : nullptr;
+  inner.execute_device = client_->physical(physical_device).device;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
+  client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
+
+  for (size_t a = 0; a < num_args; ++a) buffers[a]->NoteMaybeDonated();
+  if (args->device_complete_events != nullptr) {
+    args->device_complete_events[0] =
+        inner_event ? ToHandle<PJRT_Event>(Event::Wrap(b, inner_event)) : nullptr;
+  }
+  return WrapOutputs(client_, device, physical_device, inner_outputs.data(), num_outputs_,
+                     args->output_lists[0]);
+}
+
+Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* args) {
+  std::vector<int> virtual_ids;
+  for (VirtualDevice* device : devices_) virtual_ids.push_back(device->index());
+  auto mapping = client_->placer().PlaceGroup(virtual_ids);
+  if (!mapping.ok()) return mapping.status();
+  auto compiled = CompiledFor(*mapping);
+  if (!compiled.ok()) return compiled.status();
+  const Compiled& c = **compiled;
+
+  const size_t n = devices_.size();
+  const size_t num_args = args->num_args;
+  std::vector<std::shared_ptr<PhysicalBuffer>> holds(n * num_args);
+  std::vector<VirtualBuffer*> buffers(n * num_args);
+  std::vector<PJRT_Buffer*> inner_args(n * num_args);
+  std::vector<PJRT_Buffer*> inner_outputs(n * num_outputs_);
+  std::vector<PJRT_Buffer* const*> argument_lists(n);
+  std::vector<PJRT_Buffer**> output_lists(n);
+  std::vector<PJRT_Event*> inner_events(n, nullptr);
+  for (size_t d = 0; d < n; ++d) {
+    const size_t position = c.inner_position[d];
+    for (size_t a = 0; a < num_args; ++a) {
+      auto buffer = ArgumentBuffer(client_, args->argument_lists[d][a], d, a);
+      if (!buffer.ok()) return buffer.status();
+      buffers[d * num_args + a] = *buffer;
+      auto physical = OnPhysical(*buffer, c.physical[d]);
+      if (!physical.ok()) return physical.status();
+      holds[d * num_args + a] = std::move(*physical);
+      inner_args[position * num_args + a] = holds[d * num_args + a]->handle.get();
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    argument_lists[i] = inner_args.data() + i * num_args;
+    output_lists[i] = inner_outputs.data() + i * num_outputs_;
+  }
+
+  const PhysicalBackend& b = client_->backend();
+  PJRT_ExecuteOptions options = TranslateOptions(args->options);
+  PJRT_LoadedExecutable_Execute_Args inner{};
+  inner.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+  inner.executable = c.executable.get();
+  inner.options = &options;
+  inner.argument_lists = argument_lists.data();
+  inner.num_devices = n;
+  inner.num_args = num_args;
+  inner.output_lists = output_lists.data();
+  inner.device_complete_events = args->device_complete_events ? inner_events.data() : nullptr;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
+  client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
+
+  for (VirtualBuffer* buffer : buffers) buffer->NoteMaybeDonated();
+  Status status;
+  for (size_t d = 0; d < n; ++d) {
+    const size_t position = c.inner_position[d];
+    if (args->device_complete_events != nullptr) {
+      PJRT_Event* e = inner_events[position];
+      args->device_complete_events[d] = e ? ToHandle<PJRT_Event>(Event::Wrap(b, e)) : nullptr;
+    }
+    if (!status.ok()) {
+      for (size_t i = 0; i < num_outputs_; ++i) Own(b, output_lists[position][i]);
+      continue;
+    }
+    status = WrapOutputs(client_, devices_[d], c.physical[d], output_lists[position],
+                         num_outputs_, args->output_lists[d]);
+  }
+  return status;
+}
+
+Status VirtualLoadedExecutable::Delete() {
+  deleted_.store(true, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(mu_);
+  const PhysicalBackend& b = client_->backend();
+  PJRT_LoadedExecutable_Delete_Args args{};
+  args.struct_size = PJRT_LoadedExecutable_Delete_Args_STRUCT_SIZE;
+  args.executable = initial_->executable.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Delete, &args));
+  for (auto& [mapping, compiled] : by_mapping_) {
+    if (compiled == initial_) continue;
+    args.executable = compiled->executable.get();
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Delete, &args));
+  }
+  return Status::Ok();
+}
+
+}  // namespace flexnpu

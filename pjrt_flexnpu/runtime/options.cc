@@ -1,0 +1,174 @@
+#include "pjrt_flexnpu/runtime/options.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <string_view>
+
+namespace flexnpu {
+namespace {
+
+constexpr const char* kKnownOptions =
+    "backend, backend_options, cpu_plugin_path, num_virtual_devices, policy";
+
+std::string Trim(std::string_view s) {
+  const auto begin = s.find_first_not_of(" \t\n");
+  if (begin == std::string_view::npos) return "";
+  const auto end = s.find_last_not_of(" \t\n");
+  return std::string(s.substr(begin, end - begin + 1));
+}
+
+std::optional<int64_t> ParseInt(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end != text.c_str() + text.size()) return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+std::optional<double> ParseDouble(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end != text.c_str() + text.size()) return std::nullopt;
+  return v;
+}
+
+OptionValue TypedValue(const std::string& text) {
+  if (text == "true" || text == "True") return true;
+  if (text == "false" || text == "False") return false;
+  if (auto i = ParseInt(text)) return *i;
+  if (auto d = ParseDouble(text)) return *d;
+  return text;
+}
+
+StatusOr<std::string> AsString(const NamedOption& option) {
+  if (const auto* s = std::get_if<std::string>(&option.value)) return *s;
+  return InvalidArgument("FlexNPU option '" + option.name + "' must be a string");
+}
+
+StatusOr<int64_t> AsInt(const NamedOption& option) {
+  if (const auto* i = std::get_if<int64_t>(&option.value)) return *i;
+  if (const auto* s = std::get_if<std::string>(&option.value)) {
+    if (auto i = ParseInt(Trim(*s))) return *i;
+    return InvalidArgument("FlexNPU option '" + option.name + "' must be an integer, got '" + *s +
+                           "'");
+  }
+  return InvalidArgument("FlexNPU option '" + option.name + "' must be an integer");
+}
+
+}  // namespace
+
+EnvLookup ProcessEnv() {
+  return [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+StatusOr<std::vector<NamedOption>> ParseBackendOptions(const std::string& text) {
+  std::vector<NamedOption> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find_first_of(";,", start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = Trim(std::string_view(text).substr(start, end - start));
+    start = end + 1;
+    if (item.empty()) continue;
+    const size_t sep = item.find_first_of("=:");
+    if (sep == std::string::npos || sep == 0) {
+      return InvalidArgument("malformed backend option '" + item +
+                             "': expected key=value (pairs separated by ';' or ',')");
+    }
+    const std::string key = Trim(std::string_view(item).substr(0, sep));
+    const std::string value = Trim(std::string_view(item).substr(sep + 1));
+    for (const auto& existing : out) {
+      if (existing.name == key) return InvalidArgument("backend option '" + key + "' given twice");
+    }
+    out.push_back({key, TypedValue(value)});
+  }
+  return out;
+}
+
+StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
+                               const EnvLookup& env) {
+  // Environment first, then explicit options override.
+  std::vector<NamedOption> merged;
+  const std::pair<const char*, const char*> env_names[] = {
+      {"backend", "FLEXNPU_BACKEND"},
+      {"backend_options", "FLEXNPU_BACKEND_OPTIONS"},
+      {"cpu_plugin_path", "FLEXNPU_CPU_PLUGIN_PATH"},
+      {"num_virtual_devices", "FLEXNPU_NUM_VIRTUAL_DEVICES"},
+      {"policy", "FLEXNPU_POLICY"},
+  };
+  for (const auto& [name, env_name] : env_names) {
+    if (auto v = env(env_name)) merged.push_back({name, *v});
+  }
+  for (const auto& option : create_options) {
+    bool replaced = false;
+    for (auto& m : merged) {
+      if (m.name == option.name) {
+        m.value = option.value;
+        replaced = true;
+      }
+    }
+    if (!replaced) merged.push_back(option);
+  }
+
+  Options options;
+  for (const auto& option : merged) {
+    if (option.name == "backend") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      options.backend = Trim(*v);
+      if (options.backend.empty()) return InvalidArgument("FlexNPU option 'backend' is empty");
+    } else if (option.name == "cpu_plugin_path") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      options.cpu_plugin_path = *v;
+    } else if (option.name == "backend_options") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      auto parsed = ParseBackendOptions(*v);
+      if (!parsed.ok()) return parsed.status();
+      options.backend_options = std::move(*parsed);
+    } else if (option.name == "num_virtual_devices") {
+      auto v = AsInt(option);
+      if (!v.ok()) return v.status();
+      if (*v < 1 || *v > 65536) {
+        return InvalidArgument("FlexNPU option 'num_virtual_devices' must be in [1, 65536], got " +
+                               std::to_string(*v));
+      }
+      options.num_virtual_devices = static_cast<int>(*v);
+    } else if (option.name == "policy") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      bool known = false;
+      for (const char* p : kKnownPolicies) known |= (*v == p);
+      if (!known) {
+        return InvalidArgument("unknown FlexNPU placement policy '" + *v +
+                               "' (known: passthrough)");
+      }
+      options.policy = *v;
+    } else {
+      return InvalidArgument("unknown FlexNPU create option '" + option.name +
+                             "' (known: " + kKnownOptions +
+                             "; options for the physical backend go in backend_options)");
+    }
+  }
+  return options;
+}
+
+std::vector<NamedOption> EffectiveBackendOptions(const Options& options) {
+  std::vector<NamedOption> out = options.backend_options;
+  if (options.backend == "cpu") {
+    bool has_count = false;
+    for (const auto& o : out) has_count |= (o.name == "cpu_device_count");
+    if (!has_count) out.push_back({"cpu_device_count", kDefaultCpuDeviceCount});
+  }
+  return out;
+}
+
+}  // namespace flexnpu

@@ -1,0 +1,58 @@
+// FlexNPU configuration: PJRT create options with FLEXNPU_* environment fallback.
+#ifndef FLEXNPU_RUNTIME_OPTIONS_H_
+#define FLEXNPU_RUNTIME_OPTIONS_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "pjrt_flexnpu/runtime/status.h"
+
+namespace flexnpu {
+
+using OptionValue = std::variant<std::string, int64_t, double, bool>;
+
+struct NamedOption {
+  std::string name;
+  OptionValue value;
+};
+
+struct Options {
+  // "cpu" (the xla-cpu-pjrt plugin) or a path to any PJRT plugin library.
+  std::string backend = "cpu";
+  // Where the xla-cpu-pjrt plugin lives; the Python package fills it in.
+  std::string cpu_plugin_path;
+  // Options for the physical backend's client, already typed.
+  std::vector<NamedOption> backend_options;
+  // 0: one virtual device per physical device.
+  int num_virtual_devices = 0;
+  std::string policy = "passthrough";
+};
+
+// Looks up an environment variable; returns nullopt when unset.
+using EnvLookup = std::function<std::optional<std::string>(const char*)>;
+EnvLookup ProcessEnv();
+
+// Parses create options (explicit options win over the environment). Unknown option names
+// and malformed values are errors that name the offending option.
+StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
+                               const EnvLookup& env);
+
+// Parses "k=v;k2=v2" (also "k:v" pairs and "," separators) into typed values:
+// true/false -> bool, integers -> int64, other numbers -> double, the rest strings.
+StatusOr<std::vector<NamedOption>> ParseBackendOptions(const std::string& text);
+
+// The physical backend's create options: the user's, plus FlexNPU's default of 4 CPU
+// devices when the backend is the CPU plugin and no cpu_device_count was given.
+std::vector<NamedOption> EffectiveBackendOptions(const Options& options);
+
+inline constexpr int64_t kDefaultCpuDeviceCount = 4;
+inline constexpr const char* kKnownPolicies[] = {"passthrough"};
+
+}  // namespace flexnpu
+
+#endif  // FLEXNPU_RUNTIME_OPTIONS_H_

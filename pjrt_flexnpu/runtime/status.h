@@ -1,0 +1,82 @@
+// Status and StatusOr: how FlexNPU's C++ layers report failure. The C API layer turns a
+// non-OK Status into a PJRT_Error with the same code and message.
+#ifndef FLEXNPU_RUNTIME_STATUS_H_
+#define FLEXNPU_RUNTIME_STATUS_H_
+
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace flexnpu {
+
+// Numerically equal to PJRT_Error_Code (and absl::StatusCode).
+enum class Code : int {
+  kOk = 0,
+  kCancelled = 1,
+  kUnknown = 2,
+  kInvalidArgument = 3,
+  kDeadlineExceeded = 4,
+  kNotFound = 5,
+  kAlreadyExists = 6,
+  kPermissionDenied = 7,
+  kResourceExhausted = 8,
+  kFailedPrecondition = 9,
+  kAborted = 10,
+  kOutOfRange = 11,
+  kUnimplemented = 12,
+  kInternal = 13,
+  kUnavailable = 14,
+  kDataLoss = 15,
+  kUnauthenticated = 16,
+};
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  static Status Ok() { return Status(); }
+
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  Code code_ = Code::kOk;
+  std::string message_;
+};
+
+inline Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }
+inline Status NotFound(std::string m) { return Status(Code::kNotFound, std::move(m)); }
+inline Status Unimplemented(std::string m) { return Status(Code::kUnimplemented, std::move(m)); }
+inline Status Internal(std::string m) { return Status(Code::kInternal, std::move(m)); }
+inline Status FailedPrecondition(std::string m) {
+  return Status(Code::kFailedPrecondition, std::move(m));
+}
+
+template <typename T>
+class [[nodiscard]] StatusOr {
+ public:
+  StatusOr(Status status) : status_(std::move(status)) {}  // NOLINT: implicit by design
+  StatusOr(T value) : value_(std::move(value)) {}          // NOLINT: implicit by design
+
+  bool ok() const { return status_.ok(); }
+  const Status& status() const { return status_; }
+  T& value() { return *value_; }
+  const T& value() const { return *value_; }
+  T& operator*() { return *value_; }
+  T* operator->() { return &*value_; }
+
+ private:
+  Status status_;
+  std::optional<T> value_;
+};
+
+}  // namespace flexnpu
+
+#define FLEXNPU_RETURN_IF_ERROR(expr)        \
+  do {                                       \
+    ::flexnpu::Status _flexnpu_s = (expr);   \
+    if (!_flexnpu_s.ok()) return _flexnpu_s; \
+  } while (0)
+
+#endif  // FLEXNPU_RUNTIME_STATUS_H_
