@@ -1,0 +1,116 @@
+#include "pjrt_flexnpu/backend/compile_options.h"
+
+#include <gtest/gtest.h>
+
+#include "pjrt_flexnpu/proto/wire.h"
+
+namespace flexnpu {
+namespace {
+
+namespace f = compile_options_fields;
+
+// A CompileOptionsProto like JAX's: build options with debug options (field 3), replicas,
+// partitions and an assignment, plus an unknown top-level field 17 and profile_version 5.
+std::string MakeOptions(int64_t replicas, int64_t partitions, const std::vector<int64_t>& ids) {
+  proto::Writer build;
+  build.Varint(1, static_cast<uint64_t>(-1));  // device_ordinal
+  build.Bytes(3, std::string(40, '\x7f'));     // debug_options, opaque here
+  build.Varint(f::kNumReplicas, replicas);
+  build.Varint(f::kNumPartitions, partitions);
+  build.Bool(6, partitions > 1);  // use_spmd_partitioning
+  if (!ids.empty()) {
+    build.Bytes(f::kDeviceAssignment, SerializeDeviceAssignment(replicas, partitions, ids));
+  }
+  proto::Writer options;
+  options.Bytes(f::kBuildOptions, build.str());
+  options.Varint(5, 42);             // profile_version
+  options.Bytes(17, "keep me");      // a field FlexNPU does not know
+  return options.Take();
+}
+
+TEST(CompileOptionsTest, ReadsReplicasPartitionsAndAssignmentInAddressableOrder) {
+  // 2 replicas x 2 partitions: computation c, replica r -> ids[r * 2 + c].
+  auto info = ReadCompileOptions(MakeOptions(2, 2, {10, 11, 12, 13}));
+  ASSERT_TRUE(info.ok()) << info.status().message();
+  EXPECT_EQ(info->num_replicas, 2);
+  EXPECT_EQ(info->num_partitions, 2);
+  EXPECT_TRUE(info->has_device_assignment);
+  EXPECT_EQ(info->device_ids, (std::vector<int64_t>{10, 11, 12, 13}));
+}
+
+TEST(CompileOptionsTest, PortableRewriteDropsAssignmentAndKeepsUnknownFields) {
+  const std::string original = MakeOptions(1, 1, {3});
+  auto portable = RewriteAsPortable(original);
+  ASSERT_TRUE(portable.ok());
+  auto info = ReadCompileOptions(*portable);
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(info->compile_portable);
+  EXPECT_FALSE(info->has_device_assignment);
+  EXPECT_EQ(info->num_replicas, 1);
+  EXPECT_EQ(info->num_partitions, 1);
+  EXPECT_NE(portable->find("keep me"), std::string::npos);
+  EXPECT_NE(portable->find(std::string(40, '\x7f')), std::string::npos);
+  // profile_version survives as a field.
+  proto::Reader r(*portable);
+  proto::Field field;
+  bool saw_profile = false;
+  while (r.Next(&field)) saw_profile |= (field.number == 5 && field.value == 42);
+  EXPECT_TRUE(saw_profile);
+}
+
+TEST(CompileOptionsTest, AssignmentRewriteUsesPhysicalIds) {
+  auto rewritten = RewriteDeviceAssignment(MakeOptions(1, 4, {0, 4, 5, 7}), {0, 1, 2, 3});
+  ASSERT_TRUE(rewritten.ok()) << rewritten.status().message();
+  auto info = ReadCompileOptions(*rewritten);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->device_ids, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(info->num_partitions, 4);
+  EXPECT_FALSE(info->compile_portable);
+  EXPECT_NE(rewritten->find("keep me"), std::string::npos);
+}
+
+TEST(CompileOptionsTest, RewriteRejectsWrongDeviceCount) {
+  auto rewritten = RewriteDeviceAssignment(MakeOptions(1, 2, {0, 1}), {0});
+  ASSERT_FALSE(rewritten.ok());
+  EXPECT_EQ(rewritten.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(rewritten.status().message().find("needs 2 devices, got 1"), std::string::npos);
+}
+
+TEST(CompileOptionsTest, EmptyOptionsMeanOneReplicaOnePartition) {
+  auto info = ReadCompileOptions("");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->num_replicas, 1);
+  EXPECT_EQ(info->num_partitions, 1);
+  auto portable = RewriteAsPortable("");
+  ASSERT_TRUE(portable.ok());
+  auto again = ReadCompileOptions(*portable);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->compile_portable);
+}
+
+TEST(CompileOptionsTest, MalformedOptionsAreInvalidArgument) {
+  for (const std::string& bad :
+       {std::string("\x1a\x10\x01", 3), std::string("\xff", 1),
+        MakeOptions(2, 1, {0, 1}).substr(0, 20)}) {
+    auto info = ReadCompileOptions(bad);
+    ASSERT_FALSE(info.ok());
+    EXPECT_EQ(info.status().code(), Code::kInvalidArgument);
+    EXPECT_NE(info.status().message().find("malformed compile options"), std::string::npos)
+        << info.status().message();
+  }
+}
+
+TEST(CompileOptionsTest, AssignmentShapeMustMatchBuild) {
+  proto::Writer build;
+  build.Varint(f::kNumReplicas, 1);
+  build.Varint(f::kNumPartitions, 2);
+  build.Bytes(f::kDeviceAssignment, SerializeDeviceAssignment(1, 1, {0}));
+  proto::Writer options;
+  options.Bytes(f::kBuildOptions, build.str());
+  auto info = ReadCompileOptions(options.str());
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.status().message().find("device assignment is 1x1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flexnpu
