@@ -16,7 +16,7 @@ struct Cost {
   double dot_flops = 0, conv_flops = 0, elementwise_flops = 0, reduce_flops = 0, other_flops = 0;
   double dot_count = 0, gemv_count = 0, gemv_flops = 0;
   double append_count = 0, append_buffer_bytes = 0, append_update_bytes = 0;
-  double convert_overhead = 0;
+  double convert_overhead = 0, convert_flops = 0;
   double while_loops = 0, while_unknown = 0, custom_calls = 0;
   double max_trip = 0;
 
@@ -38,6 +38,7 @@ struct Cost {
     f(append_buffer_bytes, o.append_buffer_bytes);
     f(append_update_bytes, o.append_update_bytes);
     f(convert_overhead, o.convert_overhead);
+    f(convert_flops, o.convert_flops);
     f(while_loops, o.while_loops);
     f(while_unknown, o.while_unknown);
     f(custom_calls, o.custom_calls);
@@ -154,10 +155,28 @@ class Analyzer {
         state_(m.computations.size(), 0),
         memo_(m.computations.size()),
         param_state_(m.computations.size(), 0),
-        param_bytes_(m.computations.size()) {}
+        param_bytes_(m.computations.size()),
+        fused_state_(m.computations.size(), 0),
+        fused_memo_(m.computations.size()),
+        utilization_(m.computations.size()) {}
 
-  bool ComputationCost(int32_t ci, int depth, Cost* out);
+  bool ComputationCost(int32_t ci, int depth, Cost* out, bool fused = false);
   const std::string& error() const { return error_; }
+  // Per-instruction costs of the entry computation (after ComputationCost succeeded).
+  std::vector<KernelInfo> EntryKernels(int32_t entry) {
+    std::vector<KernelInfo> out;
+    const Computation& c = m_.computations[entry];
+    for (size_t i = 0; i < c.instructions.size(); ++i) {
+      const Instruction& in = c.instructions[i];
+      if (IsNoCodeOpcode(in.opcode)) continue;
+      Cost cost;
+      if (!InstructionCost(c, static_cast<int32_t>(i), 0, &cost)) continue;
+      std::string op = in.opcode_name;
+      if (!in.fusion_kind.empty()) op += "(" + in.fusion_kind + ")";
+      out.push_back({in.name, op, cost.flops, cost.bytes});
+    }
+    return out;
+  }
 
  private:
   bool Fail(std::string message) {
@@ -189,11 +208,17 @@ class Analyzer {
   bool FusionCost(const Computation& c, const Instruction& in, int depth, Cost* cost);
   bool GatherScatterBytes(const Computation& c, const Instruction& in, int depth, Cost* cost);
   void NoteStateAppend(const Shape& buffer, const Shape& update, Cost* cost) const;
-  double ConvertOverhead(const Computation& c, int32_t idx, const Cost& own) const;
+  void AddConvertOverhead(const Computation& c, int32_t idx, Cost* own) const;
   bool IsPureConvertFusion(const Instruction& in) const;
   // HloCostAnalysis::FusionParameterReadBytes for instruction `idx` of fused computation `ci`.
   bool ReadBytes(int32_t ci, int32_t idx, int depth, double* out);
   bool ParamReadBytes(int32_t ci, int64_t param, int depth, double* out);
+
+  // Fraction of each fused instruction's output that the fusion needs (root: 1; a slice,
+  // dynamic-slice or gather needs only its output's share of operand 0). Only an executed
+  // fraction of an elementwise op inside a fusion runs: a convert of a whole embedding table
+  // fused into the gather that reads 8 rows converts 8 rows.
+  const std::vector<double>& Utilization(int32_t ci);
 
   const HloModule& m_;
   const AnalysisOptions& o_;
@@ -202,30 +227,66 @@ class Analyzer {
   std::vector<Cost> memo_;
   std::vector<int8_t> param_state_;
   std::vector<std::vector<double>> param_bytes_;
+  std::vector<int8_t> fused_state_;
+  std::vector<Cost> fused_memo_;
+  std::vector<std::vector<double>> utilization_;
 };
 
-bool Analyzer::ComputationCost(int32_t ci, int depth, Cost* out) {
+const std::vector<double>& Analyzer::Utilization(int32_t ci) {
+  std::vector<double>& u = utilization_[ci];
+  if (!u.empty()) return u;
+  const Computation& c = m_.computations[ci];
+  u.assign(c.instructions.size(), 0.0);
+  u[c.root] = 1;
+  // Instructions are stored operands-first; walking backwards visits users before operands.
+  // (If a malformed module breaks that order the result is only less exact.)
+  for (size_t i = c.instructions.size(); i-- > 0;) {
+    const Instruction& x = c.instructions[i];
+    const double mine = std::min(u[i], 1.0);
+    if (mine <= 0) continue;
+    for (size_t k = 0; k < x.operands.size(); ++k) {
+      double share = 1;
+      const bool slicing = x.opcode == Opcode::kSlice || x.opcode == Opcode::kDynamicSlice ||
+                           x.opcode == Opcode::kGather;
+      if (slicing && k == 0) {
+        const double whole = c.instructions[x.operands[k]].shape.Elements();
+        share = whole > 0 ? std::min(x.shape.Elements() / whole, 1.0) : 1.0;
+      }
+      u[x.operands[k]] += mine * share;
+    }
+  }
+  for (double& v : u) v = std::min(v, 1.0);
+  return u;
+}
+
+bool Analyzer::ComputationCost(int32_t ci, int depth, Cost* out, bool fused) {
   if (ci < 0 || static_cast<size_t>(ci) >= m_.computations.size()) {
     return Fail("computation index out of range");
   }
   if (depth > o_.max_call_depth) return Fail("computations nested deeper than the limit");
-  if (state_[ci] == 2) {
-    *out = memo_[ci];
+  // Fused bodies in the default (non-XLA) convention scale each instruction by its
+  // utilization; they are memoized apart from plain computations.
+  fused = fused && !o_.xla_compatible;
+  std::vector<int8_t>& state = fused ? fused_state_ : state_;
+  std::vector<Cost>& memo = fused ? fused_memo_ : memo_;
+  if (state[ci] == 2) {
+    *out = memo[ci];
     return true;
   }
-  if (state_[ci] == 1) {
+  if (state[ci] == 1) {
     return Fail("computation '" + m_.computations[ci].name + "' calls itself");
   }
-  state_[ci] = 1;
+  state[ci] = 1;
   const Computation& c = m_.computations[ci];
+  const std::vector<double>* utilization = fused ? &Utilization(ci) : nullptr;
   Cost total;
   for (size_t i = 0; i < c.instructions.size(); ++i) {
     Cost one;
     if (!InstructionCost(c, static_cast<int32_t>(i), depth, &one)) return false;
-    total.Add(one);
+    total.Add(one, utilization != nullptr ? (*utilization)[i] : 1.0);
   }
-  memo_[ci] = total;
-  state_[ci] = 2;
+  memo[ci] = total;
+  state[ci] = 2;
   *out = total;
   return true;
 }
@@ -437,6 +498,14 @@ bool Analyzer::ReadBytes(int32_t ci, int32_t idx, int depth, double* out) {
       case Opcode::kSlice:
         size += ShapeSize(user.shape);
         break;
+      case Opcode::kGather:
+        // Deviation (see analysis.h): a fused gather reads the rows it gathers.
+        if (!o_.xla_compatible && !user.operands.empty() && user.operands[0] == idx) {
+          size += ShapeSize(user.shape);
+        } else {
+          trivial();
+        }
+        break;
       case Opcode::kDynamicSlice:
         if (!user.operands.empty() && user.operands[0] == idx) {
           size += ShapeSize(user.shape);
@@ -469,38 +538,53 @@ bool Analyzer::IsPureConvertFusion(const Instruction& in) const {
   for (const Instruction& x : f.instructions) {
     if (x.opcode_name == "convert") {
       has_convert = true;
+    } else if (x.shape.IsArray() && x.shape.Elements() <= 1) {
+      continue;  // scalar index arithmetic of a dynamic-slice
     } else if (x.opcode != Opcode::kParameter && x.opcode != Opcode::kBitcast &&
                x.opcode != Opcode::kReshape && x.opcode != Opcode::kCopy &&
-               x.opcode != Opcode::kTranspose) {
+               x.opcode != Opcode::kTranspose && x.opcode != Opcode::kDynamicSlice &&
+               x.opcode != Opcode::kSlice) {
       return false;
     }
   }
   return has_convert;
 }
 
-// Estimated bytes that a backend with native low-precision arithmetic would not move (see
-// ExecutableProfile::convert_overhead_bytes). Only for single-operand array converts.
-double Analyzer::ConvertOverhead(const Computation& c, int32_t idx, const Cost& own) const {
+// Estimated bytes and FLOPs that a backend with native low-precision arithmetic would not
+// spend (see ExecutableProfile::convert_overhead_bytes): the whole convert kernel, plus, for a
+// widening convert, the extra width every reader reads (a tuple passing the value into a loop
+// or call counts as one reader), or, for a narrowing convert, the extra width its producer
+// wrote.
+void Analyzer::AddConvertOverhead(const Computation& c, int32_t idx, Cost* own) const {
   const Instruction& in = c.instructions[idx];
-  if (in.operands.size() != 1 || !in.shape.IsArray() || !IsPureConvertFusion(in)) return 0;
-  const Shape& src = c.instructions[in.operands[0]].shape;
-  if (!src.IsArray()) return 0;
-  const double narrow_in = DataBytes(src);
-  const double wide_out = DataBytes(in.shape);
-  double overhead = own.bytes;  // the convert kernel itself disappears
-  if (wide_out > narrow_in) {
-    // Every reader reads the wide copy instead of the narrow original.
+  if (in.operands.empty() || !in.shape.IsArray() || !IsPureConvertFusion(in)) return;
+  // One data operand; any others are scalar slice indices. Compare its width with the
+  // output's: a convert round trip (f32 -> bf16 -> f32, XLA:CPU keeping bf16 rounding) has
+  // equal widths and only the kernel itself is overhead.
+  const Instruction* data = nullptr;
+  for (int32_t op : in.operands) {
+    if (c.instructions[op].shape.Elements() <= 1) continue;
+    if (data != nullptr) return;
+    data = &c.instructions[op];
+  }
+  if (data == nullptr) return;
+  const int in_width = PrimitiveTypeBytes(data->shape.element_type);
+  const int out_width = PrimitiveTypeBytes(in.shape.element_type);
+  if (in_width == 0 || out_width == 0) return;
+  const double elements = in.shape.Elements();
+  double overhead = own->bytes;
+  if (out_width > in_width) {
     double readers = 0;
     for (int32_t u : c.users[idx]) {
-      const Opcode op = c.instructions[u].opcode;
-      if (op != Opcode::kTuple && op != Opcode::kGetTupleElement) readers += 1;
+      if (u == c.root) continue;  // an output of the computation, not a reader
+      if (c.instructions[u].opcode != Opcode::kGetTupleElement) readers += 1;
     }
-    overhead += readers * (wide_out - narrow_in);
-  } else {
-    // The producer wrote the wide value that a native backend writes narrow.
-    overhead += narrow_in - wide_out;
+    overhead += readers * elements * (out_width - in_width);
+  } else if (out_width < in_width) {
+    overhead += elements * (in_width - out_width);
   }
-  return overhead;
+  own->convert_overhead += overhead;
+  own->convert_flops += own->flops;
 }
 
 bool Analyzer::GatherScatterBytes(const Computation& c, const Instruction& in, int depth,
@@ -547,12 +631,13 @@ bool Analyzer::FusionCost(const Computation& c, const Instruction& in, int depth
     }
   }
   Cost sub;
-  if (!ComputationCost(fi, depth + 1, &sub)) return false;
+  if (!ComputationCost(fi, depth + 1, &sub, /*fused=*/true)) return false;
   *cost = sub;
   // Values inside a fusion never touch memory: recount bytes at the fusion boundary.
   cost->bytes = 0;
   cost->out_bytes = 0;
   cost->convert_overhead = 0;
+  cost->convert_flops = 0;
   const Instruction& root = fused.instructions[fused.root];
   auto dus_update_size = [&](const Instruction& x, double* size) {
     if (x.opcode != Opcode::kDynamicUpdateSlice || x.operands.size() < 2) return false;
@@ -603,10 +688,41 @@ bool Analyzer::FusionCost(const Computation& c, const Instruction& in, int depth
       cost->bytes += ShapeSize(x.shape);
     }
   }
+  const std::vector<double>* utilization = o_.xla_compatible ? nullptr : &Utilization(fi);
+  // A state update that a backend emulating a narrow type wraps in converts,
+  // convert(dynamic-update-slice(convert(state), convert(update))), rewrites the whole state;
+  // natively it is an in-place update. The difference is convert overhead.
+  auto strip = [&](const Instruction* x) {
+    for (int hops = 0; hops < 8 && (x->opcode_name == "convert" || x->opcode == Opcode::kBitcast) &&
+                       !x->operands.empty();
+         ++hops) {
+      x = &fused.instructions[x->operands[0]];
+    }
+    return x;
+  };
+  const Instruction* update_root = strip(&root);
+  const Instruction* state = nullptr;
+  if (update_root != &root && update_root->opcode == Opcode::kDynamicUpdateSlice &&
+      update_root->operands.size() >= 2 && in.shape.IsArray()) {
+    state = strip(&fused.instructions[update_root->operands[0]]);
+    if (state->opcode != Opcode::kParameter) state = nullptr;
+  }
   for (size_t p = 0; p < in.operands.size(); ++p) {
     double read = 0;
     if (!ParamReadBytes(fi, static_cast<int64_t>(p), depth + 1, &read)) return false;
+    if (utilization != nullptr && static_cast<size_t>(p) < fused.parameters.size()) {
+      // Deviation: a parameter is read only as far as the fusion uses it.
+      const int32_t param = fused.parameters[p];
+      read = std::min(read, ShapeSize(fused.instructions[param].shape) * (*utilization)[param]);
+    }
     cost->bytes += read;
+    if (state != nullptr && state->parameter_number == static_cast<int64_t>(p)) {
+      const Shape& update = fused.instructions[update_root->operands[1]].shape;
+      const double native_write =
+          update.Elements() * PrimitiveTypeBytes(in.shape.element_type);
+      cost->convert_overhead += read + std::max(ShapeSize(in.shape) - native_write, 0.0);
+      cost->convert_flops += cost->flops;
+    }
   }
   return true;
 }
@@ -804,7 +920,7 @@ bool Analyzer::InstructionCost(const Computation& c, int32_t idx, int depth, Cos
         loop.while_unknown = 1;
       } else {
         loop.max_trip = static_cast<double>(trip);
-        if (o_.while_rule == WhileRule::kTripCount) scale = static_cast<double>(trip);
+        if (!o_.xla_compatible) scale = static_cast<double>(trip);
       }
       loop.Add(body, scale);
       loop.Add(condition, scale);
@@ -837,7 +953,7 @@ bool Analyzer::InstructionCost(const Computation& c, int32_t idx, int depth, Cos
       // Data movement and everything else: the default read-operands/write-output bytes.
       break;
   }
-  if (!c.is_fusion) cost->convert_overhead += ConvertOverhead(c, idx, *cost);
+  if (!c.is_fusion) AddConvertOverhead(c, idx, cost);
   return true;
 }
 
@@ -879,6 +995,16 @@ Result<ExecutableProfile> AnalyzeModule(const HloModule& module, const AnalysisO
     return Result<ExecutableProfile>::Error("HLO analysis failed: " + analyzer.error());
   }
   ExecutableProfile p;
+  {
+    std::vector<KernelInfo> kernels = analyzer.EntryKernels(module.entry);
+    const size_t k = std::min(options.top_k, kernels.size());
+    std::partial_sort(kernels.begin(), kernels.begin() + k, kernels.end(),
+                      [](const KernelInfo& a, const KernelInfo& b) { return a.bytes > b.bytes; });
+    p.heaviest_by_bytes.assign(kernels.begin(), kernels.begin() + k);
+    std::partial_sort(kernels.begin(), kernels.begin() + k, kernels.end(),
+                      [](const KernelInfo& a, const KernelInfo& b) { return a.flops > b.flops; });
+    p.heaviest_by_flops.assign(kernels.begin(), kernels.begin() + k);
+  }
   p.module_name = module.name;
   p.from_config_wrapper = module.had_config_wrapper;
   p.flops = cost.flops;
@@ -899,6 +1025,7 @@ Result<ExecutableProfile> AnalyzeModule(const HloModule& module, const AnalysisO
   p.state_append_buffer_bytes = cost.append_buffer_bytes;
   p.state_append_update_bytes = cost.append_update_bytes;
   p.convert_overhead_bytes = std::min(cost.convert_overhead, cost.bytes);
+  p.convert_overhead_flops = std::min(cost.convert_flops, cost.flops);
   p.while_loops = static_cast<int64_t>(cost.while_loops);
   p.while_loops_unknown_trip_count = static_cast<int64_t>(cost.while_unknown);
   p.max_trip_count = static_cast<int64_t>(cost.max_trip);

@@ -10,13 +10,18 @@
 //     inside a fusion never touch memory. A dynamic-update-slice writes only the update
 //     (the state buffer is updated in place). Parameters, constants, tuples-of-pointers,
 //     get-tuple-element and bitcasts move nothing. Tuples cost 8 bytes per element (pointers).
-//   * Deliberate deviations (each is listed where it is implemented):
+//   * Deliberate deviations from XLA (off with AnalysisOptions::xla_compatible):
 //     - while loops: the body and condition are multiplied by the known trip count from the
-//       loop's backend_config when present (XLA counts one iteration); with
-//       WhileRule::kOnce the XLA convention is used. Unknown trip counts count once and are
-//       reported in `while_loops_unknown_trip_count`.
-//     - conditionals: the per-property maximum over branches (same as XLA: an upper bound).
-//     - custom calls: counted as zero cost and reported (XLA reports -1 for "unknown").
+//       loop's backend_config (XLA counts one iteration). Unknown trip counts count once and
+//       are reported in `while_loops_unknown_trip_count`.
+//     - inside a fusion only the part of each value that the fusion's output needs is
+//       computed and read (utilization): a gather reads the gathered rows, like a
+//       dynamic-slice, and an elementwise op feeding a slice or gather runs on that share.
+//       XLA charges the whole operand to every fusion that gathers from it: an embedding
+//       lookup (convert + gather of a 1 GB vocabulary table) fused into three consumers
+//       would convert and read the whole table three times.
+//   * Shared with XLA, by design: conditionals take the per-property maximum over branches
+//     (an upper bound); custom calls cost zero and are counted (XLA reports -1, "unknown").
 #ifndef FLEXNPU_XLA_PASSES_ANALYSIS_H_
 #define FLEXNPU_XLA_PASSES_ANALYSIS_H_
 
@@ -30,13 +35,10 @@
 
 namespace flexnpu::xla_passes {
 
-enum class WhileRule {
-  kTripCount,  // multiply by the known trip count (default): the real cost of the executable
-  kOnce,       // one iteration, as XLA's HloCostAnalysis does
-};
-
 struct AnalysisOptions {
-  WhileRule while_rule = WhileRule::kTripCount;
+  // Count exactly as XLA's HloCostAnalysis (one loop iteration, whole gather tables), for
+  // comparison with `compiled.cost_analysis()`. Off: the real cost of one execution.
+  bool xla_compatible = false;
   // A dot is "GEMV-shaped" when its smaller free side (rows of the activation, or columns of
   // the weight) has at most this many elements: it streams a whole operand per few FLOPs.
   double gemv_max_free_size = 16;
@@ -66,9 +68,16 @@ struct AliasInfo {
   double bytes = 0;
 };
 
+struct KernelInfo {
+  std::string name;    // top-level instruction of the entry computation
+  std::string opcode;  // e.g. "fusion" (kind in parentheses) or "dot"
+  double flops = 0;
+  double bytes = 0;
+};
+
 struct ExecutableProfile {
   std::string module_name;
-  // Totals (while bodies multiplied per AnalysisOptions::while_rule).
+  // Totals (while bodies multiplied by trip counts unless xla_compatible).
   double flops = 0;
   double transcendentals = 0;
   double bytes_accessed = 0;  // bytes_read + bytes_written
@@ -93,6 +102,7 @@ struct ExecutableProfile {
   // kernels plus the extra width their consumers read. A backend with native low-precision
   // math moves bytes_accessed - convert_overhead_bytes.
   double convert_overhead_bytes = 0;
+  double convert_overhead_flops = 0;  // elementwise FLOPs of those convert kernels
   int64_t while_loops = 0;
   int64_t while_loops_unknown_trip_count = 0;
   int64_t max_trip_count = 0;
@@ -106,6 +116,9 @@ struct ExecutableProfile {
   std::vector<BufferInfo> largest_parameters;
   std::vector<BufferInfo> largest_outputs;
   std::vector<AliasInfo> aliased;  // in-place (aliased or donated) parameters
+  // The entry computation's heaviest instructions (loops and calls include their bodies).
+  std::vector<KernelInfo> heaviest_by_bytes;
+  std::vector<KernelInfo> heaviest_by_flops;
   double aliased_bytes = 0;
   bool from_config_wrapper = false;
 };

@@ -70,11 +70,13 @@ Result<Classification> Classify(const ExecutableProfile& profile, const DeviceSp
   c.device = device.name;
   c.ridge = device.ridge();
   c.bytes = profile.bytes_accessed;
+  c.flops = profile.flops;
   if (device.native_low_precision) {
     c.bytes = std::max(profile.bytes_accessed - profile.convert_overhead_bytes, 0.0);
+    c.flops = std::max(profile.flops - profile.convert_overhead_flops, 0.0);
   }
-  c.arithmetic_intensity = c.bytes > 0 ? profile.flops / c.bytes : 0;
-  c.compute_time_s = profile.flops / device.peak_flops;
+  c.arithmetic_intensity = c.bytes > 0 ? c.flops / c.bytes : 0;
+  c.compute_time_s = c.flops / device.peak_flops;
   c.memory_time_s = c.bytes / device.mem_bandwidth;
   c.roofline_time_s = std::max(c.compute_time_s, c.memory_time_s);
   c.ridge_ratio = c.ridge > 0 ? c.arithmetic_intensity / c.ridge : 0;

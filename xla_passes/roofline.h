@@ -39,6 +39,7 @@ struct Classification {
   std::string device;
   double ridge = 0;                 // FLOPs/byte
   double arithmetic_intensity = 0;  // of the bytes used below
+  double flops = 0;                 // FLOPs counted for this device
   double bytes = 0;                 // bytes counted for this device
   double compute_time_s = 0;
   double memory_time_s = 0;

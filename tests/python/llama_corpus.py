@@ -2,10 +2,11 @@
 
 Llama / Qwen2 block: RMSNorm -> GQA attention with RoPE (optional q/k/v bias, as in Qwen2)
 -> residual -> RMSNorm -> SwiGLU MLP -> residual; final RMSNorm and an untied LM head.
-The KV cache is [layers, batch, max_seq, kv_heads, head_dim] per K and V, updated in place
-with dynamic_update_slice (the append of a decode step). Layers are either unrolled (a Python
-loop: XLA's cost analysis sees every layer) or scanned (`lax.scan`: one while loop whose body
-the analysis multiplies by the trip count).
+The KV cache (per K and V) is updated in place with dynamic_update_slice (the append of a
+decode step). Layers are either unrolled (a Python loop; the cache is a tuple of per-layer
+[batch, max_seq, kv_heads, head_dim] arrays, each donated and updated in place) or scanned
+(`lax.scan`: one while loop whose body the analysis multiplies by the trip count; the cache is
+stacked [layers, ...] and threaded through the scan as xs/ys, which copies it every step).
 
 Everything works on `jax.ShapeDtypeStruct`s, so models of any size can be compiled (never run)
 for analysis. Written for analysis tests and benchmarks, not for serving.
@@ -119,8 +120,11 @@ def init_params(cfg: LlamaConfig, key: jax.Array) -> Params:
 
 
 def cache_specs(cfg: LlamaConfig, batch: int, max_seq: int) -> tuple[Any, Any]:
-    shape = (cfg.layers, batch, max_seq, cfg.kv_heads, cfg.head_dim)
-    spec = jax.ShapeDtypeStruct(shape, cfg.dtype)
+    shape = (batch, max_seq, cfg.kv_heads, cfg.head_dim)
+    if cfg.scan_layers:
+        spec: Any = jax.ShapeDtypeStruct((cfg.layers, *shape), cfg.dtype)
+    else:
+        spec = tuple(jax.ShapeDtypeStruct(shape, cfg.dtype) for _ in range(cfg.layers))
     return spec, spec
 
 
@@ -184,10 +188,10 @@ def forward(
     cfg: LlamaConfig,
     params: Params,
     tokens: jax.Array,
-    k_cache: jax.Array,
-    v_cache: jax.Array,
+    k_cache: Any,
+    v_cache: Any,
     pos: jax.Array,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+) -> tuple[jax.Array, Any, Any]:
     """Runs tokens [B, S] starting at position `pos`; returns last-position logits and caches."""
     x = params["embed"][tokens]
     if cfg.scan_layers:
@@ -204,16 +208,18 @@ def forward(
             x, kc, vc = _block(cfg, lp, x, k_cache[i], v_cache[i], pos)
             ks.append(kc)
             vs.append(vc)
-        k_cache, v_cache = jnp.stack(ks), jnp.stack(vs)
+        k_cache, v_cache = tuple(ks), tuple(vs)
     x = _rms_norm(x[:, -1:, :], params["final_norm"])
     logits = (x @ params["lm_head"])[:, 0, :]
     return logits, k_cache, v_cache
 
 
 def prefill_fn(cfg: LlamaConfig) -> Any:
-    """jit(params, tokens [B, S], k_cache, v_cache) -> (logits, k_cache, v_cache); caches donated."""
+    """jit(params, tokens [B, S], k_cache, v_cache) -> (logits, k_cache, v_cache).
 
-    def prefill(params: Params, tokens: jax.Array, k_cache: jax.Array, v_cache: jax.Array) -> Any:
+    The caches are donated (updated in place)."""
+
+    def prefill(params: Params, tokens: jax.Array, k_cache: Any, v_cache: Any) -> Any:
         return forward(cfg, params, tokens, k_cache, v_cache, jnp.zeros((), jnp.int32))
 
     return jax.jit(prefill, donate_argnums=(2, 3))

@@ -215,7 +215,7 @@ TEST(Analysis, WhileUsesKnownTripCount) {
   EXPECT_DOUBLE_EQ(p->transcendentals, 8 * 256);
   EXPECT_EQ(p->max_trip_count, 8);
   AnalysisOptions once;
-  once.while_rule = WhileRule::kOnce;
+  once.xla_compatible = true;
   auto q = AnalyzeHloProto(m, once);
   ASSERT_TRUE(q.ok());
   EXPECT_DOUBLE_EQ(q->transcendentals, 256);
@@ -341,7 +341,7 @@ TEST(Analysis, RealModulesFromJax) {
     const std::string data = ReadFile(dir + "/" + name);
     ASSERT_FALSE(data.empty()) << name;
     AnalysisOptions once;
-    once.while_rule = WhileRule::kOnce;  // XLA's convention
+    once.xla_compatible = true;  // XLA's convention
     auto p = AnalyzeHloProto(data, once);
     ASSERT_TRUE(p.ok()) << name << ": " << p.error();
     EXPECT_NEAR(p->flops, flops, 0.01 * flops + 1) << name;
