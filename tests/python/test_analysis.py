@@ -10,6 +10,12 @@ gathers (rows read instead of whole tables); those differences are checked expli
 
 from __future__ import annotations
 
+import os
+
+# jaxlib's own XLA:CPU compiler (the oracle and the measured numbers below are for it), even
+# when other jax plugins are installed; set before any jax backend initializes.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 import json
 import subprocess
 import sys
