@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs what the tests need and runs them all, the same way locally and in CI:
+#   1. the package (pip install ".[test]") and the Debian packages for the C++ tests;
+#   2. C++ unit tests and the C-API test (CTest), then again under ASan + UBSan;
+#   3. the Bazel build and tests (offline, Debian's bazel-bootstrap);
+#   4. a bounded fuzz run of the HLO reader, when its script is present;
+#   5. ruff and pytest (JAX programs on flexnpu vs the physical backend, errors, threads, ...).
+# Environment: PYTHON (default python3), FLEXNPU_FUZZ_SECONDS (default 60).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-python3}
+JOBS=2
+
+step() { printf '\n=== %s ===\n' "$*"; }
+
+step "Debian packages"
+need=()
+[[ -f /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake || -f /usr/lib/cmake/GTest/GTestConfig.cmake ]] \
+  || need+=(libgtest-dev)
+command -v clang++ >/dev/null 2>&1 || need+=(clang)
+[[ -d /usr/lib/llvm-14/lib/clang ]] && ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a \
+  >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
+if (( ${#need[@]} )); then
+  if [[ $(id -u) -eq 0 ]]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "run_tests: need root to install ${need[*]}" >&2
+    exit 1
+  fi
+fi
+
+step "pip install .[test]"
+"$PYTHON" -m pip install -q ".[test]"
+"$PYTHON" -m pip install -q cmake ninja
+include_dir=$("$PYTHON" -c "import os, importlib.util as u; s = u.find_spec('xla_plugins.xla_cpu_pjrt'); print(os.path.join(os.path.dirname(s.origin), 'include'))")
+
+step "C++ tests (CTest)"
+cmake -S . -B build/ctest -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
+  -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null
+ninja -C build/ctest -j"$JOBS" >/dev/null
+ctest --test-dir build/ctest --output-on-failure -j"$JOBS"
+
+step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build/sanitize -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
+  -DFLEXNPU_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null
+ninja -C build/sanitize -j"$JOBS" >/dev/null
+ASAN_OPTIONS=detect_odr_violation=0 ctest --test-dir build/sanitize --output-on-failure -j"$JOBS"
+
+step "Bazel build and tests"
+FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
+
+if [[ -x xla_passes/fuzz/run_fuzz.sh ]]; then
+  step "Fuzzing the HLO reader (${FLEXNPU_FUZZ_SECONDS:-60} s)"
+  PYTHON="$PYTHON" xla_passes/fuzz/run_fuzz.sh "${FLEXNPU_FUZZ_SECONDS:-60}"
+fi
+
+step "ruff"
+"$PYTHON" -m ruff check python tests bench examples
+
+step "pytest"
+"$PYTHON" -m pytest -q
