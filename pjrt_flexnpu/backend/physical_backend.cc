@@ -21,15 +21,7 @@ std::map<std::string, std::shared_ptr<const PhysicalBackend>>& LoadedBackends() 
 
 }  // namespace
 
-bool PhysicalBackend::HasSlot(size_t offset) const {
-  if (offset + sizeof(void*) > api_->struct_size) return false;
-  void* slot;
-  std::memcpy(&slot, reinterpret_cast<const char*>(api_) + offset, sizeof(slot));
-  return slot != nullptr;
-}
-
-Status PhysicalBackend::Consume(PJRT_Error* error, const char* where) const {
-  if (error == nullptr) return Status::Ok();
+Status PhysicalBackend::ConsumeError(PJRT_Error* error, const char* where) const {
   PJRT_Error_Message_Args message_args{};
   message_args.struct_size = PJRT_Error_Message_Args_STRUCT_SIZE;
   message_args.error = error;

@@ -4,6 +4,7 @@
 #define FLEXNPU_BACKEND_PHYSICAL_BACKEND_H_
 
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -27,13 +28,21 @@ class PhysicalBackend {
   int minor_version() const { return api_->pjrt_api_version.minor_version; }
 
   // True when the inner API table is large enough to hold the slot at `offset` and fills it.
-  bool HasSlot(size_t offset) const;
+  bool HasSlot(size_t offset) const {
+    if (offset + sizeof(void*) > api_->struct_size) return false;
+    void* slot;
+    std::memcpy(&slot, reinterpret_cast<const char*>(api_) + offset, sizeof(slot));
+    return slot != nullptr;
+  }
 
   // Converts an inner PJRT_Error (taking ownership) into a Status whose message says where
-  // it happened; OK for nullptr.
-  Status Consume(PJRT_Error* error, const char* where) const;
+  // it happened; OK for nullptr. Inline: it runs after every forwarded call.
+  Status Consume(PJRT_Error* error, const char* where) const {
+    return error == nullptr ? Status() : ConsumeError(error, where);
+  }
 
  private:
+  Status ConsumeError(PJRT_Error* error, const char* where) const;
   PhysicalBackend(std::string path, const PJRT_Api* api) : path_(std::move(path)), api_(api) {}
   std::string path_;
   const PJRT_Api* api_;

@@ -21,9 +21,6 @@ namespace {
 }  // namespace
 
 FLEXNPU_FORWARD_EXECUTABLE(Name, executable_name_size)
-FLEXNPU_FORWARD_EXECUTABLE(NumReplicas, num_replicas)
-FLEXNPU_FORWARD_EXECUTABLE(NumPartitions, num_partitions)
-FLEXNPU_FORWARD_EXECUTABLE(NumOutputs, num_outputs)
 FLEXNPU_FORWARD_EXECUTABLE(SizeOfGeneratedCodeInBytes, size_in_bytes)
 FLEXNPU_FORWARD_EXECUTABLE(GetCostAnalysis, properties)
 FLEXNPU_FORWARD_EXECUTABLE(OutputMemoryKinds, memory_kind_sizes)
@@ -33,6 +30,22 @@ FLEXNPU_FORWARD_EXECUTABLE(OutputDimensions, dim_sizes)
 FLEXNPU_FORWARD_EXECUTABLE(Fingerprint, executable_fingerprint_size)
 FLEXNPU_FORWARD_EXECUTABLE(GetCompiledMemoryStats, generated_code_size_in_bytes)
 #undef FLEXNPU_FORWARD_EXECUTABLE
+
+#define FLEXNPU_EXECUTABLE_COUNT(Name, field, getter)                                    \
+  PJRT_Error* Executable_##Name(PJRT_Executable_##Name##_Args* args) {                  \
+    return Guard("PJRT_Executable_" #Name, [&]() -> Status {                            \
+      FLEXNPU_CHECK_ARGS(PJRT_Executable_##Name, field);                                \
+      FLEXNPU_RESOLVE(exe, VirtualExecutable, args->executable, PJRT_Executable_##Name, \
+                      "executable");                                                    \
+      args->field = exe->getter();                                                      \
+      return Status::Ok();                                                              \
+    });                                                                                 \
+  }
+
+FLEXNPU_EXECUTABLE_COUNT(NumReplicas, num_replicas, num_replicas)
+FLEXNPU_EXECUTABLE_COUNT(NumPartitions, num_partitions, num_partitions)
+FLEXNPU_EXECUTABLE_COUNT(NumOutputs, num_outputs, num_outputs)
+#undef FLEXNPU_EXECUTABLE_COUNT
 
 PJRT_Error* Executable_Destroy(PJRT_Executable_Destroy_Args* args) {
   return Guard("PJRT_Executable_Destroy", [&]() -> Status {
@@ -64,7 +77,9 @@ PJRT_Error* LoadedExecutable_GetExecutable(PJRT_LoadedExecutable_GetExecutable_A
     inner.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
     inner.loaded_executable = exe->any_inner();
     FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_GetExecutable, &inner));
-    args->executable = ToHandle<PJRT_Executable>(new VirtualExecutable(b, inner.executable));
+    auto exe_view = VirtualExecutable::Wrap(b, inner.executable);
+    if (!exe_view.ok()) return exe_view.status();
+    args->executable = ToHandle<PJRT_Executable>(*exe_view);
     return Status::Ok();
   });
 }

@@ -30,10 +30,26 @@ StatusOr<VirtualBuffer*> VirtualBuffer::Wrap(VirtualMemory* memory, InnerBuffer 
   size_args.buffer = handle;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_OnDeviceSizeInBytes, &size_args));
   buffer->on_device_size_ = static_cast<int64_t>(size_args.on_device_size_in_bytes);
-
-  memory->device()->stats().Add(buffer->on_device_size_);
-  buffer->counted_.store(true, std::memory_order_release);
+  buffer->StartCounting();
   return buffer.release();
+}
+
+VirtualBuffer* VirtualBuffer::WrapKnown(VirtualMemory* memory, InnerBuffer inner,
+                                        int physical_device, PJRT_Buffer_Type element_type,
+                                        const std::vector<int64_t>& dims,
+                                        int64_t on_device_size) {
+  auto* buffer = new VirtualBuffer(
+      memory, std::make_shared<PhysicalBuffer>(PhysicalBuffer{std::move(inner), physical_device}));
+  buffer->element_type_ = element_type;
+  buffer->dims_ = dims;
+  buffer->on_device_size_ = on_device_size;
+  buffer->StartCounting();
+  return buffer;
+}
+
+void VirtualBuffer::StartCounting() {
+  memory_->device()->stats().Add(on_device_size_);
+  counted_.store(true, std::memory_order_release);
 }
 
 VirtualBuffer::VirtualBuffer(VirtualMemory* memory, std::shared_ptr<PhysicalBuffer> physical)

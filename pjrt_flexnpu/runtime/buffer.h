@@ -32,6 +32,11 @@ class VirtualBuffer : public Tagged {
   // Wraps an inner buffer that lives on `physical_device`, as a buffer of `memory`.
   static StatusOr<VirtualBuffer*> Wrap(VirtualMemory* memory, InnerBuffer inner,
                                        int physical_device);
+  // The same without asking the backend: the caller knows the buffer's metadata (outputs of
+  // an executable whose output shapes it has seen).
+  static VirtualBuffer* WrapKnown(VirtualMemory* memory, InnerBuffer inner, int physical_device,
+                                  PJRT_Buffer_Type element_type, const std::vector<int64_t>& dims,
+                                  int64_t on_device_size);
   ~VirtualBuffer();
 
   VirtualClient* client() const { return client_; }
@@ -60,6 +65,7 @@ class VirtualBuffer : public Tagged {
 
  private:
   VirtualBuffer(VirtualMemory* memory, std::shared_ptr<PhysicalBuffer> physical);
+  void StartCounting();
   void StopCounting();
 
   VirtualClient* client_;

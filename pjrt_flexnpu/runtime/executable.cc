@@ -11,7 +11,7 @@
 namespace flexnpu {
 namespace {
 
-constexpr size_t kInlineArgs = 16;
+constexpr size_t kInlineArgs = 8;
 
 // Copies the fields of the caller's options that both it and FlexNPU's header know.
 PJRT_ExecuteOptions TranslateOptions(const PJRT_ExecuteOptions* options) {
@@ -63,40 +63,28 @@ StatusOr<std::shared_ptr<PhysicalBuffer>> OnPhysical(VirtualBuffer* buffer, int 
   return buffer->physical();
 }
 
-// Wraps the inner outputs of one device as buffers of virtual device `device`.
-Status WrapOutputs(VirtualClient* client, VirtualDevice* device, int physical_device,
-                   PJRT_Buffer** inner_outputs, size_t num_outputs, PJRT_Buffer** outputs) {
-  const PhysicalBackend& b = client->backend();
-  Status status;
-  size_t wrapped = 0;
-  for (; wrapped < num_outputs; ++wrapped) {
-    InnerBuffer inner = Own(b, inner_outputs[wrapped]);
-    inner_outputs[wrapped] = nullptr;
-    PJRT_Buffer_Memory_Args memory_args{};
-    memory_args.struct_size = PJRT_Buffer_Memory_Args_STRUCT_SIZE;
-    memory_args.buffer = inner.get();
-    status = FLEXNPU_INNER_CALL(b, PJRT_Buffer_Memory, &memory_args);
-    if (!status.ok()) break;
-    const int kind = client->KindIndexOf(memory_args.memory);
-    VirtualMemory* memory = kind >= 0 ? device->memory_of_kind(kind) : nullptr;
-    if (memory == nullptr) memory = device->default_memory();
-    auto buffer = VirtualBuffer::Wrap(memory, std::move(inner), physical_device);
-    if (!buffer.ok()) {
-      status = buffer.status();
-      break;
-    }
-    outputs[wrapped] = ToHandle<PJRT_Buffer>(*buffer);
-  }
-  if (status.ok()) return status;
-  for (size_t i = 0; i < wrapped; ++i) {
-    delete FromHandle<VirtualBuffer>(outputs[i]);
-    outputs[i] = nullptr;
-  }
-  for (size_t i = wrapped + 1; i < num_outputs; ++i) Own(b, inner_outputs[i]);
-  return status;
-}
-
 }  // namespace
+
+StatusOr<VirtualExecutable*> VirtualExecutable::Wrap(const PhysicalBackend& b,
+                                                   PJRT_Executable* inner) {
+  std::unique_ptr<VirtualExecutable> exe(new VirtualExecutable(b, inner));
+  PJRT_Executable_NumReplicas_Args replicas{};
+  replicas.struct_size = PJRT_Executable_NumReplicas_Args_STRUCT_SIZE;
+  replicas.executable = inner;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_NumReplicas, &replicas));
+  exe->num_replicas_ = replicas.num_replicas;
+  PJRT_Executable_NumPartitions_Args partitions{};
+  partitions.struct_size = PJRT_Executable_NumPartitions_Args_STRUCT_SIZE;
+  partitions.executable = inner;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_NumPartitions, &partitions));
+  exe->num_partitions_ = partitions.num_partitions;
+  PJRT_Executable_NumOutputs_Args outputs{};
+  outputs.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
+  outputs.executable = inner;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_NumOutputs, &outputs));
+  exe->num_outputs_ = outputs.num_outputs;
+  return exe.release();
+}
 
 StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
     VirtualClient* client, const PJRT_Program* program, std::string_view compile_options) {
@@ -136,22 +124,26 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   exe->program_code_.assign(program->code, program->code_size);
   exe->program_format_.assign(program->format, program->format_size);
 
+  exe->portable_ = exe->single_device_ && client->options().single_device_compile == "portable";
   std::vector<int> mapping;
-  if (exe->single_device_) {
+  if (exe->portable_) {
     auto portable = RewriteAsPortable(compile_options);
     if (!portable.ok()) return portable.status();
     exe->compile_options_ = std::move(*portable);
   } else {
     exe->compile_options_.assign(compile_options);
     std::vector<int> virtual_ids(ids.begin(), ids.end());
-    auto placed = client->placer().PlaceGroup(virtual_ids);
+    auto placed = exe->single_device_
+                      ? StatusOr<std::vector<int>>(std::vector<int>{
+                            client->placer().PlaceExecution(virtual_ids[0])})
+                      : client->placer().PlaceGroup(virtual_ids);
     if (!placed.ok()) return placed.status();
     mapping = std::move(*placed);
   }
   auto compiled = exe->CompileFor(mapping);
   if (!compiled.ok()) return compiled.status();
   exe->initial_ = *compiled;
-  if (!exe->single_device_) exe->by_mapping_.emplace(mapping, exe->initial_);
+  if (!exe->portable_) exe->by_mapping_.emplace(mapping, exe->initial_);
 
   const PhysicalBackend& b = client->backend();
   PJRT_LoadedExecutable_GetExecutable_Args get_args{};
@@ -164,6 +156,12 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   outputs_args.executable = unloaded.get();
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_NumOutputs, &outputs_args));
   exe->num_outputs_ = outputs_args.num_outputs;
+  PJRT_Executable_GetCompiledMemoryStats_Args memory_args{};
+  memory_args.struct_size = PJRT_Executable_GetCompiledMemoryStats_Args_STRUCT_SIZE;
+  memory_args.executable = unloaded.get();
+  if (FLEXNPU_INNER_CALL(b, PJRT_Executable_GetCompiledMemoryStats, &memory_args).ok()) {
+    exe->may_donate_ = memory_args.alias_size_in_bytes > 0;
+  }
   return exe.release();
 }
 
@@ -171,7 +169,7 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
     const std::vector<int>& physical) {
   const PhysicalBackend& b = client_->backend();
   std::string options = compile_options_;
-  if (!single_device_) {
+  if (!portable_) {
     std::vector<int64_t> physical_ids;
     for (int p : physical) physical_ids.push_back(client_->physical(p).id);
     auto rewritten = RewriteDeviceAssignment(compile_options_, physical_ids);
@@ -195,7 +193,7 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
   auto compiled = std::make_shared<Compiled>();
   compiled->executable = Own(b, args.executable);
   compiled->physical = physical;
-  if (!single_device_) {
+  if (physical.size() > 1) {
     PJRT_LoadedExecutable_AddressableDevices_Args devices_args{};
     devices_args.struct_size = PJRT_LoadedExecutable_AddressableDevices_Args_STRUCT_SIZE;
     devices_args.executable = compiled->executable.get();
@@ -257,6 +255,15 @@ Status VirtualLoadedExecutable::Execute(PJRT_LoadedExecutable_Execute_Args* args
 Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args* args,
                                               VirtualDevice* device) {
   const int physical_device = client_->placer().PlaceExecution(device->index());
+  std::shared_ptr<Compiled> other;
+  const Compiled* compiled = initial_.get();
+  if (!portable_ && physical_device != initial_->physical[0]) {
+    auto found = CompiledFor({physical_device});
+    if (!found.ok()) return found.status();
+    other = std::move(*found);
+    compiled = other.get();
+  }
+
   const size_t num_args = args->num_args;
   SmallVector<std::shared_ptr<PhysicalBuffer>, kInlineArgs> holds(num_args);
   SmallVector<PJRT_Buffer*, kInlineArgs> inner_args(num_args);
@@ -279,24 +286,26 @@ Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args
   PJRT_Event* inner_event = nullptr;
   PJRT_LoadedExecutable_Execute_Args inner{};
   inner.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
-  inner.executable = initial_->executable.get();
+  inner.executable = compiled->executable.get();
   inner.options = &options;
   inner.argument_lists = &argument_list;
   inner.num_devices = 1;
   inner.num_args = num_args;
   inner.output_lists = &output_list;
   inner.device_complete_events = args->device_complete_events ? &inner_event : nullptr;
-  inner.execute_device = client_->physical(physical_device).device;
+  // A pinned executable runs where it was compiled for; a portable one where it is told.
+  inner.execute_device = portable_ ? client_->physical(physical_device).device : nullptr;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
   client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
 
-  for (size_t a = 0; a < num_args; ++a) buffers[a]->NoteMaybeDonated();
+  if (may_donate_) {
+    for (size_t a = 0; a < num_args; ++a) buffers[a]->NoteMaybeDonated();
+  }
   if (args->device_complete_events != nullptr) {
     args->device_complete_events[0] =
         inner_event ? ToHandle<PJRT_Event>(Event::Wrap(b, inner_event)) : nullptr;
   }
-  return WrapOutputs(client_, device, physical_device, inner_outputs.data(), num_outputs_,
-                     args->output_lists[0]);
+  return WrapOutputs(device, physical_device, inner_outputs.data(), args->output_lists[0]);
 }
 
 Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* args) {
@@ -348,7 +357,9 @@ Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* 
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
   client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
 
-  for (VirtualBuffer* buffer : buffers) buffer->NoteMaybeDonated();
+  if (may_donate_) {
+    for (VirtualBuffer* buffer : buffers) buffer->NoteMaybeDonated();
+  }
   Status status;
   for (size_t d = 0; d < n; ++d) {
     const size_t position = c.inner_position[d];
@@ -360,8 +371,65 @@ Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* 
       for (size_t i = 0; i < num_outputs_; ++i) Own(b, output_lists[position][i]);
       continue;
     }
-    status = WrapOutputs(client_, devices_[d], c.physical[d], output_lists[position],
-                         num_outputs_, args->output_lists[d]);
+    status = WrapOutputs(devices_[d], c.physical[d], output_lists[position],
+                         args->output_lists[d]);
+  }
+  return status;
+}
+
+Status VirtualLoadedExecutable::LearnOutputs(PJRT_Buffer** inner_outputs) {
+  const PhysicalBackend& b = client_->backend();
+  std::vector<OutputInfo> outputs(num_outputs_);
+  for (size_t i = 0; i < num_outputs_; ++i) {
+    PJRT_Buffer* buffer = inner_outputs[i];
+    PJRT_Buffer_ElementType_Args type_args{};
+    type_args.struct_size = PJRT_Buffer_ElementType_Args_STRUCT_SIZE;
+    type_args.buffer = buffer;
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_ElementType, &type_args));
+    PJRT_Buffer_Dimensions_Args dims_args{};
+    dims_args.struct_size = PJRT_Buffer_Dimensions_Args_STRUCT_SIZE;
+    dims_args.buffer = buffer;
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_Dimensions, &dims_args));
+    PJRT_Buffer_OnDeviceSizeInBytes_Args size_args{};
+    size_args.struct_size = PJRT_Buffer_OnDeviceSizeInBytes_Args_STRUCT_SIZE;
+    size_args.buffer = buffer;
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_OnDeviceSizeInBytes, &size_args));
+    PJRT_Buffer_Memory_Args memory_args{};
+    memory_args.struct_size = PJRT_Buffer_Memory_Args_STRUCT_SIZE;
+    memory_args.buffer = buffer;
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_Memory, &memory_args));
+    outputs[i] = OutputInfo{type_args.type,
+                            std::vector<int64_t>(dims_args.dims, dims_args.dims + dims_args.num_dims),
+                            static_cast<int64_t>(size_args.on_device_size_in_bytes),
+                            client_->KindIndexOf(memory_args.memory)};
+  }
+  std::lock_guard<std::mutex> lock(outputs_mu_);
+  if (!outputs_known_.load(std::memory_order_acquire)) {
+    outputs_ = std::move(outputs);
+    outputs_known_.store(true, std::memory_order_release);
+  }
+  return Status::Ok();
+}
+
+Status VirtualLoadedExecutable::WrapOutputs(VirtualDevice* device, int physical_device,
+                                            PJRT_Buffer** inner_outputs, PJRT_Buffer** outputs) {
+  const PhysicalBackend& b = client_->backend();
+  Status status = outputs_known_.load(std::memory_order_acquire)
+                      ? Status::Ok()
+                      : LearnOutputs(inner_outputs);
+  for (size_t i = 0; i < num_outputs_; ++i) {
+    InnerBuffer inner = Own(b, inner_outputs[i]);
+    inner_outputs[i] = nullptr;
+    if (!status.ok()) {
+      outputs[i] = nullptr;
+      continue;
+    }
+    const OutputInfo& info = outputs_[i];
+    VirtualMemory* memory = info.kind_index >= 0 ? device->memory_of_kind(info.kind_index) : nullptr;
+    if (memory == nullptr) memory = device->default_memory();
+    outputs[i] = ToHandle<PJRT_Buffer>(VirtualBuffer::WrapKnown(
+        memory, std::move(inner), physical_device, info.element_type, info.dims,
+        info.on_device_size));
   }
   return status;
 }

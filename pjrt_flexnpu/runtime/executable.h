@@ -1,6 +1,7 @@
-// Virtual executables. Single-device programs are compiled portable once and run on
-// whichever physical device the placer picks; SPMD programs are compiled per mapping of their
-// N virtual devices onto N distinct physical devices (cached).
+// Virtual executables. A program over N virtual devices is compiled for a mapping onto N
+// distinct physical devices (the device assignment rewritten to physical ids), once per mapping
+// the placer uses, cached. Single-device programs can instead be compiled once, portable, and
+// run on whichever physical device the placer picks (option single_device_compile=portable).
 #ifndef FLEXNPU_RUNTIME_EXECUTABLE_H_
 #define FLEXNPU_RUNTIME_EXECUTABLE_H_
 
@@ -26,14 +27,23 @@ class VirtualDevice;
 class VirtualExecutable : public Tagged {
  public:
   static constexpr Tag kTag = Tag::kExecutable;
-  VirtualExecutable(const PhysicalBackend& backend, PJRT_Executable* inner)
-      : Tagged(kTag), backend_(&backend), inner_(Own(backend, inner)) {}
+  // Takes ownership of `inner`. JAX asks for the counts on every execution: they are read
+  // from the backend once, here.
+  static StatusOr<VirtualExecutable*> Wrap(const PhysicalBackend& backend, PJRT_Executable* inner);
   const PhysicalBackend& backend() const { return *backend_; }
   PJRT_Executable* inner() const { return inner_.get(); }
+  size_t num_replicas() const { return num_replicas_; }
+  size_t num_partitions() const { return num_partitions_; }
+  size_t num_outputs() const { return num_outputs_; }
 
  private:
+  VirtualExecutable(const PhysicalBackend& backend, PJRT_Executable* inner)
+      : Tagged(kTag), backend_(&backend), inner_(Own(backend, inner)) {}
   const PhysicalBackend* backend_;
   InnerExecutable inner_;
+  size_t num_replicas_ = 1;
+  size_t num_partitions_ = 1;
+  size_t num_outputs_ = 0;
 };
 
 class VirtualLoadedExecutable : public Tagged {
@@ -52,14 +62,24 @@ class VirtualLoadedExecutable : public Tagged {
   PJRT_LoadedExecutable* any_inner() const { return initial_->executable.get(); }
 
   Status Execute(PJRT_LoadedExecutable_Execute_Args* args);
+  bool portable() const { return portable_; }
   Status Delete();
   bool IsDeleted() const { return deleted_.load(std::memory_order_acquire); }
 
  private:
   struct Compiled {
     InnerLoadedExecutable executable;
-    std::vector<int> physical;        // physical device per position (SPMD)
+    std::vector<int> physical;        // physical device per position (empty when portable)
     std::vector<int> inner_position;  // position in the inner executable's device list
+  };
+
+  // What every execution's outputs look like; learnt from the first one, so later outputs
+  // are wrapped without asking the backend.
+  struct OutputInfo {
+    PJRT_Buffer_Type element_type;
+    std::vector<int64_t> dims;
+    int64_t on_device_size;
+    int kind_index;
   };
 
   VirtualLoadedExecutable(VirtualClient* client) : Tagged(kTag), client_(client) {}
@@ -67,13 +87,24 @@ class VirtualLoadedExecutable : public Tagged {
   StatusOr<std::shared_ptr<Compiled>> CompiledFor(const std::vector<int>& physical);
   Status ExecuteSingle(PJRT_LoadedExecutable_Execute_Args* args, VirtualDevice* device);
   Status ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* args);
+  // Wraps one device's inner outputs as buffers of `device`; takes ownership of them.
+  Status WrapOutputs(VirtualDevice* device, int physical_device, PJRT_Buffer** inner_outputs,
+                     PJRT_Buffer** outputs);
+  Status LearnOutputs(PJRT_Buffer** inner_outputs);
 
   VirtualClient* client_;
   std::vector<VirtualDevice*> devices_;
   std::vector<PJRT_Device*> device_handles_;
   std::string serialized_assignment_;
   bool single_device_ = true;
+  bool portable_ = false;
+  // False when the program aliases no input to an output: no execution can donate, and the
+  // per-argument donation check is skipped.
+  bool may_donate_ = true;
   size_t num_outputs_ = 0;
+  std::atomic<bool> outputs_known_{false};
+  std::mutex outputs_mu_;
+  std::vector<OutputInfo> outputs_;
   // Kept for compiles of further mappings.
   std::string program_code_;
   std::string program_format_;

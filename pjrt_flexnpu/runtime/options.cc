@@ -8,7 +8,8 @@ namespace flexnpu {
 namespace {
 
 constexpr const char* kKnownOptions =
-    "backend, backend_options, cpu_plugin_path, num_virtual_devices, policy";
+    "backend, backend_options, cpu_plugin_path, num_virtual_devices, policy, "
+    "single_device_compile";
 
 std::string Trim(std::string_view s) {
   const auto begin = s.find_first_not_of(" \t\n");
@@ -102,6 +103,7 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
       {"cpu_plugin_path", "FLEXNPU_CPU_PLUGIN_PATH"},
       {"num_virtual_devices", "FLEXNPU_NUM_VIRTUAL_DEVICES"},
       {"policy", "FLEXNPU_POLICY"},
+      {"single_device_compile", "FLEXNPU_SINGLE_DEVICE_COMPILE"},
   };
   for (const auto& [name, env_name] : env_names) {
     if (auto v = env(env_name)) merged.push_back({name, *v});
@@ -152,6 +154,14 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
                                "' (known: passthrough)");
       }
       options.policy = *v;
+    } else if (option.name == "single_device_compile") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      if (*v != "pinned" && *v != "portable") {
+        return InvalidArgument("FlexNPU option 'single_device_compile' must be 'pinned' or "
+                               "'portable', got '" + *v + "'");
+      }
+      options.single_device_compile = *v;
     } else {
       return InvalidArgument("unknown FlexNPU create option '" + option.name +
                              "' (known: " + kKnownOptions +

@@ -31,6 +31,10 @@ struct Options {
   // 0: one virtual device per physical device.
   int num_virtual_devices = 0;
   std::string policy = "passthrough";
+  // How single-device programs are compiled: "pinned" (for the physical device that runs
+  // them, one compile per device used, cached) or "portable" (one compile that runs on any
+  // physical device; the CPU plugin's portable execute path costs ~8 us more per call).
+  std::string single_device_compile = "pinned";
 };
 
 // Looks up an environment variable; returns nullopt when unset.

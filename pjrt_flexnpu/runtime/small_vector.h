@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 namespace flexnpu {
@@ -17,7 +18,9 @@ class SmallVector {
       heap_.resize(size);
       data_ = heap_.data();
     } else {
-      inline_.fill(T());
+      if constexpr (std::is_trivially_default_constructible_v<T>) {
+        for (size_t i = 0; i < size; ++i) inline_[i] = T();
+      }
       data_ = inline_.data();
     }
   }

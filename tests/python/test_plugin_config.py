@@ -87,6 +87,13 @@ print(float(y))
     assert proc.stdout.strip().splitlines()[-1] == "56.0"
 
 
+def test_portable_single_device_compile() -> None:
+    info = _describe({"FLEXNPU_SINGLE_DEVICE_COMPILE": "portable", "FLEXNPU_NUM_VIRTUAL_DEVICES": "6"})
+    assert info["n"] == 6
+    assert info["result"] == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]
+    assert info["result_device"] == 5
+
+
 def test_lammps_plugin_with_newer_c_api() -> None:
     lammps = pytest.importorskip("lammps_jax_pjrt_cpu")
     from pathlib import Path
@@ -106,6 +113,7 @@ def test_lammps_plugin_with_newer_c_api() -> None:
         ({"FLEXNPU_BACKEND": "/nonexistent/plugin.so"}, "cannot load physical backend '/nonexistent/plugin.so'"),
         ({"FLEXNPU_BACKEND": "libm.so.6"}, "is not a PJRT plugin: it does not export GetPjrtApi"),
         ({"FLEXNPU_BACKEND_OPTIONS": "cpu_device_count"}, "malformed backend option 'cpu_device_count'"),
+        ({"FLEXNPU_SINGLE_DEVICE_COMPILE": "eager"}, "must be 'pinned' or 'portable', got 'eager'"),
     ],
 )
 def test_bad_configuration_is_a_clear_error(env: dict[str, str], message: str) -> None:
