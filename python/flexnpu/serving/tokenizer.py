@@ -1,0 +1,143 @@
+"""Tokenizers: the GGUF byte-level BPE rebuilt with `tokenizers` (control tokens registered as
+special tokens), a byte-level fallback for random models, ChatML prompts and incremental
+detokenization for streaming."""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+CHATML_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+class Tokenizer(Protocol):
+    eos_id: int
+    bos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def to_json(self) -> str: ...
+
+
+def chatml_prompt(messages: list[dict], default_system: str | None = CHATML_SYSTEM) -> str:
+    """The ChatML template of SmolLM2's GGUF metadata, with the generation prompt."""
+    parts = []
+    if default_system and (not messages or messages[0].get("role") != "system"):
+        parts.append(f"<|im_start|>system\n{default_system}<|im_end|>\n")
+    for m in messages:
+        parts.append(f"<|im_start|>{m['role']}\n{_content_text(m.get('content'))}<|im_end|>\n")
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def _content_text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    raise TypeError("message content must be a string or a list of text parts")
+
+
+class HFTokenizer:
+    """Wraps a `tokenizers.Tokenizer`."""
+
+    def __init__(self, tok, bos_id: int, eos_id: int) -> None:
+        self._tok = tok
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"kind": "hf", "bos_id": self.bos_id, "eos_id": self.eos_id,
+             "tokenizer": json.loads(self._tok.to_str())}
+        )
+
+
+def from_gguf(tokens: list[str], token_types: list[int], merges: list[str], bos_id: int,
+              eos_id: int, pre: str | None = None) -> HFTokenizer:
+    """GPT-2-style byte-level BPE from GGUF vocabulary and merges. Control tokens (type 3) are
+    registered as special tokens so `<|im_start|>` stays one token."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("smollm", "starcoder", "refact"):
+        # llama.cpp's pre-tokenizer for these: every digit split off, then the GPT-2 regex.
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    special = [AddedToken(tokens[i], special=True, normalized=False)
+               for i, t in enumerate(token_types) if t == 3]
+    tok.add_special_tokens(special)
+    return HFTokenizer(tok, bos_id, eos_id)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, then bos/eos: for random-initialized models."""
+
+    SPECIAL = ("<|im_start|>", "<|im_end|>")
+
+    def __init__(self, bos_id: int = 256, eos_id: int = 257) -> None:
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        rest = text
+        while rest:
+            # <|im_end|> maps to eos so ChatML prompts work on random models.
+            cut = rest.find(self.SPECIAL[1])
+            head, rest = (rest, "") if cut < 0 else (rest[:cut], rest[cut + len(self.SPECIAL[1]):])
+            ids.extend(head.encode("utf-8"))
+            if cut >= 0:
+                ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "bytes", "bos_id": self.bos_id, "eos_id": self.eos_id})
+
+
+def tokenizer_from_json(text: str) -> Tokenizer:
+    d = json.loads(text)
+    if d["kind"] == "bytes":
+        return ByteTokenizer(d["bos_id"], d["eos_id"])
+    from tokenizers import Tokenizer as HFTok
+
+    return HFTokenizer(HFTok.from_str(json.dumps(d["tokenizer"])), d["bos_id"], d["eos_id"])
+
+
+class IncrementalDetokenizer:
+    """Streams text as tokens arrive; holds back bytes of an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None) -> None:
+        self.tok = tokenizer
+        self.ids: list[int] = list(prompt_ids[-4:]) if prompt_ids else []
+        self.prefix = len(self.ids)
+        self.read = len(self.ids)
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix_text = self.tok.decode(self.ids[self.prefix:self.read])
+        new_text = self.tok.decode(self.ids[self.prefix:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return new_text[len(prefix_text):]
+        return ""
