@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Run a slice of JAX's own test suite on `flexnpu` and on its physical backend directly.
+
+JAX's tests are not part of this repository: check out jax-ml/jax at the tag of the installed jax
+(e.g. `git archive jax-v0.10.2 tests | tar -x -C /somewhere`) and pass its `tests/` folder.
+
+Every test file runs in its own pytest process per platform (a crash loses one file, not the run)
+and writes JUnit XML; the script then prints a table of passed/failed/skipped/errors per file and
+platform, totals, and every test that passes on the baseline but not on flexnpu, and writes all of
+it (per-test outcomes included) as JSON.
+
+Platforms (`--platforms`, first one is the one under test, the second the baseline):
+  flexnpu       JAX_PLATFORMS=flexnpu (FlexNPU over the `xla-cpu-pjrt` plugin, 4 devices).
+  xla_cpu_pjrt  the very plugin FlexNPU loads (`xla_cpu_pjrt.so`, cpu_device_count=4), registered
+                with JAX under its own name via PJRT_NAMES_AND_LIBRARY_PATHS. It reports platform
+                "cpu", so JAX uses its cpu lowerings (LAPACK/FFI custom calls this .so lacks).
+  cpu           jaxlib's built-in XLA CPU client (JAX_NUM_CPU_DEVICES=4): not the same binary.
+
+Device under test: jax's test_util decides skips with `jtu.device_under_test()`, i.e. the
+`jax_test_dut` flag or else the backend's platform name. `flexnpu` is unknown to the tests, so by
+default a small pytest plugin (written to the output folder, loaded with `-p`) sets
+`jax_test_dut=cpu` on every platform: flexnpu then runs exactly the cases the CPU backends run
+(same skips, same dtypes, same generated cases). `--dut ''` turns that off.
+
+Example:
+  python tools/jax_conformance.py --tests-dir /work/jax-tests/tests --out /tmp/jaxconf \\
+      api_test.py "lax_test.py:testAdd or testDot"
+(`FILE:EXPR` passes EXPR to pytest -k.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+OUTCOMES = ("passed", "failed", "skipped", "errors")
+
+_PYTEST_PLUGIN = '''\
+"""Written by flexnpu tools/jax_conformance.py: sets jax_test_dut to $JAXCONF_DUT."""
+import os
+
+
+def pytest_configure(config):
+    dut = os.environ.get("JAXCONF_DUT", "")
+    if dut:
+        import jax
+        from jax._src import test_util  # noqa: F401  (defines the jax_test_dut flag)
+
+        jax.config.update("jax_test_dut", dut)
+'''
+
+_PYTEST_INI = """\
+[pytest]
+markers =
+    multiaccelerator: may use several accelerators
+    SlurmMultiNodeGpuTest: multinode GPU
+addopts = --import-mode=importlib -p no:cacheprovider
+"""
+
+
+@dataclass
+class FileResult:
+    """Outcome counts and per-test outcomes of one test file on one platform."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    tests: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    returncode: int = 0
+    note: str = ""
+
+
+def _xla_cpu_pjrt_path() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("jax_conformance: package xla-cpu-pjrt is not installed")
+    return Path(list(spec.submodule_search_locations)[0]) / "xla_cpu_pjrt.so"
+
+
+def platform_env(platform: str, out: Path, devices: int) -> dict[str, str]:
+    """Environment that makes JAX run on `platform` with `devices` devices."""
+    env: dict[str, str] = {}
+    if platform == "flexnpu":
+        env["JAX_PLATFORMS"] = "flexnpu"
+        env["FLEXNPU_BACKEND_OPTIONS"] = f"cpu_device_count={devices}"
+    elif platform == "xla_cpu_pjrt":
+        config = out / "xla_cpu_pjrt.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "library_path": str(_xla_cpu_pjrt_path()),
+                    "create_options": {"cpu_device_count": devices},
+                }
+            )
+        )
+        env["PJRT_NAMES_AND_LIBRARY_PATHS"] = f"xla_cpu_pjrt:{config}"
+        env["JAX_PLATFORMS"] = "xla_cpu_pjrt"
+    elif platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["JAX_NUM_CPU_DEVICES"] = str(devices)
+    else:
+        raise SystemExit(f"jax_conformance: unknown platform {platform!r}")
+    return env
+
+
+def parse_junit(path: Path, result: FileResult) -> None:
+    """Fills `result` from a pytest JUnit XML file."""
+    root = ET.parse(path).getroot()
+    for case in root.iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "errors", "skipped": "skipped"}[child.tag]
+                message = (child.get("message") or "").strip()
+                break
+        if name in result.tests and result.tests[name] != "passed":
+            continue  # an error in teardown after a pass or failure: keep the first bad one
+        if name in result.tests:
+            result.counts[result.tests[name]] -= 1
+        result.tests[name] = outcome
+        result.counts[outcome] += 1
+        if message and outcome != "passed":
+            result.messages[name] = message[:500]
+
+
+def run_file(
+    tests_dir: Path,
+    spec: str,
+    platform: str,
+    out: Path,
+    args: argparse.Namespace,
+) -> FileResult:
+    """Runs one test file (optionally `FILE:K_EXPR`) on one platform."""
+    file, _, kexpr = spec.partition(":")
+    stem = Path(file).stem
+    junit = out / platform / f"{stem}.xml"
+    log = out / platform / f"{stem}.log"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    junit.unlink(missing_ok=True)
+    env = dict(os.environ)
+    for key in ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "PJRT_NAMES_AND_LIBRARY_PATHS"):
+        env.pop(key, None)
+    env.update(platform_env(platform, out, args.devices))
+    env["JAX_NUM_GENERATED_CASES"] = str(args.generated_cases)
+    env["JAXCONF_DUT"] = args.dut
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(out), env.get("PYTHONPATH", "")]))
+    cmd = [
+        sys.executable, "-m", "pytest", "-q", "-rN", "-c", str(out / "pytest.ini"),
+        "--rootdir", str(tests_dir.parent), "-p", "jaxconf_dut", f"--junitxml={junit}",
+        f"--timeout={args.test_timeout}", str(tests_dir / file),
+    ]  # fmt: skip
+    if kexpr:
+        cmd += ["-k", kexpr]
+    if args.workers > 1:
+        cmd += ["-n", str(args.workers)]
+    result = FileResult()
+    start = time.monotonic()
+    with open(log, "w") as log_file:
+        try:
+            proc = subprocess.run(
+                cmd, env=env, cwd=tests_dir.parent, stdout=log_file, stderr=subprocess.STDOUT,
+                timeout=args.file_timeout, check=False,
+            )  # fmt: skip
+            result.returncode = proc.returncode
+        except subprocess.TimeoutExpired:
+            result.returncode = -1
+            result.note = f"file timed out after {args.file_timeout}s"
+    result.seconds = round(time.monotonic() - start, 1)
+    if junit.exists():
+        try:
+            parse_junit(junit, result)
+        except ET.ParseError as exc:
+            result.note = f"bad junit xml: {exc}"
+    if result.returncode not in (0, 1, 5) and not result.note:
+        result.note = f"pytest exited with {result.returncode} (see {log})"
+    if result.note and not result.tests:
+        result.counts["errors"] += 1
+    return result
+
+
+def format_table(
+    specs: list[str], platforms: list[str], results: dict[str, dict[str, FileResult]]
+) -> str:
+    """One row per file: passed/failed/skipped/errors for every platform, then totals."""
+    width = max([len("file"), len("TOTAL")] + [len(s.partition(":")[0]) for s in specs])
+    head = f"{'file':<{width}}" + "".join(f" | {p + ' p/f/s/e':>26}" for p in platforms)
+    lines = [head, "-" * len(head)]
+    totals = {p: dict.fromkeys(OUTCOMES, 0) for p in platforms}
+    for spec in specs:
+        row = f"{spec.partition(':')[0]:<{width}}"
+        for p in platforms:
+            c = results[p][spec].counts
+            for k in OUTCOMES:
+                totals[p][k] += c[k]
+            row += f" | {'/'.join(str(c[k]) for k in OUTCOMES):>26}"
+        lines.append(row)
+    lines.append("-" * len(head))
+    lines.append(
+        f"{'TOTAL':<{width}}"
+        + "".join(f" | {'/'.join(str(totals[p][k]) for k in OUTCOMES):>26}" for p in platforms)
+    )
+    return "\n".join(lines)
+
+
+def differences(
+    specs: list[str], dut: str, base: str, results: dict[str, dict[str, FileResult]]
+) -> list[dict[str, str]]:
+    """Tests that pass on `base` but not on `dut` (with dut's message)."""
+    diffs: list[dict[str, str]] = []
+    for spec in specs:
+        b, d = results[base][spec], results[dut][spec]
+        for name, outcome in sorted(b.tests.items()):
+            got = d.tests.get(name, "missing")
+            if outcome == "passed" and got != "passed":
+                diffs.append(
+                    {"test": name, "outcome": got, "message": d.messages.get(name, d.note)}
+                )
+    return diffs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("files", nargs="+", help="test files in --tests-dir; FILE:K_EXPR")
+    parser.add_argument("--tests-dir", type=Path, required=True, help="jax checkout's tests/")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/jax_conformance"))
+    parser.add_argument("--platforms", default="flexnpu,xla_cpu_pjrt,cpu")
+    parser.add_argument("--dut", default="cpu", help="jax_test_dut for all platforms ('' = off)")
+    parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("--generated-cases", type=int, default=2, help="JAX_NUM_GENERATED_CASES")
+    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers per file")
+    parser.add_argument("--jobs", type=int, default=1, help="pytest processes at once")
+    parser.add_argument("--test-timeout", type=int, default=120, help="seconds per test")
+    parser.add_argument("--file-timeout", type=int, default=1800, help="seconds per file")
+    args = parser.parse_args(argv)
+
+    tests_dir: Path = args.tests_dir.resolve()
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "jaxconf_dut.py").write_text(_PYTEST_PLUGIN)
+    (out / "pytest.ini").write_text(_PYTEST_INI)
+    platforms = [p for p in args.platforms.split(",") if p]
+    results: dict[str, dict[str, FileResult]] = {p: {} for p in platforms}
+
+    def one(spec: str, p: str) -> None:
+        r = run_file(tests_dir, spec, p, out, args)
+        results[p][spec] = r
+        c = r.counts
+        print(
+            f"[{p}] {spec}: {c['passed']} passed, {c['failed']} failed, "
+            f"{c['skipped']} skipped, {c['errors']} errors ({r.seconds}s) {r.note}",
+            flush=True,
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for future in [pool.submit(one, s, p) for s in args.files for p in platforms]:
+            future.result()
+    print()
+    print(format_table(args.files, platforms, results))
+    report: dict[str, object] = {
+        "platforms": platforms,
+        "dut": args.dut,
+        "generated_cases": args.generated_cases,
+        "files": args.files,
+        "results": {p: {s: asdict(r) for s, r in results[p].items()} for p in platforms},
+    }
+    if len(platforms) >= 2:
+        for base in platforms[1:]:
+            diffs = differences(args.files, platforms[0], base, results)
+            report[f"pass_on_{base}_not_on_{platforms[0]}"] = diffs
+            print(f"\n{len(diffs)} tests pass on {base} but not on {platforms[0]}:")
+            missing: dict[str, int] = {}
+            for d in diffs:
+                if d["outcome"] == "missing":  # the file crashed or timed out: one line per file
+                    key = f"{d['test'].split('::')[0]}: {d['message']}"
+                    missing[key] = missing.get(key, 0) + 1
+                else:
+                    print(f"  {d['outcome']:>7}  {d['test']}  {d['message'][:160]!r}")
+            for key, count in missing.items():
+                print(f"  missing  {count} tests of {key}")
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    print(f"\nJSON: {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
