@@ -31,8 +31,15 @@ def _time_calls(fn: Callable, args: tuple, calls: int) -> list[float]:
     return samples
 
 
-def _compare(name: str, fn: Callable, make_args: Callable, calls: int, rounds: int,
-             npu: object, direct: object) -> dict:
+def _compare(
+    name: str,
+    fn: Callable,
+    make_args: Callable,
+    calls: int,
+    rounds: int,
+    npu: object,
+    direct: object,
+) -> dict:
     import jax
 
     jitted = jax.jit(fn)
@@ -76,18 +83,34 @@ def main() -> None:
     n = args.matmul_size
     rng = np.random.default_rng(0)
     results = [
-        _compare("tiny op (x + 1, f32[8])", lambda x: x + 1,
-                 lambda: (np.ones(8, np.float32),), args.tiny_calls, args.rounds,
-                 npu_devices[0], direct_devices[0]),
-        _compare(f"matmul f32[{n},{n}] @ f32[{n},{n}]", lambda a, b: jnp.dot(a, b),
-                 lambda: (rng.standard_normal((n, n), np.float32),
-                          rng.standard_normal((n, n), np.float32)),
-                 args.matmul_calls, args.rounds, npu_devices[0], direct_devices[0]),
+        _compare(
+            "tiny op (x + 1, f32[8])",
+            lambda x: x + 1,
+            lambda: (np.ones(8, np.float32),),
+            args.tiny_calls,
+            args.rounds,
+            npu_devices[0],
+            direct_devices[0],
+        ),
+        _compare(
+            f"matmul f32[{n},{n}] @ f32[{n},{n}]",
+            lambda a, b: jnp.dot(a, b),
+            lambda: (
+                rng.standard_normal((n, n), np.float32),
+                rng.standard_normal((n, n), np.float32),
+            ),
+            args.matmul_calls,
+            args.rounds,
+            npu_devices[0],
+            direct_devices[0],
+        ),
     ]
     print(f"{'benchmark':<36} {'calls':>7} {'flexnpu µs':>11} {'direct µs':>11} {'ratio':>7}")
     for r in results:
-        print(f"{r['name']:<36} {r['calls']:>7} {r['flexnpu_median_us']:>11.1f} "
-              f"{r['direct_median_us']:>11.1f} {r['ratio']:>7.3f}")
+        print(
+            f"{r['name']:<36} {r['calls']:>7} {r['flexnpu_median_us']:>11.1f} "
+            f"{r['direct_median_us']:>11.1f} {r['ratio']:>7.3f}"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

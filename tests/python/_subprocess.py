@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter (JAX backends are configured once per process)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXNPU_")}
     full_env.pop("JAX_PLATFORMS", None)

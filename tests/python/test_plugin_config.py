@@ -30,7 +30,9 @@ def _describe(env: dict[str, str], prelude: str = "") -> dict:
 
 
 def _error(env: dict[str, str], prelude: str = "") -> str:
-    proc = run_python(prelude + "import jax; jax.devices()", env={"JAX_PLATFORMS": "flexnpu", **env})
+    proc = run_python(
+        prelude + "import jax; jax.devices()", env={"JAX_PLATFORMS": "flexnpu", **env}
+    )
     assert proc.returncode != 0, "expected the backend to fail"
     assert "Traceback" in proc.stderr  # a Python exception, not an abort
     return proc.stderr
@@ -88,7 +90,9 @@ print(float(y))
 
 
 def test_portable_single_device_compile() -> None:
-    info = _describe({"FLEXNPU_SINGLE_DEVICE_COMPILE": "portable", "FLEXNPU_NUM_VIRTUAL_DEVICES": "6"})
+    info = _describe(
+        {"FLEXNPU_SINGLE_DEVICE_COMPILE": "portable", "FLEXNPU_NUM_VIRTUAL_DEVICES": "6"}
+    )
     assert info["n"] == 6
     assert info["result"] == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]
     assert info["result_device"] == 5
@@ -99,7 +103,9 @@ def test_lammps_plugin_with_newer_c_api() -> None:
     from pathlib import Path
 
     path = Path(lammps.__file__).parent / "pjrt_c_api_cpu_plugin.so"
-    info = _describe({"FLEXNPU_BACKEND": str(path), "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=2"})
+    info = _describe(
+        {"FLEXNPU_BACKEND": str(path), "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=2"}
+    )
     assert info["n"] == 2
     assert info["result"] == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]
 
@@ -108,11 +114,23 @@ def test_lammps_plugin_with_newer_c_api() -> None:
     ("env", "message"),
     [
         ({"FLEXNPU_POLICY": "roundrobin"}, "unknown FlexNPU placement policy 'roundrobin'"),
-        ({"FLEXNPU_NUM_VIRTUAL_DEVICES": "many"}, "'num_virtual_devices' must be an integer, got 'many'"),
-        ({"FLEXNPU_NUM_VIRTUAL_DEVICES": "0"}, "'num_virtual_devices' must be in [1, 65536], got 0"),
-        ({"FLEXNPU_BACKEND": "/nonexistent/plugin.so"}, "cannot load physical backend '/nonexistent/plugin.so'"),
+        (
+            {"FLEXNPU_NUM_VIRTUAL_DEVICES": "many"},
+            "'num_virtual_devices' must be an integer, got 'many'",
+        ),
+        (
+            {"FLEXNPU_NUM_VIRTUAL_DEVICES": "0"},
+            "'num_virtual_devices' must be in [1, 65536], got 0",
+        ),
+        (
+            {"FLEXNPU_BACKEND": "/nonexistent/plugin.so"},
+            "cannot load physical backend '/nonexistent/plugin.so'",
+        ),
         ({"FLEXNPU_BACKEND": "libm.so.6"}, "is not a PJRT plugin: it does not export GetPjrtApi"),
-        ({"FLEXNPU_BACKEND_OPTIONS": "cpu_device_count"}, "malformed backend option 'cpu_device_count'"),
+        (
+            {"FLEXNPU_BACKEND_OPTIONS": "cpu_device_count"},
+            "malformed backend option 'cpu_device_count'",
+        ),
         ({"FLEXNPU_SINGLE_DEVICE_COMPILE": "eager"}, "must be 'pinned' or 'portable', got 'eager'"),
     ],
 )
@@ -123,7 +141,9 @@ def test_bad_configuration_is_a_clear_error(env: dict[str, str], message: str) -
 
 
 def test_unknown_create_option_is_rejected() -> None:
-    prelude = "import jax\njax.config.update('jax_pjrt_client_create_options', 'num_virtual_device:3')\n"
+    prelude = (
+        "import jax\njax.config.update('jax_pjrt_client_create_options', 'num_virtual_device:3')\n"
+    )
     stderr = _error({}, prelude)
     assert "INVALID_ARGUMENT" in stderr
     assert "unknown FlexNPU create option 'num_virtual_device'" in stderr

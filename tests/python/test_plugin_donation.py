@@ -72,7 +72,8 @@ def test_memory_stats_agree_with_flexnpu_stats(npu_devices: list) -> None:
     x.block_until_ready()
     (client,) = flexnpu.stats.clients()
     for device in npu_devices:
-        assert client["virtual_devices"][device.id]["bytes_in_use"] == (
-            device.memory_stats()["bytes_in_use"]
+        assert (
+            client["virtual_devices"][device.id]["bytes_in_use"]
+            == (device.memory_stats()["bytes_in_use"])
         )
     del x

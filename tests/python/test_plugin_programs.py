@@ -42,7 +42,9 @@ def _while_collatz(n: jax.Array) -> jax.Array:
 
 
 def _conv(x: jax.Array, w: jax.Array) -> jax.Array:
-    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
 
 
 def _layernorm_softmax(x: jax.Array) -> jax.Array:
@@ -68,7 +70,10 @@ PARAMS = {
 
 # name -> (function, arguments)
 PROGRAMS: dict[str, tuple[Callable, tuple]] = {
-    "elementwise_f32": (lambda x, y: jnp.exp(x) * jnp.sin(y) + x / (1 + y**2), (_f32(64), _f32(64))),
+    "elementwise_f32": (
+        lambda x, y: jnp.exp(x) * jnp.sin(y) + x / (1 + y**2),
+        (_f32(64), _f32(64)),
+    ),
     "elementwise_bf16": (lambda x: jnp.tanh(x) * 3 + x, (_f32(128).astype(jnp.bfloat16),)),
     "elementwise_f16": (lambda x: jnp.sqrt(jnp.abs(x)) - x, (_f32(128).astype(np.float16),)),
     "int8_arith": (
@@ -84,7 +89,10 @@ PROGRAMS: dict[str, tuple[Callable, tuple]] = {
         lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32),
         (_f32(32, 64).astype(jnp.bfloat16), _f32(64, 16).astype(jnp.bfloat16)),
     ),
-    "batched_dot_general": (lambda a, b: jnp.einsum("bij,bjk->bik", a, b), (_f32(4, 8, 16), _f32(4, 16, 8))),
+    "batched_dot_general": (
+        lambda a, b: jnp.einsum("bij,bjk->bik", a, b),
+        (_f32(4, 8, 16), _f32(4, 16, 8)),
+    ),
     "conv2d": (_conv, (_f32(2, 8, 8, 3), _f32(3, 3, 3, 4))),
     "grad_mlp": (jax.grad(_mlp_loss), (PARAMS, _f32(8, 16))),
     "value_and_grad": (jax.value_and_grad(lambda x: jnp.sum(jnp.sin(x) ** 2)), (_f32(20),)),
@@ -130,7 +138,9 @@ def test_program_matches_physical_backend(name: str, npu_devices: list, ref_devi
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         if np.issubdtype(g.dtype, np.floating) or g.dtype == jnp.bfloat16:
-            np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(
+                g.astype(np.float32), w.astype(np.float32), rtol=1e-5, atol=1e-6
+            )
         else:
             np.testing.assert_array_equal(g, w)
 
@@ -174,7 +184,9 @@ def test_shard_map_collectives(npu_devices: list) -> None:
 
     @jax.jit
     def total(x: jax.Array) -> jax.Array:
-        return jax.shard_map(lambda b: lax.psum(b.sum(), "d"), mesh=mesh, in_specs=P("d"), out_specs=P())(x)
+        return jax.shard_map(
+            lambda b: lax.psum(b.sum(), "d"), mesh=mesh, in_specs=P("d"), out_specs=P()
+        )(x)
 
     x = np.arange(16, dtype=np.float32)
     assert float(total(x)) == float(x.sum())
