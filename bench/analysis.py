@@ -20,6 +20,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 
 import llama_corpus as lc  # noqa: E402
+
 from flexnpu import analysis as fa  # noqa: E402
 
 

@@ -24,12 +24,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import flexnpu
 import jax
 import jax.numpy as jnp
 import pytest
-from flexnpu import analysis as fa
 from jax import lax
+
+import flexnpu
+from flexnpu import analysis as fa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llama_corpus as lc  # noqa: E402

@@ -38,6 +38,7 @@ from typing import Any
 
 import jax
 import pytest
+
 from flexnpu import analysis as fa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
