@@ -44,6 +44,7 @@ def test_config_from_gguf(smollm2) -> None:
 
 def test_prefill_and_decode_match_numpy_reference(smollm2) -> None:
     import jax
+
     from flexnpu.serving import model as model_lib
     from flexnpu.serving import reference
 

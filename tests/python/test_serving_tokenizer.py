@@ -11,6 +11,7 @@ from _serving import require_smollm2
 def tok():
     require_smollm2()
     import gguf
+
     from flexnpu.serving.gguf_loader import default_gguf_path
     from flexnpu.serving.tokenizer import from_gguf
 
