@@ -1,0 +1,667 @@
+// The placement core: device state, the cost model and the policies (see placement.h).
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pjrt_flexnpu/placement/placement.h"
+
+namespace flexnpu::placement {
+namespace {
+
+constexpr double kUnhealthy = 1e30;  // added to the cost of a quarantined device
+
+struct TicketRecord {
+  uint32_t generation = 0;
+  bool live = false;
+  int device = -1;
+  int virtual_device = -1;
+  Phase phase = Phase::kSmall;
+  double* exec_factor = nullptr;  // node of the executable map (stable)
+  int64_t placed_ns = 0;
+  int64_t start_ns = -1;          // from OnStart
+  double mig_ns = 0;
+  double pred_start = 0;          // as predicted at placement (before later shifts)
+  double pred_finish = 0;
+  double shift_at_place = 0;      // device shift when placed
+};
+
+}  // namespace
+
+struct Core::State {
+  std::mutex mu;
+  Tuning tuning;
+  PolicySpec policy;
+  int P = 0;
+  int V = 0;
+  int64_t created_ns = 0;
+  bool have_created = false;
+  uint64_t decisions = 0;
+  uint64_t policy_switches = 0;
+
+  // Devices (structure of arrays for the O(P) scan).
+  std::vector<double> ns_per_flop, ns_per_byte;  // 1e9/peak, 1e9/bw, times k_dev
+  std::vector<double> base_ns_per_flop, base_ns_per_byte;
+  std::vector<double> ns_per_link_byte, launch_ns, k_dev;
+  std::vector<char> overlap;
+  std::vector<char> role;                        // static-pd: 1 prefill pool, 2 decode pool
+  std::vector<double> avail, avail_c, avail_m;   // absolute drain times (ns)
+  std::vector<double> shift;                     // accumulated corrections of the queue
+  std::vector<int> outstanding, prefill_outstanding;
+  std::vector<int64_t> quarantine_until;
+  std::vector<int> consecutive_errors;
+  std::vector<int64_t> last_decode_ns;
+  std::vector<int> decode_streams;
+  std::vector<int64_t> last_finish, busy_end;
+  std::vector<DeviceStats> dstats;
+  std::vector<int64_t> on;  // scratch: located input bytes per device (zero between calls)
+
+  // Virtual devices.
+  std::vector<int> home, current, stream_device;
+  std::vector<int64_t> moved_ns;
+  std::vector<VirtualStats> vstats;
+
+  std::unordered_map<uint64_t, double> exec_factor;
+  std::vector<TicketRecord> tickets;
+  std::vector<uint32_t> free_slots;
+
+  bool Healthy(int d, int64_t now) const { return now >= quarantine_until[d]; }
+
+  // Predicted finish of work (c0 flop-units, m0 byte-units, mig_bytes) on d at `now`.
+  double Finish(int d, double now, double c0, double m0, double mig_bytes, double* start,
+                double* c_out, double* m_out) const {
+    const double mig = mig_bytes * ns_per_link_byte[d];
+    const double c = c0 * ns_per_flop[d];
+    const double m = m0 * ns_per_byte[d];
+    *c_out = c;
+    *m_out = m;
+    if (!overlap[d]) {
+      *start = std::max(avail[d], now + mig);
+      return *start + std::max(c, m) + launch_ns[d];
+    }
+    const double k1 = outstanding[d] + 1.0;
+    const double C = std::max(0.0, avail_c[d] - now);
+    const double M = std::max(0.0, avail_m[d] - now);
+    *start = now + mig;
+    return *start + std::max(std::min(c * k1, C + c), std::min(m * k1, M + m)) + launch_ns[d];
+  }
+
+  // The O(P) scan: the candidate with the lowest predicted finish (+ prefill interference
+  // penalty), quarantined devices last. Ties: first candidate. Returns its cost in *best_cost.
+  int Scan(const int* cands, int n, int64_t now_i, double c0, double m0, double located,
+           bool prefill_penalty, double* best_cost) const {
+    const double now = static_cast<double>(now_i);
+    const double w = tuning.tpot_weight;
+    const int64_t active_after = now_i - tuning.decode_active_ns;
+    int best = -1;
+    double best_v = 0;
+    for (int i = 0; i < n; ++i) {
+      const int d = cands ? cands[i] : i;
+      const double mig = static_cast<double>(located - static_cast<double>(on[d])) *
+                         ns_per_link_byte[d];
+      const double c = c0 * ns_per_flop[d];
+      const double m = m0 * ns_per_byte[d];
+      double fin;
+      if (!overlap[d]) {
+        fin = std::max(avail[d], now + mig) + std::max(c, m) + launch_ns[d];
+      } else {
+        const double k1 = outstanding[d] + 1.0;
+        const double C = std::max(0.0, avail_c[d] - now);
+        const double M = std::max(0.0, avail_m[d] - now);
+        fin = now + mig + std::max(std::min(c * k1, C + c), std::min(m * k1, M + m)) +
+              launch_ns[d];
+      }
+      if (prefill_penalty && decode_streams[d] > 0 && last_decode_ns[d] > active_after) {
+        fin += w * decode_streams[d] * (overlap[d] ? m : std::max(c, m));
+      }
+      if (now_i < quarantine_until[d]) fin += kUnhealthy;
+      if (best < 0 || fin < best_v) {
+        best = d;
+        best_v = fin;
+      }
+    }
+    *best_cost = best_v;
+    return best;
+  }
+
+  double CostOf(int d, int64_t now, double c0, double m0, double located) const {
+    double start, c, m;
+    double fin = Finish(d, static_cast<double>(now), c0, m0,
+                        located - static_cast<double>(on[d]), &start, &c, &m);
+    if (!Healthy(d, now)) fin += kUnhealthy;
+    return fin;
+  }
+};
+
+Core::Core(std::unique_ptr<State> state) : s_(std::move(state)) {}
+Core::~Core() = default;
+
+namespace {
+
+bool Finite(double x) { return std::isfinite(x); }
+
+Status CheckDevice(const DeviceModel& m, size_t i) {
+  const std::string where = "placement: physical device " + std::to_string(i) + ": ";
+  if (!(Finite(m.peak_flops) && m.peak_flops > 0)) {
+    return InvalidArgument(where + "peak_flops must be a positive number");
+  }
+  if (!(Finite(m.bandwidth_bytes_per_s) && m.bandwidth_bytes_per_s > 0)) {
+    return InvalidArgument(where + "bandwidth_bytes_per_s must be a positive number");
+  }
+  if (!(Finite(m.link_bytes_per_s) && m.link_bytes_per_s > 0)) {
+    return InvalidArgument(where + "link_bytes_per_s must be a positive number");
+  }
+  if (!(Finite(m.launch_s) && m.launch_s >= 0)) {
+    return InvalidArgument(where + "launch_s must be >= 0");
+  }
+  return Status::Ok();
+}
+
+Status CheckTuning(const Tuning& t) {
+  auto bad = [](const char* what) {
+    return InvalidArgument(std::string("placement tuning: ") + what);
+  };
+  if (!(t.hysteresis_frac >= 0 && Finite(t.hysteresis_frac))) return bad("hysteresis_frac < 0");
+  if (t.hysteresis_ns < 0 || t.min_dwell_ns < 0 || t.quiet_ns < 0 || t.decode_active_ns < 0 ||
+      t.error_quarantine_ns < 0) {
+    return bad("durations must be >= 0");
+  }
+  if (!(t.return_max_steps >= 0 && Finite(t.return_max_steps))) return bad("return_max_steps < 0");
+  if (!(t.tpot_weight >= 0 && Finite(t.tpot_weight))) return bad("tpot_weight < 0");
+  if (!(t.ewma_alpha >= 0 && t.ewma_alpha <= 1)) return bad("ewma_alpha outside [0, 1]");
+  if (!(t.device_alpha >= 0 && t.device_alpha <= 1)) return bad("device_alpha outside [0, 1]");
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
+  const int P = static_cast<int>(config.devices.size());
+  if (P <= 0) return FailedPrecondition("placement needs at least one physical device model");
+  for (size_t i = 0; i < config.devices.size(); ++i) {
+    FLEXNPU_RETURN_IF_ERROR(CheckDevice(config.devices[i], i));
+  }
+  FLEXNPU_RETURN_IF_ERROR(CheckTuning(config.tuning));
+  if (config.num_virtual_devices < 0) {
+    return InvalidArgument("placement: num_virtual_devices must be >= 0");
+  }
+  auto policy = ParsePolicy(config.policy, P);
+  if (!policy.ok()) return policy.status();
+
+  auto s = std::make_unique<State>();
+  s->tuning = config.tuning;
+  s->P = P;
+  s->V = config.num_virtual_devices > 0 ? config.num_virtual_devices : P;
+  s->ns_per_flop.resize(P);
+  s->ns_per_byte.resize(P);
+  s->base_ns_per_flop.resize(P);
+  s->base_ns_per_byte.resize(P);
+  s->ns_per_link_byte.resize(P);
+  s->launch_ns.resize(P);
+  s->k_dev.assign(P, 1.0);
+  s->overlap.resize(P);
+  for (int d = 0; d < P; ++d) {
+    const DeviceModel& m = config.devices[d];
+    s->base_ns_per_flop[d] = s->ns_per_flop[d] = 1e9 / m.peak_flops;
+    s->base_ns_per_byte[d] = s->ns_per_byte[d] = 1e9 / m.bandwidth_bytes_per_s;
+    s->ns_per_link_byte[d] = 1e9 / m.link_bytes_per_s;
+    s->launch_ns[d] = m.launch_s * 1e9;
+    s->overlap[d] = m.can_overlap ? 1 : 0;
+  }
+  s->role.assign(P, 0);
+  s->avail.assign(P, 0);
+  s->avail_c.assign(P, 0);
+  s->avail_m.assign(P, 0);
+  s->shift.assign(P, 0);
+  s->outstanding.assign(P, 0);
+  s->prefill_outstanding.assign(P, 0);
+  s->quarantine_until.assign(P, INT64_MIN);
+  s->consecutive_errors.assign(P, 0);
+  s->last_decode_ns.assign(P, INT64_MIN);
+  s->decode_streams.assign(P, 0);
+  s->last_finish.assign(P, INT64_MIN);
+  s->busy_end.assign(P, INT64_MIN);
+  s->dstats.assign(P, DeviceStats{});
+  s->on.assign(P, 0);
+  s->home.resize(s->V);
+  for (int v = 0; v < s->V; ++v) s->home[v] = v % P;
+  s->current.assign(s->V, -1);
+  s->stream_device.assign(s->V, -1);
+  s->moved_ns.assign(s->V, INT64_MIN / 2);
+  s->vstats.assign(s->V, VirtualStats{});
+  s->exec_factor.reserve(1024);
+  s->tickets.reserve(256);
+  s->free_slots.reserve(256);
+  std::unique_ptr<Core> core(new Core(std::move(s)));
+  FLEXNPU_RETURN_IF_ERROR(core->SetPolicy(*policy));
+  core->s_->policy_switches = 0;
+  return core;
+}
+
+int Core::num_physical() const { return s_->P; }
+int Core::num_virtual() const { return s_->V; }
+
+Status Core::SetPolicy(std::string_view spec) {
+  auto parsed = ParsePolicy(spec, s_->P);
+  if (!parsed.ok()) return parsed.status();
+  return SetPolicy(*parsed);
+}
+
+Status Core::SetPolicy(const PolicySpec& spec) {
+  FLEXNPU_RETURN_IF_ERROR(ValidatePolicy(spec, s_->P));
+  std::lock_guard<std::mutex> lock(s_->mu);
+  State& s = *s_;
+  s.policy = spec;
+  std::fill(s.role.begin(), s.role.end(), 0);
+  for (int d : spec.prefill_pool) s.role[d] |= 1;
+  for (int d : spec.decode_pool) s.role[d] |= 2;
+  ++s.policy_switches;
+  return Status::Ok();
+}
+
+PolicySpec Core::policy() const {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->policy;
+}
+
+Status Core::Place(const Request& r, Decision* out) {
+  State& s = *s_;
+  if (r.virtual_device < 0 || r.virtual_device >= s.V) {
+    return InvalidArgument("placement: virtual device " + std::to_string(r.virtual_device) +
+                           " does not exist (" + std::to_string(s.V) + " virtual devices)");
+  }
+  if (r.profile == nullptr) return InvalidArgument("placement: request without a profile");
+  if (r.num_inputs > 0 && r.inputs == nullptr) {
+    return InvalidArgument("placement: num_inputs > 0 but no inputs");
+  }
+  for (size_t i = 0; i < r.num_inputs; ++i) {
+    const int d = r.inputs[i].physical_device;
+    if (d != kAnywhere && (d < 0 || d >= s.P)) {
+      return InvalidArgument("placement: input " + std::to_string(i) + " is on physical device " +
+                             std::to_string(d) + ", which does not exist (" +
+                             std::to_string(s.P) + " physical devices)");
+    }
+    if (r.inputs[i].bytes < 0) {
+      return InvalidArgument("placement: input " + std::to_string(i) + " has negative bytes");
+    }
+  }
+
+  std::lock_guard<std::mutex> lock(s.mu);
+  const int64_t now = r.now_ns;
+  if (!s.have_created) {
+    s.created_ns = now;
+    s.have_created = true;
+  }
+  const int v = r.virtual_device;
+  const Phase phase = r.profile->phase;
+  auto it = s.exec_factor.find(r.executable_id);
+  if (it == s.exec_factor.end()) it = s.exec_factor.emplace(r.executable_id, 1.0).first;
+  double* kexec = &it->second;
+  const double c0 = std::max(0.0, r.profile->flops) * *kexec;
+  const double m0 = std::max(0.0, r.profile->bytes) * *kexec;
+
+  // Where the located inputs are; the data device holds most of them (ties: lowest id).
+  int64_t located = 0;
+  int data_dev = -1;
+  for (size_t i = 0; i < r.num_inputs; ++i) {
+    const Input& in = r.inputs[i];
+    if (in.physical_device == kAnywhere || in.bytes == 0) continue;
+    s.on[in.physical_device] += in.bytes;
+    located += in.bytes;
+  }
+  for (size_t i = 0; i < r.num_inputs; ++i) {
+    const int d = r.inputs[i].physical_device;
+    if (d == kAnywhere || r.inputs[i].bytes == 0) continue;
+    if (data_dev < 0 || s.on[d] > s.on[data_dev] || (s.on[d] == s.on[data_dev] && d < data_dev)) {
+      data_dev = d;
+    }
+  }
+  const double loc = static_cast<double>(located);
+  const int home = s.home[v];
+  const int preferred = data_dev >= 0 ? data_dev : (s.current[v] >= 0 ? s.current[v] : home);
+
+  int chosen = -1;
+  Reason reason = Reason::kPassthrough;
+  double best_cost = 0;
+  switch (s.policy.kind) {
+    case PolicyKind::kPassthrough:
+      chosen = v % s.P;
+      reason = Reason::kPassthrough;
+      break;
+    case PolicyKind::kStaticPd: {
+      const std::vector<int>* pool = nullptr;
+      if (phase == Phase::kPrefill) pool = &s.policy.prefill_pool;
+      if (phase == Phase::kDecode) pool = &s.policy.decode_pool;
+      const char want = phase == Phase::kPrefill ? 1 : 2;
+      if (pool == nullptr || ((s.role[preferred] & want) && phase == Phase::kDecode)) {
+        // Small work anywhere, decode already in its pool: stay with the data.
+        if (s.Healthy(preferred, now)) {
+          chosen = preferred;
+          reason = Reason::kAffinity;
+          break;
+        }
+      }
+      if (pool == nullptr) {
+        chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, false, &best_cost);
+        reason = best_cost >= kUnhealthy ? Reason::kFallback : Reason::kAvoidFailed;
+        if (best_cost >= kUnhealthy) chosen = preferred;
+        break;
+      }
+      chosen = s.Scan(pool->data(), static_cast<int>(pool->size()), now, c0, m0, loc, false,
+                      &best_cost);
+      reason = Reason::kPool;
+      if (best_cost >= kUnhealthy) {
+        reason = Reason::kFallback;
+      } else if ((s.role[preferred] & want) && !s.Healthy(preferred, now)) {
+        reason = Reason::kAvoidFailed;
+      }
+      break;
+    }
+    case PolicyKind::kStaticColocate:
+      if (phase != Phase::kPrefill && s.Healthy(preferred, now)) {
+        chosen = preferred;
+        reason = Reason::kAffinity;
+        break;
+      }
+      chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, false, &best_cost);
+      if (best_cost >= kUnhealthy) {
+        chosen = preferred;
+        reason = Reason::kFallback;
+      } else if (phase != Phase::kPrefill) {
+        reason = Reason::kAvoidFailed;
+      } else {
+        reason = chosen == preferred ? Reason::kAffinity : Reason::kLeastLoaded;
+      }
+      break;
+    case PolicyKind::kDynamic: {
+      if (phase == Phase::kPrefill) {
+        chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, true, &best_cost);
+        if (best_cost >= kUnhealthy) {
+          chosen = preferred;
+          reason = Reason::kFallback;
+        } else if (!s.Healthy(preferred, now)) {
+          reason = Reason::kAvoidFailed;
+        } else {
+          reason = chosen == preferred ? Reason::kAffinity : Reason::kLeastLoaded;
+        }
+        break;
+      }
+      const int cur = preferred;
+      const int best = s.Scan(nullptr, s.P, now, c0, m0, loc, false, &best_cost);
+      const double cur_cost = s.CostOf(cur, now, c0, m0, loc);
+      double start, c, m;
+      s.Finish(cur, static_cast<double>(now), c0, m0, 0, &start, &c, &m);
+      const double exec_cur = std::max(c, m) + s.launch_ns[cur];
+      if (!s.Healthy(cur, now)) {
+        if (best_cost >= kUnhealthy) {
+          chosen = cur;
+          reason = Reason::kFallback;
+        } else {
+          chosen = best;
+          reason = Reason::kAvoidFailed;
+        }
+        break;
+      }
+      // Moving away from home is a round trip: the way back costs about the way there.
+      double margin = s.tuning.hysteresis_frac * exec_cur +
+                      static_cast<double>(s.tuning.hysteresis_ns);
+      if (best != home && best >= 0) {
+        margin += (loc - static_cast<double>(s.on[best])) * s.ns_per_link_byte[best];
+      }
+      if (best != cur && cur_cost - best_cost > margin) {
+        chosen = best;
+        reason = s.outstanding[best] == 0 ? Reason::kIdleSteal : Reason::kLeastLoaded;
+        break;
+      }
+      chosen = cur;
+      reason = Reason::kAffinity;
+      if (phase == Phase::kDecode && cur != home && s.Healthy(home, now) &&
+          now - s.moved_ns[v] >= s.tuning.min_dwell_ns && s.prefill_outstanding[home] == 0) {
+        const double quiet =
+            s.tuning.quiet_ns > 0 ? static_cast<double>(s.tuning.quiet_ns) : exec_cur;
+        const double home_cost = s.CostOf(home, now, c0, m0, loc);
+        if (s.avail[home] - static_cast<double>(now) <= quiet &&
+            home_cost - cur_cost <= s.tuning.return_max_steps * exec_cur) {
+          chosen = home;
+          reason = Reason::kReturnHome;
+        }
+      }
+      break;
+    }
+  }
+
+  // Commit: the chosen device's queue, the ticket, the counters.
+  const int d = chosen;
+  const int64_t mig_bytes = located - s.on[d];
+  double start, c, m;
+  const double fin = s.Finish(d, static_cast<double>(now), c0, m0,
+                              static_cast<double>(mig_bytes), &start, &c, &m);
+  if (s.overlap[d]) {
+    s.avail_c[d] = std::max(s.avail_c[d], start) + c;  // start: after the migration
+    s.avail_m[d] = std::max(s.avail_m[d], start) + m;
+    s.avail[d] = std::max({s.avail[d], fin, s.avail_c[d], s.avail_m[d]});
+  } else {
+    s.avail[d] = fin;
+  }
+  ++s.outstanding[d];
+  if (phase == Phase::kPrefill) ++s.prefill_outstanding[d];
+  if (phase == Phase::kDecode) {
+    if (s.stream_device[v] != d) {
+      if (s.stream_device[v] >= 0) --s.decode_streams[s.stream_device[v]];
+      ++s.decode_streams[d];
+      s.stream_device[v] = d;
+    }
+    s.last_decode_ns[d] = now;
+  }
+  if (s.current[v] != d) {
+    if (s.current[v] >= 0) s.moved_ns[v] = now;
+    s.current[v] = d;
+  }
+
+  uint32_t slot;
+  if (!s.free_slots.empty()) {
+    slot = s.free_slots.back();
+    s.free_slots.pop_back();
+  } else {
+    slot = static_cast<uint32_t>(s.tickets.size());
+    s.tickets.emplace_back();
+  }
+  TicketRecord& t = s.tickets[slot];
+  ++t.generation;
+  t.live = true;
+  t.device = d;
+  t.virtual_device = v;
+  t.phase = phase;
+  t.exec_factor = kexec;
+  t.placed_ns = now;
+  t.start_ns = -1;
+  t.mig_ns = static_cast<double>(mig_bytes) * s.ns_per_link_byte[d];
+  t.pred_start = start;
+  t.pred_finish = fin;
+  t.shift_at_place = s.shift[d];
+
+  const int pi = static_cast<int>(phase);
+  const int ri = static_cast<int>(reason);
+  DeviceStats& ds = s.dstats[d];
+  ++ds.executions[pi];
+  ++ds.decisions[ri];
+  ds.bytes_migrated_in += mig_bytes;
+  VirtualStats& vs = s.vstats[v];
+  ++vs.executions[pi];
+  ++vs.decisions[ri];
+  vs.bytes_migrated += mig_bytes;
+  ++vs.queue_length;
+  ++s.decisions;
+
+  for (size_t i = 0; i < r.num_inputs; ++i) {
+    if (r.inputs[i].physical_device != kAnywhere) s.on[r.inputs[i].physical_device] = 0;
+  }
+
+  out->physical_device = d;
+  out->reason = reason;
+  out->predicted_start_ns = static_cast<int64_t>(start);
+  out->predicted_finish_ns = static_cast<int64_t>(fin);
+  out->migrate_bytes = mig_bytes;
+  out->ticket = (static_cast<uint64_t>(t.generation) << 32) | (static_cast<uint64_t>(slot) + 1);
+  return Status::Ok();
+}
+
+namespace {
+
+TicketRecord* Lookup(std::vector<TicketRecord>& tickets, uint64_t ticket) {
+  const uint64_t slot1 = ticket & 0xffffffffu;
+  if (slot1 == 0 || slot1 > tickets.size()) return nullptr;
+  TicketRecord& t = tickets[slot1 - 1];
+  if (!t.live || t.generation != static_cast<uint32_t>(ticket >> 32)) return nullptr;
+  return &t;
+}
+
+Status UnknownTicket(uint64_t ticket) {
+  return NotFound("placement: unknown or already finished ticket " + std::to_string(ticket));
+}
+
+}  // namespace
+
+Status Core::OnStart(uint64_t ticket, int64_t now_ns) {
+  State& s = *s_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  TicketRecord* t = Lookup(s.tickets, ticket);
+  if (t == nullptr) return UnknownTicket(ticket);
+  if (t->start_ns >= 0) return Status::Ok();
+  t->start_ns = now_ns;
+  const int d = t->device;
+  const double cur_start = t->pred_start + (s.shift[d] - t->shift_at_place);
+  const double late = static_cast<double>(now_ns) - cur_start;
+  if (late > 0) {  // the queue started later than predicted: everything behind is late too
+    s.avail[d] += late;
+    s.avail_c[d] += late;
+    s.avail_m[d] += late;
+    s.shift[d] += late;
+  }
+  return Status::Ok();
+}
+
+Status Core::Cancel(uint64_t ticket) {
+  State& s = *s_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  TicketRecord* t = Lookup(s.tickets, ticket);
+  if (t == nullptr) return UnknownTicket(ticket);
+  const int d = t->device;
+  // Take its predicted time back out of the queue.
+  const double dur = t->pred_finish - t->pred_start;
+  --s.outstanding[d];
+  if (t->phase == Phase::kPrefill) --s.prefill_outstanding[d];
+  if (s.outstanding[d] == 0) {
+    s.avail[d] = s.avail_c[d] = s.avail_m[d] = static_cast<double>(t->placed_ns);
+  } else {
+    s.avail[d] -= dur;
+    s.shift[d] -= dur;
+  }
+  --s.vstats[t->virtual_device].queue_length;
+  t->live = false;
+  s.free_slots.push_back(static_cast<uint32_t>(t - s.tickets.data()));
+  return Status::Ok();
+}
+
+Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
+  State& s = *s_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  TicketRecord* t = Lookup(s.tickets, ticket);
+  if (t == nullptr) return UnknownTicket(ticket);
+  const int d = t->device;
+  const double now = static_cast<double>(now_ns);
+
+  // Queue: shift what is behind by the prediction error; an empty queue drains now.
+  const double shift = s.shift[d] - t->shift_at_place;
+  const double cur_finish = t->pred_finish + shift;
+  const double delta = now - cur_finish;
+  --s.outstanding[d];
+  if (t->phase == Phase::kPrefill) --s.prefill_outstanding[d];
+  if (s.outstanding[d] == 0) {
+    s.avail[d] = s.avail_c[d] = s.avail_m[d] = now;
+  } else {
+    s.avail[d] = std::max(now, s.avail[d] + delta);
+    s.avail_c[d] = std::max(now, s.avail_c[d] + delta);
+    s.avail_m[d] = std::max(now, s.avail_m[d] + delta);
+  }
+  s.shift[d] += delta;
+
+  // Measured duration.
+  int64_t start_eff;
+  if (t->start_ns >= 0) {
+    start_eff = t->start_ns;
+  } else {
+    start_eff = t->placed_ns + static_cast<int64_t>(t->mig_ns);
+    if (!s.overlap[d]) start_eff = std::max(start_eff, s.last_finish[d]);
+  }
+  start_eff = std::min(start_eff, now_ns);
+  const int64_t measured = now_ns - start_eff;
+  DeviceStats& ds = s.dstats[d];
+  ds.busy_ns += std::max<int64_t>(0, now_ns - std::max(start_eff, s.busy_end[d]));
+  s.busy_end[d] = std::max(s.busy_end[d], now_ns);
+  s.last_finish[d] = std::max(s.last_finish[d], now_ns);
+  VirtualStats& vs = s.vstats[t->virtual_device];
+  vs.busy_ns += measured;
+  --vs.queue_length;
+
+  if (ok) {
+    const double predicted = t->pred_finish - t->pred_start;
+    if (predicted > 0 && measured > 0) {
+      const double r = std::clamp(static_cast<double>(measured) / predicted, 0.125, 8.0);
+      *t->exec_factor *= 1.0 + s.tuning.ewma_alpha * (r - 1.0);
+      s.k_dev[d] *= 1.0 + s.tuning.device_alpha * (r - 1.0);
+      s.k_dev[d] = std::clamp(s.k_dev[d], 1e-3, 1e3);
+      *t->exec_factor = std::clamp(*t->exec_factor, 1e-6, 1e6);
+      s.ns_per_flop[d] = s.base_ns_per_flop[d] * s.k_dev[d];
+      s.ns_per_byte[d] = s.base_ns_per_byte[d] * s.k_dev[d];
+    }
+    s.consecutive_errors[d] = 0;
+  } else {
+    ++ds.errors;
+    const int n = std::min(++s.consecutive_errors[d], 7);
+    s.quarantine_until[d] = now_ns + (s.tuning.error_quarantine_ns << (n - 1));
+  }
+  t->live = false;
+  s.free_slots.push_back(static_cast<uint32_t>(t - s.tickets.data()));
+  return Status::Ok();
+}
+
+Stats Core::Snapshot(int64_t now_ns) const {
+  const State& s = *s_;
+  std::lock_guard<std::mutex> lock(s_->mu);
+  Stats out;
+  out.policy = s.policy.ToString();
+  out.prefill_pool = s.policy.prefill_pool;
+  out.decode_pool = s.policy.decode_pool;
+  out.now_ns = now_ns;
+  out.elapsed_ns = s.have_created ? std::max<int64_t>(0, now_ns - s.created_ns) : 0;
+  out.decisions = s.decisions;
+  out.policy_switches = s.policy_switches;
+  const double elapsed = static_cast<double>(out.elapsed_ns);
+  out.physical = s.dstats;
+  for (int d = 0; d < s.P; ++d) {
+    DeviceStats& ds = out.physical[d];
+    ds.queue_length = s.outstanding[d];
+    ds.prefill_outstanding = s.prefill_outstanding[d];
+    ds.busy_fraction = elapsed > 0 ? std::min(1.0, ds.busy_ns / elapsed) : 0;
+    ds.predicted_drain_ns =
+        s.outstanding[d] > 0
+            ? std::max<int64_t>(0, static_cast<int64_t>(s.avail[d]) - now_ns)
+            : 0;
+    ds.quarantined = now_ns < s.quarantine_until[d];
+    ds.speed_factor = s.k_dev[d];
+    ds.decode_streams = s.decode_streams[d];
+  }
+  out.virtual_devices = s.vstats;
+  for (int v = 0; v < s.V; ++v) {
+    VirtualStats& vs = out.virtual_devices[v];
+    vs.home = s.home[v];
+    vs.current = s.current[v];
+    vs.busy_fraction = elapsed > 0 ? std::min(1.0, vs.busy_ns / elapsed) : 0;
+  }
+  return out;
+}
+
+}  // namespace flexnpu::placement

@@ -1,0 +1,275 @@
+// FlexNPU placement core: which physical device runs each execution.
+//
+// Pure and deterministic: executable profiles, device models, input locations and an injected
+// clock (nanoseconds, any epoch, supplied by the caller) go in; a placement comes out. No PJRT
+// types, no wall clock, no randomness: the runtime feeds it real events (execution start and
+// finish from PJRT events), a simulator can feed it simulated ones, and the same sequence of
+// calls always yields the same decisions.
+//
+// Use (runtime side):
+//   auto core = Core::Create(config);                      // once per client
+//   Decision d; core->Place(request, &d);                  // on the dispatch path
+//   ... move inputs to d.physical_device, execute there ...
+//   core->OnStart(d.ticket, now);                          // optional: when it really started
+//   core->OnFinish(d.ticket, now, ok);                     // required: completion (or error)
+//   core->Cancel(d.ticket);                                // instead of OnFinish if never launched
+//
+// Policies (ParsePolicy, SetPolicy at run time; outstanding tickets stay valid):
+//   passthrough      virtual v -> physical v mod P, always (baseline a). Errors are not avoided.
+//   static-pd        fixed pools, e.g. "static-pd:prefill=0,1;decode=2,3" (also "|" or " "
+//                    between pools and ranges "0-3"). Prefill-class executables run only in the
+//                    prefill pool (earliest predicted finish there), decode-class only in the
+//                    decode pool (stays where its inputs / KV cache are when that is in the pool,
+//                    else earliest finish in the pool). Small executables stay with their inputs
+//                    (they may run in either pool). Baseline b: static disaggregation.
+//   static-colocate  every device runs both phases in FIFO arrival order: a prefill (a new
+//                    request) goes to the device with the earliest predicted finish (admission
+//                    load balancing); decode and small work stay with their inputs (home when the
+//                    inputs live nowhere). Baseline c: static co-location.
+//   dynamic          FlexNPU: the cost model below over all healthy devices, with decode
+//                    affinity + hysteresis, prefill interference penalty and return-home.
+//
+// Cost model (dynamic; the static policies use the same finish prediction inside their pools):
+//   For request r on candidate device d (all times in ns):
+//     exec(r,d) = max(flops * ns_per_flop(d), bytes * ns_per_byte(d)) * k_exec(r) * k_dev(d)
+//                 + launch(d)                                   roofline + online correction
+//     mig(r,d)  = (bytes of r's located inputs not on d) / link_bytes_per_s(d)
+//     finish    = max(avail(d), now + mig) + exec               FIFO device (can_overlap=false)
+//   avail(d) is when d's queue drains: each placement appends its exec time; each finish event
+//   shifts the queue by the prediction error (late: everything behind is late too), and an empty
+//   queue drains "now". Migration is a copy over the link that overlaps the queue wait.
+//   Online correction: on every successful finish the measured duration (finish - start, start
+//   from OnStart or else max(placed, previous finish on that device)) is compared with the
+//   predicted one; r = measured/predicted (clamped to [1/8, 8]) moves the executable's factor
+//   k_exec by ewma_alpha*(r-1) (relative) and the device's factor k_dev by device_alpha*(r-1):
+//   executables learn fast, a slow device is learnt slowly from all its work.
+//
+// Co-run model (can_overlap=true: the backend runs several executions on one device at once,
+// e.g. CUDA streams): the outstanding work of a device is kept as two drain horizons, compute
+// (sum of flop-times) and memory (sum of byte-times); compute and bandwidth overlap, so the
+// device is busy until max(compute, memory) -- the roofline of the aggregate, not the sum. A
+// newcomer with compute time c and memory time m beside k outstanding executions gets at least a
+// fair 1/(k+1) share of each resource and finishes no later than all work on that resource:
+//     finish = now + mig + max(min(c*(k+1), C + c), min(m*(k+1), M + m)) + launch
+//   where C, M are the remaining compute / memory horizons. A decode (m >> c) beside a prefill
+//   (C >> M) therefore finishes after ~M + m, not after the prefill: the two phases complement
+//   each other. With can_overlap=false the model is the plain FIFO sum above (no co-run).
+//
+// Dynamic policy:
+//   * Decode and small work have a current device: where most of their located input bytes are
+//     (the KV cache), else their last device, else home (v mod P). They stay there (kAffinity)
+//     unless another healthy device finishes earlier by more than the hysteresis margin
+//       hysteresis_frac * exec(current) + hysteresis_ns (+ mig(r,target) unless the target is
+//       home: leaving home is a round trip, the way back costs about the way there).
+//     Moving to an idle device is kIdleSteal ("moves decode off devices that a prefill burst has
+//     taken"), to a busy one kLeastLoaded.
+//   * Return home (kReturnHome): a virtual device whose decode runs away from home goes back when
+//     it has stayed at least min_dwell_ns, home is healthy, has no prefill outstanding and its
+//     queue drains within quiet_ns, and the move costs at most return_max_steps * exec. Together
+//     with the margin this gives hysteresis: no A->B->A ping-pong.
+//   * Prefill (TTFT): earliest predicted finish over all healthy devices plus an interference
+//     penalty for devices that serve decode: tpot_weight * (decode streams with affinity there,
+//     if a decode ran there within decode_active_ns) * (time the prefill blocks them: its exec
+//     on a FIFO device, its bandwidth share of it on an overlapping one). Prefill goes to idle
+//     devices first and spills onto decode devices only when that is faster overall, so it is
+//     never starved; decode does not queue behind long prefills where an alternative exists
+//     (TPOT).
+//   * Errors: a device whose execution fails is quarantined for error_quarantine_ns, doubled per
+//     consecutive error (up to 64x), cleared by a success. Quarantined devices are skipped by
+//     every policy but passthrough (kAvoidFailed when the preferred device was skipped); when
+//     every candidate is quarantined the preferred one is used anyway (kFallback).
+//
+// Threading: all methods are thread-safe. One short critical section per call (a mutex held for
+// the O(P) scan); no allocation on the hot path once an executable has been seen and the ticket
+// table has grown to the peak number of outstanding executions. Place is O(P + inputs).
+#ifndef FLEXNPU_PLACEMENT_PLACEMENT_H_
+#define FLEXNPU_PLACEMENT_PLACEMENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pjrt_flexnpu/runtime/status.h"
+
+namespace flexnpu::placement {
+
+enum class Phase : uint8_t { kPrefill = 0, kDecode = 1, kSmall = 2 };
+inline constexpr int kNumPhases = 3;
+const char* PhaseName(Phase phase);
+
+// Per executable, from xla_passes (ExecutableProfile.flops / bytes_accessed and the phase of
+// its Classification on the physical device type).
+struct Profile {
+  Phase phase = Phase::kSmall;
+  double flops = 0;
+  double bytes = 0;
+};
+
+// One physical device's roofline. Fill from xla_passes::DeviceSpec (peak_flops, mem_bandwidth,
+// small_work_s as launch_s is a reasonable start) plus the link bandwidth to its peers.
+struct DeviceModel {
+  double peak_flops = 1e12;
+  double bandwidth_bytes_per_s = 1e11;
+  double link_bytes_per_s = 1e10;  // receiving end of an input migration
+  bool can_overlap = false;        // the backend co-runs executions on this device
+  double launch_s = 0;             // fixed cost per execution
+};
+
+// Where one argument lives now. kAnywhere: present everywhere (replicated, host), costs nothing.
+inline constexpr int kAnywhere = -1;
+struct Input {
+  int physical_device = kAnywhere;
+  int64_t bytes = 0;
+};
+
+struct Request {
+  int virtual_device = 0;
+  uint64_t executable_id = 0;     // stable per executable; keys the online correction
+  const Profile* profile = nullptr;
+  const Input* inputs = nullptr;
+  size_t num_inputs = 0;
+  int64_t now_ns = 0;
+};
+
+enum class Reason : uint8_t {
+  kPassthrough = 0,  // passthrough policy: v mod P
+  kAffinity,         // stayed with its inputs / KV cache / last device
+  kLeastLoaded,      // earliest predicted finish (moved to, or chosen among, busy devices)
+  kPool,             // static-pd: earliest finish inside the phase's pool
+  kIdleSteal,        // decode/small moved off a busy device onto an idle one
+  kReturnHome,       // went back home after the burst that displaced it passed
+  kAvoidFailed,      // the preferred device is quarantined after errors
+  kFallback,         // every candidate is quarantined: the preferred one anyway
+};
+inline constexpr int kNumReasons = 8;
+const char* ReasonName(Reason reason);
+
+struct Decision {
+  int physical_device = -1;
+  Reason reason = Reason::kPassthrough;
+  int64_t predicted_start_ns = 0;
+  int64_t predicted_finish_ns = 0;
+  int64_t migrate_bytes = 0;  // located input bytes that are not on physical_device
+  uint64_t ticket = 0;        // for OnStart / OnFinish / Cancel; never 0
+};
+
+enum class PolicyKind : uint8_t { kPassthrough, kStaticPd, kStaticColocate, kDynamic };
+const char* PolicyKindName(PolicyKind kind);
+
+struct PolicySpec {
+  PolicyKind kind = PolicyKind::kPassthrough;
+  std::vector<int> prefill_pool;  // static-pd only
+  std::vector<int> decode_pool;   // static-pd only
+  // Canonical text: "dynamic", "static-pd:prefill=0,1;decode=2,3", ...
+  std::string ToString() const;
+};
+
+// "passthrough" | "static-colocate" | "dynamic" | "static-pd:prefill=LIST;decode=LIST" where
+// LIST is comma-separated devices or ranges ("0,1", "0-3,6"); pools may be separated by ';',
+// '|' or spaces (';' cannot appear inside a JAX create-options string). Names are case- and
+// '_'/'-'-insensitive. Errors (InvalidArgument) name the problem: unknown policy, parameters on
+// a policy that takes none, unknown pool key, malformed or out-of-range device, duplicates,
+// overlapping or missing pools.
+StatusOr<PolicySpec> ParsePolicy(std::string_view spec, int num_physical);
+// One pool list ("0,1", "2-3"): for separate prefill_pool / decode_pool options. `what` names
+// the option in error messages.
+StatusOr<std::vector<int>> ParsePool(std::string_view list, int num_physical,
+                                     std::string_view what);
+// Checks a spec against a device count (pools present, in range, disjoint).
+Status ValidatePolicy(const PolicySpec& spec, int num_physical);
+
+struct Tuning {
+  double hysteresis_frac = 0.5;      // of exec(current): gain needed to move decode/small work
+  int64_t hysteresis_ns = 20'000;
+  int64_t min_dwell_ns = 20'000'000; // before a displaced decode may return home
+  int64_t quiet_ns = 0;              // home counts as quiet when it drains within this (0: exec)
+  double return_max_steps = 4.0;     // return home only if it costs <= this many exec times
+  double tpot_weight = 1.0;          // prefill penalty per decode stream it would block
+  int64_t decode_active_ns = 100'000'000;
+  double ewma_alpha = 0.25;          // executable correction
+  double device_alpha = 0.02;        // device correction
+  int64_t error_quarantine_ns = 1'000'000'000;
+};
+
+struct Config {
+  std::string policy = "passthrough";  // ParsePolicy syntax
+  std::vector<DeviceModel> devices;    // one per physical device; P = devices.size() >= 1
+  int num_virtual_devices = 0;         // 0: one per physical device
+  Tuning tuning;
+};
+
+struct DeviceStats {
+  int queue_length = 0;           // outstanding (placed, not finished) executions
+  int prefill_outstanding = 0;
+  int64_t busy_ns = 0;            // union of measured execution intervals
+  double busy_fraction = 0;       // busy_ns / (now - creation)
+  int64_t predicted_drain_ns = 0; // predicted remaining queue time at `now`
+  uint64_t executions[kNumPhases] = {};   // placed here, by phase
+  uint64_t decisions[kNumReasons] = {};   // placed here, by reason
+  uint64_t errors = 0;
+  int64_t bytes_migrated_in = 0;  // input bytes moved here by placements
+  bool quarantined = false;
+  double speed_factor = 1;        // k_dev: measured / modeled time
+  int decode_streams = 0;         // virtual devices whose decode lives here
+};
+
+struct VirtualStats {
+  int home = 0;
+  int current = -1;               // device of its last execution
+  int queue_length = 0;
+  int64_t busy_ns = 0;            // sum of measured execution times
+  double busy_fraction = 0;
+  uint64_t executions[kNumPhases] = {};
+  uint64_t decisions[kNumReasons] = {};
+  int64_t bytes_migrated = 0;
+};
+
+struct Stats {
+  std::string policy;  // PolicySpec::ToString()
+  std::vector<int> prefill_pool, decode_pool;
+  int64_t now_ns = 0;
+  int64_t elapsed_ns = 0;
+  uint64_t decisions = 0;
+  uint64_t policy_switches = 0;
+  std::vector<DeviceStats> physical;
+  std::vector<VirtualStats> virtual_devices;
+  std::string ToJson() const;  // one JSON object, keys as the fields above
+};
+
+class Core {
+ public:
+  static StatusOr<std::unique_ptr<Core>> Create(const Config& config);
+  ~Core();
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+
+  // Chooses the physical device. InvalidArgument for a bad request (virtual device out of
+  // range, no profile, an input on a device that does not exist); *out is untouched then.
+  Status Place(const Request& request, Decision* out);
+  // The execution began (optional; improves the measured durations and the queue estimate).
+  Status OnStart(uint64_t ticket, int64_t now_ns);
+  // The execution completed; ok=false counts an error against the device (quarantine).
+  Status OnFinish(uint64_t ticket, int64_t now_ns, bool ok);
+  // The placed execution was never launched: forget it without measuring anything.
+  Status Cancel(uint64_t ticket);
+
+  Status SetPolicy(std::string_view spec);
+  Status SetPolicy(const PolicySpec& spec);
+  PolicySpec policy() const;
+
+  int num_physical() const;
+  int num_virtual() const;
+  Stats Snapshot(int64_t now_ns) const;
+
+ private:
+  struct State;
+  explicit Core(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace flexnpu::placement
+
+#endif  // FLEXNPU_PLACEMENT_PLACEMENT_H_
