@@ -6,11 +6,15 @@ namespace nb = nanobind;
 namespace flexnpu::python {
 // Each component registers its bindings from its own file in this folder.
 void RegisterAnalysis(nb::module_& m);
+void RegisterPlacement(nb::module_& m);
 }  // namespace flexnpu::python
 
 NB_MODULE(_native, m) {
   m.doc() = "FlexNPU native cores";
 #ifdef FLEXNPU_HAVE_XLA_PASSES
   flexnpu::python::RegisterAnalysis(m);
+#endif
+#ifdef FLEXNPU_HAVE_PLACEMENT
+  flexnpu::python::RegisterPlacement(m);
 #endif
 }

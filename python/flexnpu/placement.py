@@ -1,0 +1,216 @@
+"""Placement decision core: which physical device runs each execution.
+
+The decisions are made by the C++ core in `pjrt_flexnpu/placement/` (exposed as
+`flexnpu._native`); see `pjrt_flexnpu/placement/placement.h` for the policies and the cost
+model. This module wraps it in typed objects for tests, tools and simulators. The clock is
+injected: every call takes `now_ns` (any epoch), so the same calls give the same decisions.
+
+    >>> from flexnpu import placement as fp
+    >>> core = fp.Core("dynamic", [fp.DeviceModel.from_preset("h200")] * 4)
+    >>> d = core.place(0, fp.Profile("decode", flops=2e9, bytes=2e9), now_ns=0)
+    >>> d.physical_device, d.reason
+    (0, 'affinity')
+    >>> core.on_finish(d.ticket, now_ns=500_000)
+
+Policies: `passthrough`, `static-pd:prefill=0,1;decode=2,3` (also `|` between pools),
+`static-colocate`, `dynamic`; switch at run time with `Core.set_policy`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+PHASES = ("prefill", "decode", "small")
+REASONS = (
+    "passthrough",
+    "affinity",
+    "least_loaded",
+    "pool",
+    "idle_steal",
+    "return_home",
+    "avoid_failed",
+    "fallback",
+)
+ANYWHERE = -1  # an input present on every device (replicated, host): no migration cost
+
+# Link bandwidth (bytes/s, one direction) of the presets, for input migration. cpu: a copy in
+# the same memory (its measured copy bandwidth). Others: PCIe-class unless known.
+_PRESET_LINK = {
+    "h100": 450e9,  # NVLink 4: 900 GB/s bidirectional
+    "h200": 450e9,  # NVLink 4: 900 GB/s bidirectional
+    "ascend910c": 392e9,  # CloudMatrix384 UB: 392 GB/s unidirectional per NPU
+}
+_DEFAULT_LINK = 32e9  # PCIe 4.0 x16
+
+
+def _native() -> Any:
+    try:
+        from flexnpu import _native
+    except ImportError as e:  # pragma: no cover - depends on the build
+        raise ImportError(
+            "flexnpu._native is missing: build/install flexnpu (pip install .) first"
+        ) from e
+    if not hasattr(_native, "PlacementCore"):  # pragma: no cover
+        raise ImportError("flexnpu._native was built without the placement core")
+    return _native
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """One physical device's roofline and link, as the placement cost model sees it."""
+
+    peak_flops: float
+    bandwidth_bytes_per_s: float
+    link_bytes_per_s: float = _DEFAULT_LINK
+    can_overlap: bool = False  # the backend co-runs executions on the device
+    launch_s: float = 0.0  # fixed cost per execution
+
+    @classmethod
+    def from_preset(
+        cls,
+        name: str,
+        *,
+        link_bytes_per_s: float | None = None,
+        can_overlap: bool = False,
+        launch_s: float | None = None,
+    ) -> DeviceModel:
+        """A model from an analysis preset (ascend910b, ascend910c, h100, h200, cpu)."""
+        from flexnpu.analysis import get_device
+
+        spec = get_device(name)
+        if link_bytes_per_s is None and spec.name == "cpu":
+            link_bytes_per_s = spec.mem_bandwidth
+        if link_bytes_per_s is None:
+            link_bytes_per_s = _PRESET_LINK.get(spec.name, _DEFAULT_LINK)
+        return cls(
+            peak_flops=spec.peak_flops,
+            bandwidth_bytes_per_s=spec.mem_bandwidth,
+            link_bytes_per_s=link_bytes_per_s,
+            can_overlap=can_overlap,
+            launch_s=spec.small_work_s if launch_s is None else launch_s,
+        )
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the core needs of an executable: its phase, FLOPs and bytes moved."""
+
+    phase: str
+    flops: float = 0.0
+    bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise ValueError(f"unknown phase {self.phase!r} (one of {', '.join(PHASES)})")
+
+    @classmethod
+    def from_analysis(cls, analysis: Any) -> Profile:
+        """From `flexnpu.analyze(...)`: its phase, FLOPs and bytes on its device."""
+        c = analysis.classification
+        return cls(phase=c.phase, flops=c.flops, bytes=c.bytes)
+
+
+@dataclass(frozen=True)
+class Decision:
+    physical_device: int
+    reason: str
+    predicted_start_ns: int
+    predicted_finish_ns: int
+    migrate_bytes: int
+    ticket: int
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    kind: str
+    prefill_pool: tuple[int, ...] = ()
+    decode_pool: tuple[int, ...] = ()
+    text: str = field(default="", compare=False)
+
+
+def parse_policy(spec: str, num_physical: int) -> PolicySpec:
+    """Parse and validate a policy string; ValueError names what is wrong."""
+    p = _native().parse_policy(spec, num_physical)
+    return PolicySpec(p["kind"], tuple(p["prefill_pool"]), tuple(p["decode_pool"]), p["text"])
+
+
+class Core:
+    """The placement core over `devices` (DeviceModels, or a count of `preset` devices).
+
+    Tuning keywords (see placement.h `Tuning`): hysteresis_frac, hysteresis_ns, min_dwell_ns,
+    quiet_ns, return_max_steps, tpot_weight, decode_active_ns, ewma_alpha, device_alpha,
+    error_quarantine_ns.
+    """
+
+    def __init__(
+        self,
+        policy: str = "passthrough",
+        devices: Sequence[DeviceModel] | int = 4,
+        *,
+        preset: str = "cpu",
+        num_virtual_devices: int = 0,
+        **tuning: float,
+    ) -> None:
+        if isinstance(devices, int):
+            devices = [DeviceModel.from_preset(preset)] * devices
+        self._core = _native().PlacementCore(
+            policy, [asdict(d) for d in devices], num_virtual_devices, dict(tuning)
+        )
+
+    @property
+    def policy(self) -> str:
+        return self._core.policy
+
+    @property
+    def num_physical(self) -> int:
+        return self._core.num_physical
+
+    @property
+    def num_virtual(self) -> int:
+        return self._core.num_virtual
+
+    def set_policy(self, spec: str) -> None:
+        """Switch policy at run time; outstanding tickets stay valid. ValueError if bad."""
+        self._core.set_policy(spec)
+
+    def place(
+        self,
+        virtual_device: int,
+        profile: Profile,
+        *,
+        now_ns: int,
+        inputs: Iterable[tuple[int, int]] = (),
+        executable_id: int = 0,
+    ) -> Decision:
+        """Choose the physical device; `inputs` are (physical_device or ANYWHERE, bytes)."""
+        r = self._core.place(
+            virtual_device,
+            executable_id,
+            profile.phase,
+            float(profile.flops),
+            float(profile.bytes),
+            [(int(d), int(b)) for d, b in inputs],
+            int(now_ns),
+        )
+        return Decision(*r)
+
+    def on_start(self, ticket: int, now_ns: int) -> None:
+        self._core.on_start(ticket, now_ns)
+
+    def on_finish(self, ticket: int, now_ns: int, ok: bool = True) -> None:
+        """Completion (ok=False: an error, counted against the device). KeyError if unknown."""
+        self._core.on_finish(ticket, now_ns, ok)
+
+    def cancel(self, ticket: int) -> None:
+        self._core.cancel(ticket)
+
+    def stats(self, now_ns: int) -> dict[str, Any]:
+        """Observability counters per physical and virtual device (see Stats in placement.h)."""
+        return json.loads(self._core.snapshot_json(now_ns))
+
+    def bench(self, calls: int, **kwargs: int) -> dict[str, Any]:
+        """Decision latency measured in C++ (see bench/placer_latency.py)."""
+        return self._core.bench(calls, **kwargs)
