@@ -56,7 +56,10 @@ struct Core::State {
   std::vector<int> decode_streams;
   std::vector<int64_t> last_finish, busy_end;
   std::vector<DeviceStats> dstats;
-  std::vector<int64_t> on;  // scratch: located input bytes per device (zero between calls)
+  std::vector<double> on;    // scratch: located input bytes per device (zero between calls)
+  std::vector<double> cost;  // scratch: ScanAll's per-device cost
+  std::vector<int> overlap_devices;
+  int64_t max_quarantine_until = INT64_MIN;
 
   // Virtual devices.
   std::vector<int> home, current, stream_device;
@@ -91,32 +94,13 @@ struct Core::State {
   // The O(P) scan: the candidate with the lowest predicted finish (+ prefill interference
   // penalty), quarantined devices last. Ties: first candidate. Returns its cost in *best_cost.
   int Scan(const int* cands, int n, int64_t now_i, double c0, double m0, double located,
-           bool prefill_penalty, double* best_cost) const {
-    const double now = static_cast<double>(now_i);
-    const double w = tuning.tpot_weight;
-    const int64_t active_after = now_i - tuning.decode_active_ns;
+           bool prefill_penalty, double* best_cost) {
+    if (cands == nullptr) return ScanAll(now_i, c0, m0, located, prefill_penalty, best_cost);
     int best = -1;
     double best_v = 0;
     for (int i = 0; i < n; ++i) {
-      const int d = cands ? cands[i] : i;
-      const double mig = static_cast<double>(located - static_cast<double>(on[d])) *
-                         ns_per_link_byte[d];
-      const double c = c0 * ns_per_flop[d];
-      const double m = m0 * ns_per_byte[d];
-      double fin;
-      if (!overlap[d]) {
-        fin = std::max(avail[d], now + mig) + std::max(c, m) + launch_ns[d];
-      } else {
-        const double k1 = outstanding[d] + 1.0;
-        const double C = std::max(0.0, avail_c[d] - now);
-        const double M = std::max(0.0, avail_m[d] - now);
-        fin = now + mig + std::max(std::min(c * k1, C + c), std::min(m * k1, M + m)) +
-              launch_ns[d];
-      }
-      if (prefill_penalty && decode_streams[d] > 0 && last_decode_ns[d] > active_after) {
-        fin += w * decode_streams[d] * (overlap[d] ? m : std::max(c, m));
-      }
-      if (now_i < quarantine_until[d]) fin += kUnhealthy;
+      const int d = cands[i];
+      const double fin = Cost(d, now_i, c0, m0, located, prefill_penalty);
       if (best < 0 || fin < best_v) {
         best = d;
         best_v = fin;
@@ -126,12 +110,63 @@ struct Core::State {
     return best;
   }
 
-  double CostOf(int d, int64_t now, double c0, double m0, double located) const {
+  double Penalty(int d, int64_t now_i, double c, double m) const {
+    if (decode_streams[d] == 0 || last_decode_ns[d] <= now_i - tuning.decode_active_ns) return 0;
+    return tuning.tpot_weight * decode_streams[d] * (overlap[d] ? m : std::max(c, m));
+  }
+
+  double Cost(int d, int64_t now_i, double c0, double m0, double located, bool penalty) const {
     double start, c, m;
-    double fin = Finish(d, static_cast<double>(now), c0, m0,
-                        located - static_cast<double>(on[d]), &start, &c, &m);
-    if (!Healthy(d, now)) fin += kUnhealthy;
+    double fin = Finish(d, static_cast<double>(now_i), c0, m0, located - on[d], &start, &c, &m);
+    if (penalty) fin += Penalty(d, now_i, c, m);
+    if (now_i < quarantine_until[d]) fin += kUnhealthy;
     return fin;
+  }
+
+  // All devices: one branch-free (vectorizable) pass for the FIFO model into cost[], fix-ups
+  // for the few overlapping / decode-hosting / quarantined devices, then the argmin.
+  int ScanAll(int64_t now_i, double c0, double m0, double located, bool prefill_penalty,
+              double* best_cost) {
+    const double now = static_cast<double>(now_i);
+    const int n = P;
+    double* __restrict out = cost.data();
+    const double* __restrict av = avail.data();
+    const double* __restrict o = on.data();
+    const double* __restrict pl = ns_per_link_byte.data();
+    const double* __restrict pf = ns_per_flop.data();
+    const double* __restrict pb = ns_per_byte.data();
+    const double* __restrict la = launch_ns.data();
+    for (int d = 0; d < n; ++d) {
+      const double ready = now + (located - o[d]) * pl[d];
+      const double c = c0 * pf[d];
+      const double m = m0 * pb[d];
+      out[d] = (av[d] > ready ? av[d] : ready) + (c > m ? c : m) + la[d];
+    }
+    for (int d : overlap_devices) out[d] = Cost(d, now_i, c0, m0, located, false);
+    if (prefill_penalty) {
+      for (int d = 0; d < n; ++d) {
+        if (decode_streams[d] != 0) out[d] += Penalty(d, now_i, c0 * pf[d], m0 * pb[d]);
+      }
+    }
+    if (now_i < max_quarantine_until) {
+      for (int d = 0; d < n; ++d) {
+        if (now_i < quarantine_until[d]) out[d] += kUnhealthy;
+      }
+    }
+    int best = 0;
+    double best_v = out[0];
+    for (int d = 1; d < n; ++d) {
+      if (out[d] < best_v) {
+        best_v = out[d];
+        best = d;
+      }
+    }
+    *best_cost = best_v;
+    return best;
+  }
+
+  double CostOf(int d, int64_t now, double c0, double m0, double located) const {
+    return Cost(d, now, c0, m0, located, false);
   }
 };
 
@@ -209,6 +244,7 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
     s->ns_per_link_byte[d] = 1e9 / m.link_bytes_per_s;
     s->launch_ns[d] = m.launch_s * 1e9;
     s->overlap[d] = m.can_overlap ? 1 : 0;
+    if (m.can_overlap) s->overlap_devices.push_back(d);
   }
   s->role.assign(P, 0);
   s->avail.assign(P, 0);
@@ -225,6 +261,7 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   s->busy_end.assign(P, INT64_MIN);
   s->dstats.assign(P, DeviceStats{});
   s->on.assign(P, 0);
+  s->cost.assign(P, 0);
   s->home.resize(s->V);
   for (int v = 0; v < s->V; ++v) s->home[v] = v % P;
   s->current.assign(s->V, -1);
@@ -308,7 +345,7 @@ Status Core::Place(const Request& r, Decision* out) {
   for (size_t i = 0; i < r.num_inputs; ++i) {
     const Input& in = r.inputs[i];
     if (in.physical_device == kAnywhere || in.bytes == 0) continue;
-    s.on[in.physical_device] += in.bytes;
+    s.on[in.physical_device] += static_cast<double>(in.bytes);
     located += in.bytes;
   }
   for (size_t i = 0; i < r.num_inputs; ++i) {
@@ -408,7 +445,7 @@ Status Core::Place(const Request& r, Decision* out) {
       double margin = s.tuning.hysteresis_frac * exec_cur +
                       static_cast<double>(s.tuning.hysteresis_ns);
       if (best != home && best >= 0) {
-        margin += (loc - static_cast<double>(s.on[best])) * s.ns_per_link_byte[best];
+        margin += (loc - s.on[best]) * s.ns_per_link_byte[best];
       }
       if (best != cur && cur_cost - best_cost > margin) {
         chosen = best;
@@ -434,7 +471,7 @@ Status Core::Place(const Request& r, Decision* out) {
 
   // Commit: the chosen device's queue, the ticket, the counters.
   const int d = chosen;
-  const int64_t mig_bytes = located - s.on[d];
+  const int64_t mig_bytes = located - static_cast<int64_t>(s.on[d]);
   double start, c, m;
   const double fin = s.Finish(d, static_cast<double>(now), c0, m0,
                               static_cast<double>(mig_bytes), &start, &c, &m);
@@ -622,6 +659,7 @@ Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
     ++ds.errors;
     const int n = std::min(++s.consecutive_errors[d], 7);
     s.quarantine_until[d] = now_ns + (s.tuning.error_quarantine_ns << (n - 1));
+    s.max_quarantine_until = std::max(s.max_quarantine_until, s.quarantine_until[d]);
   }
   t->live = false;
   s.free_slots.push_back(static_cast<uint32_t>(t - s.tickets.data()));
