@@ -4,12 +4,15 @@ metrics. A tiny random Llama on one virtual NPU keeps it fast; greedy decoding i
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from _serving import require
 
@@ -209,3 +212,28 @@ def test_metrics(server, client) -> None:
     ttft = [ln for ln in text.splitlines()
             if ln.startswith("flexnpu:time_to_first_token_seconds_count")]
     assert float(ttft[0].split()[-1]) >= 1
+
+
+def test_serving_benchmark_client(server, tmp_path, capsys) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "bench" / "serving.py"
+    spec = importlib.util.spec_from_file_location("bench_serving", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_serving"] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    out = tmp_path / "r.json"
+    rc = bench.main(["--base-url", server[0], "--num-prompts", "6", "--request-rate", "20",
+                     "--burstiness", "0.5", "--length-scale", "0.1", "--max-prompt-len", "8",
+                     "--max-output-len", "8", "--goodput", "ttft:60000", "tpot:60000",
+                     "--result-json", str(out), "--no-progress"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "============ Serving Benchmark Result ============" in text
+    assert "Median TTFT (ms)" in text and "P99 ITL (ms)" in text
+    r = json.loads(out.read_text())
+    assert r["completed"] == 6 and r["failed"] == 0 and r["request_goodput"] > 0, r["errors"]
+    lengths = bench.sample_lengths(6, np.random.default_rng(0), argparse.Namespace(
+        length_scale=0.1, min_len=4, max_prompt_len=8, max_output_len=8))
+    assert r["total_output_tokens"] == sum(o for _, o in lengths)  # ignore_eos: all tokens

@@ -190,17 +190,23 @@ async def _events(request: Request, state: ServerState, ids: list[int],
     try:
         while True:
             try:
-                tok, reason = await asyncio.wait_for(q.get(), timeout=1.0)
+                item = await asyncio.wait_for(q.get(), timeout=1.0)
             except TimeoutError:
                 if await request.is_disconnected():
                     return
                 continue
-            if tok is not None:
-                text += det.add(tok)
-                cut = min((i for s in sp.stop if (i := text.find(s)) >= 0), default=-1)
-                if cut >= 0:
-                    text = text[:cut]
-                    reason = "stop"
+            items = [item]
+            while not q.empty():  # merge what is already there (e.g. last token + finish)
+                items.append(q.get_nowait())
+            reason = None
+            for tok, why in items:
+                if tok is not None and reason is None:
+                    text += det.add(tok)
+                    cut = min((i for s in sp.stop if (i := text.find(s)) >= 0), default=-1)
+                    if cut >= 0:
+                        text = text[:cut]
+                        reason = "stop"
+                reason = reason or why
             if reason is not None:
                 finished = True
                 if reason.startswith("error"):
