@@ -26,6 +26,7 @@ struct TicketRecord {
   double pred_start = 0;          // as predicted at placement (before later shifts)
   double pred_finish = 0;
   double shift_at_place = 0;      // device shift when placed
+  double c_ns = 0, m_ns = 0;      // compute / memory time (co-run horizons)
 };
 
 }  // namespace
@@ -518,6 +519,8 @@ Status Core::Place(const Request& r, Decision* out) {
   t.pred_start = start;
   t.pred_finish = fin;
   t.shift_at_place = s.shift[d];
+  t.c_ns = c;
+  t.m_ns = m;
 
   const int pi = static_cast<int>(phase);
   const int ri = static_cast<int>(reason);
@@ -594,6 +597,8 @@ Status Core::Cancel(uint64_t ticket) {
     s.avail[d] = s.avail_c[d] = s.avail_m[d] = static_cast<double>(t->placed_ns);
   } else {
     s.avail[d] -= dur;
+    s.avail_c[d] -= t->c_ns;
+    s.avail_m[d] -= t->m_ns;
     s.shift[d] -= dur;
   }
   --s.vstats[t->virtual_device].queue_length;

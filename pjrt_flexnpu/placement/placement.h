@@ -75,9 +75,9 @@
 //     never starved; decode does not queue behind long prefills where an alternative exists
 //     (TPOT).
 //   * Errors: a device whose execution fails is quarantined for error_quarantine_ns, doubled per
-//     consecutive error (up to 64x), cleared by a success. Quarantined devices are skipped by
-//     every policy but passthrough (kAvoidFailed when the preferred device was skipped); when
-//     every candidate is quarantined the preferred one is used anyway (kFallback).
+//     consecutive error (up to 64x); a success resets the doubling. Quarantined devices are
+//     skipped by every policy but passthrough (kAvoidFailed when the preferred device was
+//     skipped); when every candidate is quarantined the preferred one is used anyway (kFallback).
 //
 // Threading: all methods are thread-safe. One short critical section per call (a mutex held for
 // the O(P) scan); no allocation on the hot path once an executable has been seen and the ticket

@@ -369,6 +369,19 @@ TEST(PlacementCoreTest, TicketsAndRequestsAreChecked) {
   EXPECT_EQ(untouched.ticket, 0u);
 }
 
+TEST(PlacementCoreTest, CancelTakesTheWorkBackOutOfTheQueue) {
+  for (bool overlap : {false, true}) {
+    auto core = MakeCore("passthrough", 1, 1, overlap);
+    const Decision first = PlaceOne(*core, 0, kPrefill, {}, 0);
+    const Decision second = PlaceOne(*core, 0, kPrefill, {}, 0);
+    ASSERT_TRUE(core->Cancel(second.ticket).ok());
+    const Decision decode = PlaceOne(*core, 0, kDecode, {}, 0);
+    // As if the cancelled prefill had never been placed.
+    EXPECT_EQ(decode.predicted_finish_ns, overlap ? 2 * kDecodeNs : kPrefillNs + kDecodeNs);
+    EXPECT_TRUE(core->OnFinish(first.ticket, kPrefillNs, true).ok());
+  }
+}
+
 TEST(PlacementCoreTest, CreateRejectsBadConfig) {
   Config c;
   EXPECT_EQ(Core::Create(c).status().code(), Code::kFailedPrecondition);
