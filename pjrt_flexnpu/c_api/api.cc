@@ -191,4 +191,17 @@ __attribute__((visibility("default"))) const char* FlexNpu_StatsJson() {
   return json.c_str();
 }
 
+// Switches the placement policy of every live client (Python: flexnpu.stats.set_policy).
+// Returns nullptr on success, else an error message that lives until the next call.
+__attribute__((visibility("default"))) const char* FlexNpu_SetPolicy(const char* policy) {
+  thread_local std::string error;
+  try {
+    error = policy == nullptr ? "policy is null"
+                              : flexnpu::c_api::SetPolicyOfAllClients(policy);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  return error.empty() ? nullptr : error.c_str();
+}
+
 }  // extern "C"

@@ -124,6 +124,21 @@ std::string StatsJsonOfAllClients() {
   return out + "]";
 }
 
+std::string SetPolicyOfAllClients(const std::string& policy) {
+  auto& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  // Validate against every client first, so a rejected policy changes nothing.
+  for (VirtualClient* c : registry.clients) {
+    auto spec = placement::ParsePolicy(policy, c->num_physical());
+    if (!spec.ok()) return spec.status().message();
+  }
+  for (VirtualClient* c : registry.clients) {
+    Status status = c->placer().SetPolicy(policy);
+    if (!status.ok()) return status.message();
+  }
+  return "";
+}
+
 PJRT_Error* Client_PlatformName(PJRT_Client_PlatformName_Args* args) {
   return Guard("PJRT_Client_PlatformName", [&]() -> Status {
     FLEXNPU_CHECK_ARGS(PJRT_Client_PlatformName, platform_name_size);

@@ -123,6 +123,17 @@ PJRT_Error* Device_MemoryStats(PJRT_Device_MemoryStats_Args* args) {
     args->num_allocs_is_set = true;
     args->largest_alloc_size = stats.largest_alloc_size();
     args->largest_alloc_size_is_set = true;
+    // Virtual devices that share a physical device share its memory: each may use all of it.
+    const int64_t limit = device->client()->physical(device->home_physical()).bytes_limit;
+    if (limit > 0) {
+      args->bytes_limit = limit;
+      args->bytes_limit_is_set = true;
+      if (args->struct_size >= offsetof(PJRT_Device_MemoryStats_Args, bytes_reservable_limit_is_set) +
+                                   sizeof(bool)) {
+        args->bytes_reservable_limit = limit;
+        args->bytes_reservable_limit_is_set = true;
+      }
+    }
     return Status::Ok();
   });
 }

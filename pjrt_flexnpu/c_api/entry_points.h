@@ -101,6 +101,8 @@ PJRT_Error* TopologyDescription_Destroy(PJRT_TopologyDescription_Destroy_Args* a
 
 // All live clients' state as a JSON array (for flexnpu stats).
 std::string StatsJsonOfAllClients();
+// Switches the placement policy of all live clients; returns an error message, or "".
+std::string SetPolicyOfAllClients(const std::string& policy);
 
 }  // namespace flexnpu::c_api
 

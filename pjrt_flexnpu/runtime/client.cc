@@ -1,11 +1,14 @@
 #include "pjrt_flexnpu/runtime/client.h"
 
+#include <unistd.h>
+
 #include <mutex>
 #include <set>
 #include <sstream>
 
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable.h"
+#include "pjrt_flexnpu/runtime/profile.h"
 
 namespace flexnpu {
 namespace {
@@ -48,6 +51,21 @@ std::vector<PJRT_NamedValue> ToNamedValues(const std::vector<NamedOption>& optio
     out.push_back(v);
   }
   return out;
+}
+
+int64_t BytesLimitOf(const PhysicalBackend& b, PJRT_Device* device, const std::string& platform) {
+  PJRT_Device_MemoryStats_Args stats{};
+  stats.struct_size = PJRT_Device_MemoryStats_Args_STRUCT_SIZE;
+  stats.device = device;
+  if (FLEXNPU_INNER_CALL(b, PJRT_Device_MemoryStats, &stats).ok() && stats.bytes_limit_is_set) {
+    return stats.bytes_limit;
+  }
+  if (platform == "cpu") {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page_size > 0) return static_cast<int64_t>(pages) * page_size;
+  }
+  return 0;
 }
 
 }  // namespace
@@ -117,6 +135,14 @@ Status VirtualClient::Init() {
     id_args.device_description = desc_args.device_description;
     FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_DeviceDescription_Id, &id_args));
     device.id = id_args.id;
+    if (p == 0) {
+      PJRT_DeviceDescription_Kind_Args kind_args{};
+      kind_args.struct_size = PJRT_DeviceDescription_Kind_Args_STRUCT_SIZE;
+      kind_args.device_description = desc_args.device_description;
+      FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_DeviceDescription_Kind, &kind_args));
+      roofline_ = RooflineFor(backend_platform_,
+                              std::string(kind_args.device_kind, kind_args.device_kind_size));
+    }
 
     PJRT_Device_AddressableMemories_Args mem_args{};
     mem_args.struct_size = PJRT_Device_AddressableMemories_Args_STRUCT_SIZE;
@@ -163,16 +189,19 @@ Status VirtualClient::Init() {
                                 " has no default memory among its addressable memories");
     }
     default_kind.push_back(default_index);
+    device.bytes_limit = BytesLimitOf(b, device.device, backend_platform_);
     physical_.push_back(std::move(device));
   }
   for (auto& device : physical_) device.memory_by_kind.resize(kinds.size(), nullptr);
 
-  auto placer = MakePlacer(options_.policy, num_physical());
-  if (!placer.ok()) return placer.status();
-  placer_ = std::move(*placer);
-
   const int num_virtual =
       options_.num_virtual_devices > 0 ? options_.num_virtual_devices : num_physical();
+  std::vector<placement::DeviceModel> models(num_physical(), DeviceModelFor(roofline_));
+  auto placer = Placer::Create(EffectivePolicy(options_), std::move(models), num_virtual);
+  if (!placer.ok()) {
+    return Status(placer.status().code(), "FlexNPU placement policy: " + placer.status().message());
+  }
+  placer_ = std::move(*placer);
   for (int v = 0; v < num_virtual; ++v) {
     const int home = placer_->HomeOf(v);
     auto device = std::make_unique<VirtualDevice>(this, v, home, backend_platform_);
@@ -260,7 +289,8 @@ StatusOr<VirtualLoadedExecutable*> VirtualClient::Compile(const PJRT_Program* pr
 std::string VirtualClient::StatsJson() const {
   std::ostringstream out;
   out << "{\"platform_version\":\"" << platform_version_ << "\",\"policy\":\""
-      << placer_->name() << "\",\"num_physical_devices\":" << num_physical()
+      << placer_->policy() << "\",\"roofline\":\"" << roofline_.name
+      << "\",\"num_physical_devices\":" << num_physical()
       << ",\"executions\":" << counters_.executions.load()
       << ",\"migrations\":" << counters_.migrations.load()
       << ",\"bytes_migrated\":" << counters_.bytes_migrated.load()
@@ -273,7 +303,7 @@ std::string VirtualClient::StatsJson() const {
         << ",\"peak_bytes_in_use\":" << d->stats().peak_bytes_in_use()
         << ",\"num_allocs\":" << d->stats().num_allocs() << "}";
   }
-  out << "]}";
+  out << "],\"placement\":" << placer_->SnapshotJson() << "}";
   return out.str();
 }
 

@@ -17,6 +17,7 @@
 #include "pjrt_flexnpu/runtime/handles.h"
 #include "pjrt_flexnpu/runtime/options.h"
 #include "pjrt_flexnpu/runtime/placer.h"
+#include "xla_passes/roofline.h"
 #include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
@@ -27,6 +28,8 @@ struct PhysicalDevice {
   PJRT_Device* device = nullptr;
   int64_t id = 0;  // the backend's global device id (used in device assignments)
   std::vector<PJRT_Memory*> memory_by_kind;  // by the client's memory-kind index
+  // Memory the device offers (its own stats, or the host's RAM for CPU devices); 0: unknown.
+  int64_t bytes_limit = 0;
 };
 
 // Counters of what FlexNPU did, for observability (lock-free).
@@ -50,6 +53,8 @@ class VirtualClient : public Tagged {
   const std::string& platform_version() const { return platform_version_; }
   const std::string& backend_platform() const { return backend_platform_; }
   Placer& placer() { return *placer_; }
+  // The roofline executables are profiled against (the physical devices' preset).
+  const xla_passes::DeviceSpec& roofline() const { return roofline_; }
   ClientCounters& counters() { return counters_; }
 
   int num_physical() const { return static_cast<int>(physical_.size()); }
@@ -96,6 +101,7 @@ class VirtualClient : public Tagged {
   std::vector<PJRT_Device*> device_handles_;
   std::vector<PJRT_Memory*> memory_handles_;
   Topology topology_;
+  xla_passes::DeviceSpec roofline_;
   std::unique_ptr<Placer> placer_;
   ClientCounters counters_;
 };

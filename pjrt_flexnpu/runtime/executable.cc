@@ -6,12 +6,45 @@
 #include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/client.h"
 #include "pjrt_flexnpu/runtime/event.h"
+#include "pjrt_flexnpu/runtime/profile.h"
 #include "pjrt_flexnpu/runtime/small_vector.h"
 
 namespace flexnpu {
 namespace {
 
 constexpr size_t kInlineArgs = 8;
+
+std::atomic<uint64_t> next_executable_id{1};
+
+// Reports a tracked execution's completion to the placement core.
+struct FinishContext {
+  std::shared_ptr<placement::Core> core;
+  const PhysicalBackend* backend;
+  uint64_t ticket;
+};
+
+void OnExecutionDone(PJRT_Error* error, void* arg) {
+  std::unique_ptr<FinishContext> context(static_cast<FinishContext*>(arg));
+  const bool ok = error == nullptr;
+  if (!ok) (void)context->backend->Consume(error, "execution");
+  (void)context->core->OnFinish(context->ticket, Placer::NowNs(), ok);
+}
+
+// Tells the core when `inner_event` (an inner completion event) fires. The event itself stays
+// with the caller.
+void TrackCompletion(const PhysicalBackend& b, Placer& placer, uint64_t ticket,
+                     PJRT_Event* inner_event) {
+  auto* context = new FinishContext{placer.core(), &b, ticket};
+  PJRT_Event_OnReady_Args args{};
+  args.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
+  args.event = inner_event;
+  args.callback = OnExecutionDone;
+  args.user_arg = context;
+  if (!FLEXNPU_INNER_CALL(b, PJRT_Event_OnReady, &args).ok()) {
+    delete context;
+    placer.Cancel(ticket);
+  }
+}
 
 // Copies the fields of the caller's options that both it and FlexNPU's header know.
 PJRT_ExecuteOptions TranslateOptions(const PJRT_ExecuteOptions* options) {
@@ -124,7 +157,10 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   exe->program_code_.assign(program->code, program->code_size);
   exe->program_format_.assign(program->format, program->format_size);
 
-  exe->portable_ = exe->single_device_ && client->options().single_device_compile == "portable";
+  const std::string& mode = client->options().single_device_compile;
+  exe->portable_ = exe->single_device_ &&
+                   (mode == "portable" || (mode == "auto" && !client->placer().passthrough()));
+  exe->executable_id_ = next_executable_id.fetch_add(1, std::memory_order_relaxed);
   std::vector<int> mapping;
   if (exe->portable_) {
     auto portable = RewriteAsPortable(compile_options);
@@ -134,8 +170,8 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
     exe->compile_options_.assign(compile_options);
     std::vector<int> virtual_ids(ids.begin(), ids.end());
     auto placed = exe->single_device_
-                      ? StatusOr<std::vector<int>>(std::vector<int>{
-                            client->placer().PlaceExecution(virtual_ids[0])})
+                      ? StatusOr<std::vector<int>>(
+                            std::vector<int>{client->placer().HomeOf(virtual_ids[0])})
                       : client->placer().PlaceGroup(virtual_ids);
     if (!placed.ok()) return placed.status();
     mapping = std::move(*placed);
@@ -162,6 +198,9 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   if (FLEXNPU_INNER_CALL(b, PJRT_Executable_GetCompiledMemoryStats, &memory_args).ok()) {
     exe->may_donate_ = memory_args.alias_size_in_bytes > 0;
   }
+  // A program the analysis cannot read still runs: the placer then sees small, costless work.
+  auto profile = ProfileExecutable(b, unloaded.get(), client->roofline());
+  if (profile.ok()) exe->profile_ = *profile;
   return exe.release();
 }
 
@@ -252,9 +291,52 @@ Status VirtualLoadedExecutable::Execute(PJRT_LoadedExecutable_Execute_Args* args
   return ExecuteSpmd(args);
 }
 
+Status VirtualLoadedExecutable::PlaceSingle(VirtualDevice* device, PJRT_Buffer* const* arguments,
+                                            size_t num_args, int* physical_device,
+                                            uint64_t* ticket) {
+  Placer& placer = client_->placer();
+  if (placer.passthrough()) {
+    *physical_device = device->home_physical();
+    *ticket = 0;
+    return Status::Ok();
+  }
+  SmallVector<placement::Input, kInlineArgs> inputs(num_args);
+  for (size_t a = 0; a < num_args; ++a) {
+    VirtualBuffer* buffer = FromHandle<VirtualBuffer>(arguments[a]);
+    if (buffer == nullptr) continue;  // reported when the arguments are resolved
+    inputs[a].physical_device = buffer->physical()->physical_device;
+    inputs[a].bytes = buffer->on_device_size();
+  }
+  placement::Request request;
+  request.virtual_device = device->index();
+  request.executable_id = executable_id_;
+  request.profile = &profile_;
+  request.inputs = inputs.data();
+  request.num_inputs = num_args;
+  request.now_ns = Placer::NowNs();
+  placement::Decision decision;
+  FLEXNPU_RETURN_IF_ERROR(placer.Place(request, &decision));
+  *physical_device = decision.physical_device;
+  *ticket = decision.ticket;
+  return Status::Ok();
+}
+
 Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args* args,
                                               VirtualDevice* device) {
-  const int physical_device = client_->placer().PlaceExecution(device->index());
+  int physical_device = 0;
+  uint64_t ticket = 0;
+  FLEXNPU_RETURN_IF_ERROR(
+      PlaceSingle(device, args->argument_lists[0], args->num_args, &physical_device, &ticket));
+  Placer& placer = client_->placer();
+  // Any failure before the launch: the placed execution never happens.
+  struct CancelUnlaunched {
+    Placer& placer;
+    uint64_t ticket;
+    bool launched = false;
+    ~CancelUnlaunched() {
+      if (ticket != 0 && !launched) placer.Cancel(ticket);
+    }
+  } cancel{placer, ticket};
   std::shared_ptr<Compiled> other;
   const Compiled* compiled = initial_.get();
   if (!portable_ && physical_device != initial_->physical[0]) {
@@ -292,11 +374,26 @@ Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args
   inner.num_devices = 1;
   inner.num_args = num_args;
   inner.output_lists = &output_list;
-  inner.device_complete_events = args->device_complete_events ? &inner_event : nullptr;
+  // Tracked executions always need the completion event: it ends their time on the device.
+  inner.device_complete_events =
+      (args->device_complete_events != nullptr || ticket != 0) ? &inner_event : nullptr;
   // A pinned executable runs where it was compiled for; a portable one where it is told.
   inner.execute_device = portable_ ? client_->physical(physical_device).device : nullptr;
+  if (ticket != 0) placer.OnStart(ticket, Placer::NowNs());
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
+  cancel.launched = true;
   client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
+  if (ticket != 0) {
+    if (inner_event != nullptr) {
+      TrackCompletion(b, placer, ticket, inner_event);
+    } else {
+      (void)placer.core()->OnFinish(ticket, Placer::NowNs(), true);
+    }
+    if (args->device_complete_events == nullptr && inner_event != nullptr) {
+      Own(b, inner_event);  // the callback keeps what it needs
+      inner_event = nullptr;
+    }
+  }
 
   if (may_donate_) {
     for (size_t a = 0; a < num_args; ++a) buffers[a]->NoteMaybeDonated();

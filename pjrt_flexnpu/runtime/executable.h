@@ -15,6 +15,7 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/placement/placement.h"
 #include "pjrt_flexnpu/runtime/handles.h"
 #include "pjrt_flexnpu/runtime/status.h"
 
@@ -63,6 +64,7 @@ class VirtualLoadedExecutable : public Tagged {
 
   Status Execute(PJRT_LoadedExecutable_Execute_Args* args);
   bool portable() const { return portable_; }
+  const placement::Profile& profile() const { return profile_; }
   Status Delete();
   bool IsDeleted() const { return deleted_.load(std::memory_order_acquire); }
 
@@ -86,6 +88,9 @@ class VirtualLoadedExecutable : public Tagged {
   StatusOr<std::shared_ptr<Compiled>> CompileFor(const std::vector<int>& physical);
   StatusOr<std::shared_ptr<Compiled>> CompiledFor(const std::vector<int>& physical);
   Status ExecuteSingle(PJRT_LoadedExecutable_Execute_Args* args, VirtualDevice* device);
+  // The physical device for a single-device execution and the placer's ticket (0: untracked).
+  Status PlaceSingle(VirtualDevice* device, PJRT_Buffer* const* arguments, size_t num_args,
+                     int* physical_device, uint64_t* ticket);
   Status ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* args);
   // Wraps one device's inner outputs as buffers of `device`; takes ownership of them.
   Status WrapOutputs(VirtualDevice* device, int physical_device, PJRT_Buffer** inner_outputs,
@@ -98,6 +103,9 @@ class VirtualLoadedExecutable : public Tagged {
   std::string serialized_assignment_;
   bool single_device_ = true;
   bool portable_ = false;
+  // Phase and cost from the HLO analysis; what the placer decides with.
+  placement::Profile profile_;
+  uint64_t executable_id_ = 0;
   // False when the program aliases no input to an output: no execution can donate, and the
   // per-argument donation check is skipped.
   bool may_donate_ = true;

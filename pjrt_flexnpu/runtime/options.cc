@@ -8,8 +8,8 @@ namespace flexnpu {
 namespace {
 
 constexpr const char* kKnownOptions =
-    "backend, backend_options, cpu_plugin_path, num_virtual_devices, policy, "
-    "single_device_compile";
+    "backend, backend_options, cpu_plugin_path, decode_devices, num_virtual_devices, policy, "
+    "prefill_devices, single_device_compile";
 
 std::string Trim(std::string_view s) {
   const auto begin = s.find_first_not_of(" \t\n");
@@ -104,6 +104,8 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
       {"num_virtual_devices", "FLEXNPU_NUM_VIRTUAL_DEVICES"},
       {"policy", "FLEXNPU_POLICY"},
       {"single_device_compile", "FLEXNPU_SINGLE_DEVICE_COMPILE"},
+      {"prefill_devices", "FLEXNPU_PREFILL_DEVICES"},
+      {"decode_devices", "FLEXNPU_DECODE_DEVICES"},
   };
   for (const auto& [name, env_name] : env_names) {
     if (auto v = env(env_name)) merged.push_back({name, *v});
@@ -145,21 +147,21 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
       }
       options.num_virtual_devices = static_cast<int>(*v);
     } else if (option.name == "policy") {
+      // Validated by the placement core, which knows the physical device count.
       auto v = AsString(option);
       if (!v.ok()) return v.status();
-      bool known = false;
-      for (const char* p : kKnownPolicies) known |= (*v == p);
-      if (!known) {
-        return InvalidArgument("unknown FlexNPU placement policy '" + *v +
-                               "' (known: passthrough)");
-      }
-      options.policy = *v;
+      options.policy = Trim(*v);
+    } else if (option.name == "prefill_devices" || option.name == "decode_devices") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      (option.name == "prefill_devices" ? options.prefill_devices : options.decode_devices) =
+          Trim(*v);
     } else if (option.name == "single_device_compile") {
       auto v = AsString(option);
       if (!v.ok()) return v.status();
-      if (*v != "pinned" && *v != "portable") {
-        return InvalidArgument("FlexNPU option 'single_device_compile' must be 'pinned' or "
-                               "'portable', got '" + *v + "'");
+      if (*v != "pinned" && *v != "portable" && *v != "auto") {
+        return InvalidArgument("FlexNPU option 'single_device_compile' must be 'auto', 'pinned' "
+                               "or 'portable', got '" + *v + "'");
       }
       options.single_device_compile = *v;
     } else {
@@ -169,6 +171,16 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
     }
   }
   return options;
+}
+
+std::string EffectivePolicy(const Options& options) {
+  if (options.prefill_devices.empty() && options.decode_devices.empty()) return options.policy;
+  std::string policy = options.policy;
+  policy += policy.find(':') == std::string::npos ? ":" : "|";
+  if (!options.prefill_devices.empty()) policy += "prefill=" + options.prefill_devices;
+  if (!options.prefill_devices.empty() && !options.decode_devices.empty()) policy += "|";
+  if (!options.decode_devices.empty()) policy += "decode=" + options.decode_devices;
+  return policy;
 }
 
 std::vector<NamedOption> EffectiveBackendOptions(const Options& options) {

@@ -30,11 +30,18 @@ struct Options {
   std::vector<NamedOption> backend_options;
   // 0: one virtual device per physical device.
   int num_virtual_devices = 0;
+  // Placement policy, in the placement core's syntax (placement/placement.h), e.g.
+  // "dynamic" or "static-pd:prefill=0,1|decode=2,3".
   std::string policy = "passthrough";
+  // Pools for "static-pd" given as separate options ("0,1"): JAX's option string cannot
+  // carry the ':' of the one-string form.
+  std::string prefill_devices;
+  std::string decode_devices;
   // How single-device programs are compiled: "pinned" (for the physical device that runs
-  // them, one compile per device used, cached) or "portable" (one compile that runs on any
-  // physical device; the CPU plugin's portable execute path costs ~8 us more per call).
-  std::string single_device_compile = "pinned";
+  // them, one compile per device used, cached), "portable" (one compile that runs on any
+  // physical device; the CPU plugin's portable execute path costs ~3-8 us more per call) or
+  // "auto" (pinned under passthrough, where executions never move; portable otherwise).
+  std::string single_device_compile = "auto";
 };
 
 // Looks up an environment variable; returns nullopt when unset.
@@ -55,7 +62,9 @@ StatusOr<std::vector<NamedOption>> ParseBackendOptions(const std::string& text);
 std::vector<NamedOption> EffectiveBackendOptions(const Options& options);
 
 inline constexpr int64_t kDefaultCpuDeviceCount = 4;
-inline constexpr const char* kKnownPolicies[] = {"passthrough"};
+
+// The policy string for the placement core: `policy` with the separate pool options folded in.
+std::string EffectivePolicy(const Options& options);
 
 }  // namespace flexnpu
 

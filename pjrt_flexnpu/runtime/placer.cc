@@ -1,8 +1,43 @@
 #include "pjrt_flexnpu/runtime/placer.h"
 
+#include <chrono>
+
 namespace flexnpu {
 
-StatusOr<std::vector<int>> PassthroughPlacer::PlaceGroup(const std::vector<int>& virtual_devices) {
+int64_t Placer::NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Placer::Placer(std::shared_ptr<placement::Core> core, int num_physical)
+    : core_(std::move(core)), num_physical_(num_physical) {
+  passthrough_.store(core_->policy().kind == placement::PolicyKind::kPassthrough);
+}
+
+StatusOr<std::unique_ptr<Placer>> Placer::Create(std::string_view policy,
+                                                 std::vector<placement::DeviceModel> devices,
+                                                 int num_virtual) {
+  if (devices.empty()) return FailedPrecondition("the physical backend has no devices");
+  const int num_physical = static_cast<int>(devices.size());
+  placement::Config config;
+  config.policy = std::string(policy);
+  config.devices = std::move(devices);
+  config.num_virtual_devices = num_virtual;
+  auto core = placement::Core::Create(config);
+  if (!core.ok()) return core.status();
+  return std::unique_ptr<Placer>(
+      new Placer(std::shared_ptr<placement::Core>(std::move(*core)), num_physical));
+}
+
+Status Placer::SetPolicy(std::string_view policy) {
+  FLEXNPU_RETURN_IF_ERROR(core_->SetPolicy(policy));
+  passthrough_.store(core_->policy().kind == placement::PolicyKind::kPassthrough,
+                     std::memory_order_release);
+  return Status::Ok();
+}
+
+StatusOr<std::vector<int>> Placer::PlaceGroup(const std::vector<int>& virtual_devices) const {
   const int n = static_cast<int>(virtual_devices.size());
   if (n > num_physical_) {
     return InvalidArgument("an SPMD program over " + std::to_string(n) +
@@ -26,12 +61,6 @@ StatusOr<std::vector<int>> PassthroughPlacer::PlaceGroup(const std::vector<int>&
     mapping[i] = next_free;
   }
   return mapping;
-}
-
-StatusOr<std::unique_ptr<Placer>> MakePlacer(const std::string& policy, int num_physical) {
-  if (num_physical <= 0) return FailedPrecondition("the physical backend has no devices");
-  if (policy == "passthrough") return std::unique_ptr<Placer>(new PassthroughPlacer(num_physical));
-  return InvalidArgument("unknown FlexNPU placement policy '" + policy + "'");
 }
 
 }  // namespace flexnpu

@@ -1,47 +1,58 @@
-// Placement: which physical device stores a virtual device's buffers and runs its work.
-// Pure decision code: no PJRT types, no clock here yet; the phase-aware policies plug in
-// behind the same interface.
+// The runtime's side of placement: the decision core (placement/) behind the interface the
+// executables call, plus the mapping of SPMD programs onto distinct physical devices.
 #ifndef FLEXNPU_RUNTIME_PLACER_H_
 #define FLEXNPU_RUNTIME_PLACER_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "pjrt_flexnpu/placement/placement.h"
 #include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
 
 class Placer {
  public:
-  virtual ~Placer() = default;
-  virtual const char* name() const = 0;
+  static StatusOr<std::unique_ptr<Placer>> Create(std::string_view policy,
+                                                  std::vector<placement::DeviceModel> devices,
+                                                  int num_virtual);
 
-  // The physical device that holds buffers created on `virtual_device`.
-  virtual int HomeOf(int virtual_device) const = 0;
+  int num_physical() const { return num_physical_; }
+  // Where buffers created on `virtual_device` live: physical device v mod P.
+  int HomeOf(int virtual_device) const { return virtual_device % num_physical_; }
+  // True while the policy is passthrough: executions skip the decision core entirely.
+  bool passthrough() const { return passthrough_.load(std::memory_order_acquire); }
 
-  // The physical device that runs a single-device execution addressed to `virtual_device`.
-  virtual int PlaceExecution(int virtual_device) = 0;
+  // A single-device execution: the physical device and a ticket for OnStart/OnFinish.
+  Status Place(const placement::Request& request, placement::Decision* decision) {
+    return core_->Place(request, decision);
+  }
+  void OnStart(uint64_t ticket, int64_t now_ns) { (void)core_->OnStart(ticket, now_ns); }
+  void Cancel(uint64_t ticket) { (void)core_->Cancel(ticket); }
+  // Completion callbacks hold the core: they may fire on a backend thread after the client
+  // is gone.
+  const std::shared_ptr<placement::Core>& core() const { return core_; }
 
-  // Distinct physical devices for an SPMD execution over `virtual_devices` (one each).
-  virtual StatusOr<std::vector<int>> PlaceGroup(const std::vector<int>& virtual_devices) = 0;
-};
+  // Distinct physical devices for an SPMD execution over `virtual_devices`: each keeps its
+  // home where that is free; collisions (V > P) take the lowest unused devices.
+  StatusOr<std::vector<int>> PlaceGroup(const std::vector<int>& virtual_devices) const;
 
-// Virtual device i lives and runs on physical device i mod P. SPMD groups keep that mapping
-// where it is collision-free; a collision (V > P) takes the lowest unused physical device.
-class PassthroughPlacer final : public Placer {
- public:
-  explicit PassthroughPlacer(int num_physical) : num_physical_(num_physical) {}
-  const char* name() const override { return "passthrough"; }
-  int HomeOf(int virtual_device) const override { return virtual_device % num_physical_; }
-  int PlaceExecution(int virtual_device) override { return HomeOf(virtual_device); }
-  StatusOr<std::vector<int>> PlaceGroup(const std::vector<int>& virtual_devices) override;
+  Status SetPolicy(std::string_view policy);
+  std::string policy() const { return core_->policy().ToString(); }
+  std::string SnapshotJson() const { return core_->Snapshot(NowNs()).ToJson(); }
+
+  static int64_t NowNs();
 
  private:
+  Placer(std::shared_ptr<placement::Core> core, int num_physical);
+  std::shared_ptr<placement::Core> core_;
   int num_physical_;
+  std::atomic<bool> passthrough_{true};
 };
-
-StatusOr<std::unique_ptr<Placer>> MakePlacer(const std::string& policy, int num_physical);
 
 }  // namespace flexnpu
 

@@ -21,3 +21,17 @@ def clients() -> list[dict[str, Any]]:
     """State of every live FlexNPU client in this process (empty before JAX creates one)."""
     raw = _library().FlexNpu_StatsJson()
     return json.loads(raw.decode()) if raw else []
+
+
+def set_policy(policy: str) -> None:
+    """Switches the placement policy of every live FlexNPU client, without restart.
+
+    `policy` uses the placement syntax, e.g. "dynamic" or "static-pd:prefill=0,1|decode=2,3".
+    Raises ValueError (and changes nothing) when a client rejects it.
+    """
+    library = _library()
+    library.FlexNpu_SetPolicy.restype = ctypes.c_char_p
+    library.FlexNpu_SetPolicy.argtypes = [ctypes.c_char_p]
+    error = library.FlexNpu_SetPolicy(policy.encode())
+    if error:
+        raise ValueError(error.decode())

@@ -56,6 +56,18 @@ TEST(OptionsTest, BackendOptionsAreTyped) {
   EXPECT_EQ(std::get<int64_t>((*parsed)[5].value), -7);
 }
 
+TEST(OptionsTest, PoolOptionsFoldIntoTheStaticPdPolicy) {
+  auto options = ParseOptions({{"policy", std::string("static-pd")},
+                               {"prefill_devices", std::string("0,1")},
+                               {"decode_devices", std::string("2,3")}},
+                              FakeEnv({}));
+  ASSERT_TRUE(options.ok());
+  EXPECT_EQ(EffectivePolicy(*options), "static-pd:prefill=0,1|decode=2,3");
+  auto plain = ParseOptions({{"policy", std::string("dynamic")}}, FakeEnv({}));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(EffectivePolicy(*plain), "dynamic");
+}
+
 TEST(OptionsTest, UserCpuDeviceCountIsKept) {
   auto options = ParseOptions({{"backend_options", std::string("cpu_device_count=2")}},
                               FakeEnv({}));
@@ -77,7 +89,8 @@ TEST(OptionsTest, BadOptionsNameTheProblem) {
       {{{"num_virtual_devices", std::string("x")}}, {}, "must be an integer, got 'x'"},
       {{{"num_virtual_devices", int64_t{-1}}}, {}, "must be in [1, 65536], got -1"},
       {{{"num_virtual_devices", true}}, {}, "'num_virtual_devices' must be an integer"},
-      {{{"policy", std::string("magic")}}, {}, "unknown FlexNPU placement policy 'magic'"},
+      {{{"policy", int64_t{2}}}, {}, "'policy' must be a string"},
+      {{{"single_device_compile", std::string("eager")}}, {}, "got 'eager'"},
       {{{"backend", int64_t{1}}}, {}, "'backend' must be a string"},
       {{{"backend", std::string("  ")}}, {}, "'backend' is empty"},
       {{}, {{"FLEXNPU_BACKEND_OPTIONS", "a=1;=2"}}, "malformed backend option '=2'"},

@@ -113,7 +113,14 @@ def test_lammps_plugin_with_newer_c_api() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"FLEXNPU_POLICY": "roundrobin"}, "unknown FlexNPU placement policy 'roundrobin'"),
+        (
+            {"FLEXNPU_POLICY": "roundrobin"},
+            "FlexNPU placement policy: unknown placement policy 'roundrobin'",
+        ),
+        (
+            {"FLEXNPU_POLICY": "static-pd", "FLEXNPU_PREFILL_DEVICES": "0,9"},
+            "FlexNPU placement policy: static-pd prefill pool",
+        ),
         (
             {"FLEXNPU_NUM_VIRTUAL_DEVICES": "many"},
             "'num_virtual_devices' must be an integer, got 'many'",
@@ -131,7 +138,7 @@ def test_lammps_plugin_with_newer_c_api() -> None:
             {"FLEXNPU_BACKEND_OPTIONS": "cpu_device_count"},
             "malformed backend option 'cpu_device_count'",
         ),
-        ({"FLEXNPU_SINGLE_DEVICE_COMPILE": "eager"}, "must be 'pinned' or 'portable', got 'eager'"),
+        ({"FLEXNPU_SINGLE_DEVICE_COMPILE": "eager"}, "must be 'auto', 'pinned' or 'portable', got 'eager'"),
     ],
 )
 def test_bad_configuration_is_a_clear_error(env: dict[str, str], message: str) -> None:

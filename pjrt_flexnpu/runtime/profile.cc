@@ -1,0 +1,82 @@
+#include "pjrt_flexnpu/runtime/profile.h"
+
+#include <algorithm>
+#include <cctype>
+#include <string_view>
+
+#include "xla_passes/analysis.h"
+
+namespace flexnpu {
+namespace {
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Host-to-device style links when the backend says nothing: PCIe 5 x16 for accelerators,
+// memcpy bandwidth for CPU devices (one memory).
+constexpr double kAcceleratorLinkBytesPerS = 50e9;
+
+}  // namespace
+
+xla_passes::DeviceSpec RooflineFor(const std::string& platform, const std::string& device_kind) {
+  const std::string kind = Lower(device_kind);
+  for (const auto& preset : xla_passes::DevicePresets()) {
+    if (preset.name != "cpu" && kind.find(preset.name) != std::string::npos) return preset;
+  }
+  auto cpu = xla_passes::FindDevice("cpu");
+  if (Lower(platform) == "cpu" && cpu.ok()) return cpu.value();
+  // An accelerator FlexNPU has no numbers for: judge it as an H100-class device.
+  auto fallback = xla_passes::FindDevice("h100");
+  return fallback.ok() ? fallback.value() : xla_passes::DeviceSpec{};
+}
+
+placement::DeviceModel DeviceModelFor(const xla_passes::DeviceSpec& spec) {
+  placement::DeviceModel model;
+  if (spec.peak_flops > 0) model.peak_flops = spec.peak_flops;
+  if (spec.mem_bandwidth > 0) model.bandwidth_bytes_per_s = spec.mem_bandwidth;
+  const bool cpu = spec.name == "cpu";
+  model.link_bytes_per_s = cpu ? model.bandwidth_bytes_per_s : kAcceleratorLinkBytesPerS;
+  // XLA:CPU devices share the host's cores; GPUs run one program at a time per stream.
+  model.can_overlap = false;
+  return model;
+}
+
+StatusOr<placement::Profile> ProfileExecutable(const PhysicalBackend& backend,
+                                               PJRT_Executable* executable,
+                                               const xla_passes::DeviceSpec& device) {
+  PJRT_Program program{};
+  program.struct_size = PJRT_Program_STRUCT_SIZE;
+  PJRT_Executable_OptimizedProgram_Args args{};
+  args.struct_size = PJRT_Executable_OptimizedProgram_Args_STRUCT_SIZE;
+  args.executable = executable;
+  args.program = &program;
+  // Two calls: the first sizes the program, the second fills it.
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(backend, PJRT_Executable_OptimizedProgram, &args));
+  std::string code(program.code_size, '\0');
+  program.code = code.data();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(backend, PJRT_Executable_OptimizedProgram, &args));
+  code.resize(program.code_size);
+
+  auto profile = xla_passes::AnalyzeHloProto(code);
+  if (!profile.ok()) return Internal("HLO analysis of the optimized program: " + profile.error());
+  auto classified = xla_passes::Classify(profile.value(), device);
+  if (!classified.ok()) return Internal("phase classification: " + classified.error());
+  placement::Profile out;
+  switch (classified.value().phase) {
+    case xla_passes::Phase::kPrefill:
+      out.phase = placement::Phase::kPrefill;
+      break;
+    case xla_passes::Phase::kDecode:
+      out.phase = placement::Phase::kDecode;
+      break;
+    default:
+      out.phase = placement::Phase::kSmall;
+  }
+  out.flops = classified.value().flops;
+  out.bytes = classified.value().bytes;
+  return out;
+}
+
+}  // namespace flexnpu

@@ -1,0 +1,30 @@
+// What the placer knows of an executable: its phase and cost on the physical devices,
+// from the HLO analysis of the optimized program (xla_passes), and the roofline of the
+// physical devices it is judged against.
+#ifndef FLEXNPU_RUNTIME_PROFILE_H_
+#define FLEXNPU_RUNTIME_PROFILE_H_
+
+#include <string>
+
+#include "pjrt_c_api.h"
+#include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/placement/placement.h"
+#include "pjrt_flexnpu/runtime/status.h"
+#include "xla_passes/roofline.h"
+
+namespace flexnpu {
+
+// The roofline preset for a physical device: by its kind (e.g. "NVIDIA H200") or, failing
+// that, its platform ("cpu"); nullopt-like empty name when nothing matches.
+xla_passes::DeviceSpec RooflineFor(const std::string& platform, const std::string& device_kind);
+
+placement::DeviceModel DeviceModelFor(const xla_passes::DeviceSpec& spec);
+
+// Profiles `executable` (an inner executable of `backend`) against `device`.
+StatusOr<placement::Profile> ProfileExecutable(const PhysicalBackend& backend,
+                                               PJRT_Executable* executable,
+                                               const xla_passes::DeviceSpec& device);
+
+}  // namespace flexnpu
+
+#endif  // FLEXNPU_RUNTIME_PROFILE_H_
