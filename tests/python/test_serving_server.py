@@ -193,6 +193,9 @@ def test_client_disconnect_frees_the_slot(server) -> None:
         with h.stream("POST", "/v1/completions", json=body) as r:
             lines = r.iter_lines()
             next(lines)
+            deadline = time.time() + 10
+            while eng.num_running() != 1 and time.time() < deadline:
+                time.sleep(0.01)  # the first token is streamed just before the slot fills
             assert eng.num_running() == 1
     deadline = time.time() + 10
     while eng.num_running() and time.time() < deadline:

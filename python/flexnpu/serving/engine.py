@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from flexnpu.serving import model as model_lib
+from flexnpu.serving import kvcache
 from flexnpu.serving.config import LlamaConfig
 from flexnpu.serving.sampling import SamplingParams, sample
 
@@ -48,6 +48,8 @@ class Steps(Protocol):
 
 class ModelSteps:
     def __init__(self, config: LlamaConfig) -> None:
+        from flexnpu.serving import model as model_lib
+
         self.config = config
         self.prefill, self.decode, self.insert = model_lib.jitted_steps(config)
 
@@ -135,7 +137,7 @@ class Engine:
         dtype = jax.tree_util.tree_leaves(params)[0].dtype
         self._params = {d: jax.device_put(params, d) for d in {*self.prefill_devs, *decode_devs}}
         self.groups = [
-            _Group(i, d, model_lib.init_cache(self.cfg, config.max_batch, config.max_seq_len,
+            _Group(i, d, kvcache.init_cache(self.cfg, config.max_batch, config.max_seq_len,
                                               dtype, d), config.max_batch)
             for i, d in enumerate(decode_devs)
         ]

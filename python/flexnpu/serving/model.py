@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flexnpu.serving.config import LlamaConfig
+from flexnpu.serving.kvcache import cache_shape, init_cache  # noqa: F401 - re-exported
 
 Params = dict[str, Any]
 
@@ -187,16 +188,6 @@ def insert(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
     cache_k = jax.lax.dynamic_update_slice(cache_k, k[:, None].astype(cache_k.dtype), start)
     cache_v = jax.lax.dynamic_update_slice(cache_v, v[:, None].astype(cache_v.dtype), start)
     return cache_k, cache_v
-
-
-def cache_shape(cfg: LlamaConfig, batch: int, max_len: int) -> tuple[int, ...]:
-    return (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-
-
-def init_cache(cfg: LlamaConfig, batch: int, max_len: int, dtype=jnp.float32, device=None):
-    shape = cache_shape(cfg, batch, max_len)
-    z = jax.device_put(np.zeros(shape, dtype=dtype), device)
-    return z, jax.device_put(np.zeros(shape, dtype=dtype), device)
 
 
 def jitted_steps(cfg: LlamaConfig):
