@@ -96,7 +96,8 @@
 
 namespace flexnpu::placement {
 
-enum class Phase : uint8_t { kPrefill = 0, kDecode = 1, kSmall = 2 };
+// Same values as xla_passes::Phase (a static_cast converts; a switch is clearer).
+enum class Phase : uint8_t { kSmall = 0, kPrefill = 1, kDecode = 2 };
 inline constexpr int kNumPhases = 3;
 const char* PhaseName(Phase phase);
 
