@@ -204,4 +204,24 @@ __attribute__((visibility("default"))) const char* FlexNpu_SetPolicy(const char*
   return error.empty() ? nullptr : error.c_str();
 }
 
+// Starts or stops recording the timeline of every live client (flexnpu.stats.start_trace).
+__attribute__((visibility("default"))) void FlexNpu_SetTracing(int on) {
+  try {
+    flexnpu::c_api::SetTracingOfAllClients(on != 0);
+  } catch (...) {
+  }
+}
+
+// The timeline of the index-th live client as Chrome trace JSON ("" when none); the string
+// lives until the next call from the same thread.
+__attribute__((visibility("default"))) const char* FlexNpu_TraceJson(int index) {
+  thread_local std::string json;
+  try {
+    json = flexnpu::c_api::TraceJsonOfClient(index);
+  } catch (...) {
+    json.clear();
+  }
+  return json.c_str();
+}
+
 }  // extern "C"

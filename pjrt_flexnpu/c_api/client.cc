@@ -17,6 +17,8 @@ struct ClientRegistry {
   // The backend of the newest client answers PJRT_Plugin_Attributes (its StableHLO versions
   // are what the programs JAX sends must deserialize on).
   std::shared_ptr<const PhysicalBackend> newest_backend;
+  // Set by FlexNpu_SetTracing: clients created while it is on record from the start.
+  bool tracing = false;
 };
 
 ClientRegistry& Registry() {
@@ -70,6 +72,7 @@ PJRT_Error* Client_Create(PJRT_Client_Create_Args* args) {
       std::lock_guard<std::mutex> lock(registry.mu);
       registry.clients.insert(raw);
       registry.newest_backend = raw->shared_backend();
+      if (registry.tracing) raw->trace()->Start();
     }
     args->client = ToHandle<PJRT_Client>(raw);
     return Status::Ok();
@@ -135,6 +138,33 @@ std::string SetPolicyOfAllClients(const std::string& policy) {
   for (VirtualClient* c : registry.clients) {
     Status status = c->placer().SetPolicy(policy);
     if (!status.ok()) return status.message();
+  }
+  return "";
+}
+
+void SetTracingOfAllClients(bool on) {
+  auto& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  registry.tracing = on;
+  for (VirtualClient* c : registry.clients) {
+    if (on) {
+      c->trace()->Start();
+    } else {
+      c->trace()->Stop();
+    }
+  }
+}
+
+std::string TraceJsonOfClient(int index) {
+  auto& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  int i = 0;
+  for (VirtualClient* c : registry.clients) {
+    if (i++ == index) {
+      return c->trace()->ChromeJson(c->num_physical(),
+                                    "FlexNPU (" + c->placer().policy() + ") over " +
+                                        c->backend_platform());
+    }
   }
   return "";
 }

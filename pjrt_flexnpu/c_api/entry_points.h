@@ -103,6 +103,10 @@ PJRT_Error* TopologyDescription_Destroy(PJRT_TopologyDescription_Destroy_Args* a
 std::string StatsJsonOfAllClients();
 // Switches the placement policy of all live clients; returns an error message, or "".
 std::string SetPolicyOfAllClients(const std::string& policy);
+// Starts (clearing earlier events) or stops the timeline of all live clients.
+void SetTracingOfAllClients(bool on);
+// The timeline of the index-th live client as Chrome trace JSON; "" when there is none.
+std::string TraceJsonOfClient(int index);
 
 }  // namespace flexnpu::c_api
 

@@ -87,7 +87,19 @@ Status VirtualBuffer::MoveTo(int physical_device) {
   args.struct_size = PJRT_Buffer_CopyToMemory_Args_STRUCT_SIZE;
   args.buffer = physical_->handle.get();
   args.dst_memory = target;
+  const int64_t start_ns = client_->trace()->enabled() ? Placer::NowNs() : 0;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_CopyToMemory, &args));
+  if (start_ns != 0) {
+    TraceEvent event;
+    event.kind = TraceEvent::Kind::kMigration;
+    event.physical_device = physical_->physical_device;
+    event.target_device = physical_device;
+    event.virtual_device = memory_->device()->index();
+    event.start_ns = start_ns;
+    event.end_ns = Placer::NowNs();
+    event.bytes = on_device_size_;
+    client_->trace()->Record(event);
+  }
   physical_ = std::make_shared<PhysicalBuffer>(
       PhysicalBuffer{Own(b, args.dst_buffer), physical_device});
   client_->counters().migrations.fetch_add(1, std::memory_order_relaxed);

@@ -19,6 +19,7 @@
 #include "pjrt_flexnpu/runtime/placer.h"
 #include "xla_passes/roofline.h"
 #include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/runtime/trace.h"
 
 namespace flexnpu {
 
@@ -56,6 +57,8 @@ class VirtualClient : public Tagged {
   // The roofline executables are profiled against (the physical devices' preset).
   const xla_passes::DeviceSpec& roofline() const { return roofline_; }
   ClientCounters& counters() { return counters_; }
+  // Completion callbacks hold the trace: they may run after the client is gone.
+  const std::shared_ptr<Trace>& trace() const { return trace_; }
 
   int num_physical() const { return static_cast<int>(physical_.size()); }
   const PhysicalDevice& physical(int index) const { return physical_[index]; }
@@ -104,6 +107,7 @@ class VirtualClient : public Tagged {
   xla_passes::DeviceSpec roofline_;
   std::unique_ptr<Placer> placer_;
   ClientCounters counters_;
+  std::shared_ptr<Trace> trace_ = std::make_shared<Trace>();
 };
 
 }  // namespace flexnpu

@@ -16,33 +16,42 @@ constexpr size_t kInlineArgs = 8;
 
 std::atomic<uint64_t> next_executable_id{1};
 
-// Reports a tracked execution's completion to the placement core.
+// What happens when a tracked execution completes: the placement core learns its time
+// (ticket != 0) and the trace records it (trace != nullptr).
 struct FinishContext {
-  std::shared_ptr<placement::Core> core;
   const PhysicalBackend* backend;
+  std::shared_ptr<placement::Core> core;
   uint64_t ticket;
+  std::shared_ptr<Trace> trace;
+  TraceEvent event;
 };
 
 void OnExecutionDone(PJRT_Error* error, void* arg) {
   std::unique_ptr<FinishContext> context(static_cast<FinishContext*>(arg));
   const bool ok = error == nullptr;
   if (!ok) (void)context->backend->Consume(error, "execution");
-  (void)context->core->OnFinish(context->ticket, Placer::NowNs(), ok);
+  const int64_t now = Placer::NowNs();
+  if (context->ticket != 0) (void)context->core->OnFinish(context->ticket, now, ok);
+  if (context->trace != nullptr) {
+    context->event.end_ns = now;
+    context->event.ok = ok;
+    context->trace->Record(context->event);
+  }
 }
 
-// Tells the core when `inner_event` (an inner completion event) fires. The event itself stays
-// with the caller.
-void TrackCompletion(const PhysicalBackend& b, Placer& placer, uint64_t ticket,
+// Runs OnExecutionDone when `inner_event` (an inner completion event) fires. The event itself
+// stays with the caller.
+void TrackCompletion(const PhysicalBackend& b, std::unique_ptr<FinishContext> context,
                      PJRT_Event* inner_event) {
-  auto* context = new FinishContext{placer.core(), &b, ticket};
   PJRT_Event_OnReady_Args args{};
   args.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
   args.event = inner_event;
   args.callback = OnExecutionDone;
-  args.user_arg = context;
-  if (!FLEXNPU_INNER_CALL(b, PJRT_Event_OnReady, &args).ok()) {
-    delete context;
-    placer.Cancel(ticket);
+  args.user_arg = context.get();
+  if (FLEXNPU_INNER_CALL(b, PJRT_Event_OnReady, &args).ok()) {
+    context.release();  // the callback owns it now
+  } else if (context->ticket != 0) {
+    (void)context->core->Cancel(context->ticket);
   }
 }
 
@@ -375,19 +384,34 @@ Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args
   inner.num_args = num_args;
   inner.output_lists = &output_list;
   // Tracked executions always need the completion event: it ends their time on the device.
+  const bool tracing = client_->trace()->enabled();
+  const bool tracked = ticket != 0 || tracing;
   inner.device_complete_events =
-      (args->device_complete_events != nullptr || ticket != 0) ? &inner_event : nullptr;
+      (args->device_complete_events != nullptr || tracked) ? &inner_event : nullptr;
   // A pinned executable runs where it was compiled for; a portable one where it is told.
   inner.execute_device = portable_ ? client_->physical(physical_device).device : nullptr;
-  if (ticket != 0) placer.OnStart(ticket, Placer::NowNs());
+  const int64_t start_ns = tracked ? Placer::NowNs() : 0;
+  if (ticket != 0) placer.OnStart(ticket, start_ns);
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
   cancel.launched = true;
   client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
-  if (ticket != 0) {
+  if (tracked) {
+    auto context = std::make_unique<FinishContext>();
+    context->backend = &b;
+    context->core = placer.core();
+    context->ticket = ticket;
+    if (tracing) {
+      context->trace = client_->trace();
+      context->event.physical_device = physical_device;
+      context->event.virtual_device = device->index();
+      context->event.phase = placement::PhaseName(profile_.phase);
+      context->event.start_ns = start_ns;
+      context->event.executable_id = executable_id_;
+    }
     if (inner_event != nullptr) {
-      TrackCompletion(b, placer, ticket, inner_event);
+      TrackCompletion(b, std::move(context), inner_event);
     } else {
-      (void)placer.core()->OnFinish(ticket, Placer::NowNs(), true);
+      OnExecutionDone(nullptr, context.release());
     }
     if (args->device_complete_events == nullptr && inner_event != nullptr) {
       Own(b, inner_event);  // the callback keeps what it needs

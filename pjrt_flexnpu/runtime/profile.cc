@@ -40,6 +40,8 @@ placement::DeviceModel DeviceModelFor(const xla_passes::DeviceSpec& spec) {
   model.link_bytes_per_s = cpu ? model.bandwidth_bytes_per_s : kAcceleratorLinkBytesPerS;
   // XLA:CPU devices share the host's cores; GPUs run one program at a time per stream.
   model.can_overlap = false;
+  // Below this roofline time work is latency-bound: the fixed cost of an execution.
+  model.launch_s = spec.small_work_s;
   return model;
 }
 

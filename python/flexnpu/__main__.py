@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-_SUBCOMMANDS = ("flexnpu._cli_analyze",)
+_SUBCOMMANDS = ("flexnpu._cli_analyze", "flexnpu._cli_stats")
 
 
 def main(argv: list[str] | None = None) -> int:

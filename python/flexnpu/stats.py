@@ -35,3 +35,35 @@ def set_policy(policy: str) -> None:
     error = library.FlexNpu_SetPolicy(policy.encode())
     if error:
         raise ValueError(error.decode())
+
+
+def start_trace() -> None:
+    """Starts recording the timeline of every live client (clearing an earlier one) and of
+    clients created from now on."""
+    library = _library()
+    library.FlexNpu_SetTracing.argtypes = [ctypes.c_int]
+    library.FlexNpu_SetTracing(1)
+
+
+def stop_trace() -> None:
+    library = _library()
+    library.FlexNpu_SetTracing.argtypes = [ctypes.c_int]
+    library.FlexNpu_SetTracing(0)
+
+
+def trace(client: int = 0) -> dict[str, Any]:
+    """The recorded timeline of a client as a Chrome trace-event object (Perfetto opens it):
+    one track per physical device, executions colored by phase, migrations as flows."""
+    library = _library()
+    library.FlexNpu_TraceJson.restype = ctypes.c_char_p
+    library.FlexNpu_TraceJson.argtypes = [ctypes.c_int]
+    raw = library.FlexNpu_TraceJson(client)
+    if not raw:
+        raise LookupError(f"no live FlexNPU client with index {client}")
+    return json.loads(raw.decode())
+
+
+def export_trace(path: str, client: int = 0) -> None:
+    """Writes the timeline to `path` (open it in ui.perfetto.dev or chrome://tracing)."""
+    with open(path, "w") as f:
+        json.dump(trace(client), f)

@@ -138,7 +138,10 @@ def test_lammps_plugin_with_newer_c_api() -> None:
             {"FLEXNPU_BACKEND_OPTIONS": "cpu_device_count"},
             "malformed backend option 'cpu_device_count'",
         ),
-        ({"FLEXNPU_SINGLE_DEVICE_COMPILE": "eager"}, "must be 'auto', 'pinned' or 'portable', got 'eager'"),
+        (
+            {"FLEXNPU_SINGLE_DEVICE_COMPILE": "eager"},
+            "must be 'auto', 'pinned' or 'portable', got 'eager'",
+        ),
     ],
 )
 def test_bad_configuration_is_a_clear_error(env: dict[str, str], message: str) -> None:

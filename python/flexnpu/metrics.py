@@ -1,0 +1,91 @@
+"""Prometheus exposition of FlexNPU's runtime state (prometheus-client conventions, `flexnpu_`
+prefix): per physical device queue length, busy fraction, executions by phase, placement
+decisions by reason, bytes migrated in; per virtual device bytes held; the policy and pools.
+
+    from prometheus_client import REGISTRY, start_http_server
+    flexnpu.metrics.register(REGISTRY); start_http_server(9400)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from flexnpu import stats
+
+
+class FlexNpuCollector(Collector):
+    """Reads every live FlexNPU client of this process at scrape time."""
+
+    def collect(self) -> Iterator[Any]:
+        clients = stats.clients()
+        info = InfoMetricFamily(
+            "flexnpu_placement", "Placement policy and pools", labels=["client"]
+        )
+        queue = GaugeMetricFamily(
+            "flexnpu_physical_queue_length",
+            "Executions placed on a physical device and not finished",
+            labels=["client", "device"],
+        )
+        busy = GaugeMetricFamily(
+            "flexnpu_physical_busy_fraction",
+            "Fraction of time a physical device was executing",
+            labels=["client", "device"],
+        )
+        executions = CounterMetricFamily(
+            "flexnpu_physical_executions",
+            "Executions placed on a physical device, by phase",
+            labels=["client", "device", "phase"],
+        )
+        decisions = CounterMetricFamily(
+            "flexnpu_placement_decisions",
+            "Placement decisions, by physical device and reason",
+            labels=["client", "device", "reason"],
+        )
+        migrated = CounterMetricFamily(
+            "flexnpu_physical_bytes_migrated_in",
+            "Input bytes moved onto a physical device by placements",
+            labels=["client", "device"],
+        )
+        in_use = GaugeMetricFamily(
+            "flexnpu_virtual_bytes_in_use",
+            "Bytes of the buffers alive on a virtual device",
+            labels=["client", "device"],
+        )
+        total_executions = CounterMetricFamily(
+            "flexnpu_executions", "Executions dispatched by FlexNPU", labels=["client"]
+        )
+        for index, client in enumerate(clients):
+            c = str(index)
+            placement = client["placement"]
+            info.add_metric(
+                [c],
+                {
+                    "policy": client["policy"],
+                    "prefill_pool": ",".join(map(str, placement.get("prefill_pool", []))),
+                    "decode_pool": ",".join(map(str, placement.get("decode_pool", []))),
+                    "roofline": client.get("roofline", ""),
+                },
+            )
+            total_executions.add_metric([c], client["executions"])
+            for device in placement["physical"]:
+                d = str(device["device"])
+                queue.add_metric([c, d], device["queue_length"])
+                busy.add_metric([c, d], device["busy_fraction"])
+                migrated.add_metric([c, d], device["bytes_migrated_in"])
+                for phase, count in device["executions"].items():
+                    executions.add_metric([c, d, phase], count)
+                for reason, count in device["decisions"].items():
+                    decisions.add_metric([c, d, reason], count)
+            for device in client["virtual_devices"]:
+                in_use.add_metric([c, str(device["id"])], device["bytes_in_use"])
+        yield from (info, queue, busy, executions, decisions, migrated, in_use, total_executions)
+
+
+def register(registry: CollectorRegistry) -> FlexNpuCollector:
+    collector = FlexNpuCollector()
+    registry.register(collector)
+    return collector
