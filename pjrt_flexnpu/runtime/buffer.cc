@@ -5,44 +5,40 @@
 
 namespace flexnpu {
 
-StatusOr<VirtualBuffer*> VirtualBuffer::Wrap(VirtualMemory* memory, InnerBuffer inner,
-                                             int physical_device) {
-  VirtualClient* client = memory->device()->client();
-  const PhysicalBackend& b = client->backend();
-  PJRT_Buffer* handle = inner.get();
-  std::unique_ptr<VirtualBuffer> buffer(new VirtualBuffer(
-      memory, std::make_shared<PhysicalBuffer>(PhysicalBuffer{std::move(inner), physical_device})));
-
+StatusOr<BufferMetadata> QueryBufferMetadata(const PhysicalBackend& b, PJRT_Buffer* buffer) {
+  BufferMetadata metadata;
   PJRT_Buffer_ElementType_Args type_args{};
   type_args.struct_size = PJRT_Buffer_ElementType_Args_STRUCT_SIZE;
-  type_args.buffer = handle;
+  type_args.buffer = buffer;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_ElementType, &type_args));
-  buffer->element_type_ = type_args.type;
-
+  metadata.element_type = type_args.type;
   PJRT_Buffer_Dimensions_Args dims_args{};
   dims_args.struct_size = PJRT_Buffer_Dimensions_Args_STRUCT_SIZE;
-  dims_args.buffer = handle;
+  dims_args.buffer = buffer;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_Dimensions, &dims_args));
-  buffer->dims_.assign(dims_args.dims, dims_args.dims + dims_args.num_dims);
-
+  metadata.dims.assign(dims_args.dims, dims_args.dims + dims_args.num_dims);
   PJRT_Buffer_OnDeviceSizeInBytes_Args size_args{};
   size_args.struct_size = PJRT_Buffer_OnDeviceSizeInBytes_Args_STRUCT_SIZE;
-  size_args.buffer = handle;
+  size_args.buffer = buffer;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_OnDeviceSizeInBytes, &size_args));
-  buffer->on_device_size_ = static_cast<int64_t>(size_args.on_device_size_in_bytes);
-  buffer->StartCounting();
-  return buffer.release();
+  metadata.on_device_size = static_cast<int64_t>(size_args.on_device_size_in_bytes);
+  return metadata;
+}
+
+StatusOr<VirtualBuffer*> VirtualBuffer::Wrap(VirtualMemory* memory, InnerBuffer inner,
+                                             int physical_device) {
+  auto metadata = QueryBufferMetadata(memory->device()->client()->backend(), inner.get());
+  if (!metadata.ok()) return metadata.status();
+  return WrapKnown(memory, std::move(inner), physical_device, *metadata);
 }
 
 VirtualBuffer* VirtualBuffer::WrapKnown(VirtualMemory* memory, InnerBuffer inner,
-                                        int physical_device, PJRT_Buffer_Type element_type,
-                                        const std::vector<int64_t>& dims,
-                                        int64_t on_device_size) {
+                                        int physical_device, const BufferMetadata& metadata) {
   auto* buffer = new VirtualBuffer(
       memory, std::make_shared<PhysicalBuffer>(PhysicalBuffer{std::move(inner), physical_device}));
-  buffer->element_type_ = element_type;
-  buffer->dims_ = dims;
-  buffer->on_device_size_ = on_device_size;
+  buffer->element_type_ = metadata.element_type;
+  buffer->dims_ = metadata.dims;
+  buffer->on_device_size_ = metadata.on_device_size;
   buffer->StartCounting();
   return buffer;
 }

@@ -25,6 +25,14 @@ struct PhysicalBuffer {
   int physical_device;
 };
 
+// What JAX asks of a buffer, read once from the backend.
+struct BufferMetadata {
+  PJRT_Buffer_Type element_type = PJRT_Buffer_Type_INVALID;
+  std::vector<int64_t> dims;
+  int64_t on_device_size = 0;
+};
+StatusOr<BufferMetadata> QueryBufferMetadata(const PhysicalBackend& backend, PJRT_Buffer* buffer);
+
 class VirtualBuffer : public Tagged {
  public:
   static constexpr Tag kTag = Tag::kBuffer;
@@ -35,8 +43,7 @@ class VirtualBuffer : public Tagged {
   // The same without asking the backend: the caller knows the buffer's metadata (outputs of
   // an executable whose output shapes it has seen).
   static VirtualBuffer* WrapKnown(VirtualMemory* memory, InnerBuffer inner, int physical_device,
-                                  PJRT_Buffer_Type element_type, const std::vector<int64_t>& dims,
-                                  int64_t on_device_size);
+                                  const BufferMetadata& metadata);
   ~VirtualBuffer();
 
   VirtualClient* client() const { return client_; }

@@ -502,27 +502,13 @@ Status VirtualLoadedExecutable::LearnOutputs(PJRT_Buffer** inner_outputs) {
   const PhysicalBackend& b = client_->backend();
   std::vector<OutputInfo> outputs(num_outputs_);
   for (size_t i = 0; i < num_outputs_; ++i) {
-    PJRT_Buffer* buffer = inner_outputs[i];
-    PJRT_Buffer_ElementType_Args type_args{};
-    type_args.struct_size = PJRT_Buffer_ElementType_Args_STRUCT_SIZE;
-    type_args.buffer = buffer;
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_ElementType, &type_args));
-    PJRT_Buffer_Dimensions_Args dims_args{};
-    dims_args.struct_size = PJRT_Buffer_Dimensions_Args_STRUCT_SIZE;
-    dims_args.buffer = buffer;
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_Dimensions, &dims_args));
-    PJRT_Buffer_OnDeviceSizeInBytes_Args size_args{};
-    size_args.struct_size = PJRT_Buffer_OnDeviceSizeInBytes_Args_STRUCT_SIZE;
-    size_args.buffer = buffer;
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_OnDeviceSizeInBytes, &size_args));
+    auto metadata = QueryBufferMetadata(b, inner_outputs[i]);
+    if (!metadata.ok()) return metadata.status();
     PJRT_Buffer_Memory_Args memory_args{};
     memory_args.struct_size = PJRT_Buffer_Memory_Args_STRUCT_SIZE;
-    memory_args.buffer = buffer;
+    memory_args.buffer = inner_outputs[i];
     FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_Memory, &memory_args));
-    outputs[i] = OutputInfo{type_args.type,
-                            std::vector<int64_t>(dims_args.dims, dims_args.dims + dims_args.num_dims),
-                            static_cast<int64_t>(size_args.on_device_size_in_bytes),
-                            client_->KindIndexOf(memory_args.memory)};
+    outputs[i] = OutputInfo{std::move(*metadata), client_->KindIndexOf(memory_args.memory)};
   }
   std::lock_guard<std::mutex> lock(outputs_mu_);
   if (!outputs_known_.load(std::memory_order_acquire)) {
@@ -548,9 +534,8 @@ Status VirtualLoadedExecutable::WrapOutputs(VirtualDevice* device, int physical_
     const OutputInfo& info = outputs_[i];
     VirtualMemory* memory = info.kind_index >= 0 ? device->memory_of_kind(info.kind_index) : nullptr;
     if (memory == nullptr) memory = device->default_memory();
-    outputs[i] = ToHandle<PJRT_Buffer>(VirtualBuffer::WrapKnown(
-        memory, std::move(inner), physical_device, info.element_type, info.dims,
-        info.on_device_size));
+    outputs[i] = ToHandle<PJRT_Buffer>(
+        VirtualBuffer::WrapKnown(memory, std::move(inner), physical_device, info.metadata));
   }
   return status;
 }

@@ -16,6 +16,7 @@
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
 #include "pjrt_flexnpu/placement/placement.h"
+#include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/handles.h"
 #include "pjrt_flexnpu/runtime/status.h"
 
@@ -78,9 +79,7 @@ class VirtualLoadedExecutable : public Tagged {
   // What every execution's outputs look like; learnt from the first one, so later outputs
   // are wrapped without asking the backend.
   struct OutputInfo {
-    PJRT_Buffer_Type element_type;
-    std::vector<int64_t> dims;
-    int64_t on_device_size;
+    BufferMetadata metadata;
     int kind_index;
   };
 

@@ -21,17 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from flexnpu._native_loader import native
+
 
 def _native() -> Any:
-    try:
-        from flexnpu import _native
-    except ImportError as e:  # pragma: no cover - depends on the build
-        raise ImportError(
-            "flexnpu._native is missing: build/install flexnpu (pip install .) first"
-        ) from e
-    if not hasattr(_native, "analyze_hlo"):  # pragma: no cover
-        raise ImportError("flexnpu._native was built without the xla_passes analysis")
-    return _native
+    return native("analyze_hlo", "the xla_passes analysis")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from flexnpu._native_loader import native
+
 PHASES = ("prefill", "decode", "small")
 REASONS = (
     "passthrough",
@@ -47,15 +49,7 @@ _DEFAULT_LINK = 32e9  # PCIe 4.0 x16
 
 
 def _native() -> Any:
-    try:
-        from flexnpu import _native
-    except ImportError as e:  # pragma: no cover - depends on the build
-        raise ImportError(
-            "flexnpu._native is missing: build/install flexnpu (pip install .) first"
-        ) from e
-    if not hasattr(_native, "PlacementCore"):  # pragma: no cover
-        raise ImportError("flexnpu._native was built without the placement core")
-    return _native
+    return native("PlacementCore", "the placement core")
 
 
 @dataclass(frozen=True)
