@@ -28,9 +28,6 @@ PJRT_Error* Guard(const char* where, Body&& body) {
   }
 }
 
-// The entry points, one per family; api.cc puts them in the PJRT_Api table.
-#define FLEXNPU_DECLARE(Fn) PJRT_Error* Fn(Fn##_Args* args);
-
 }  // namespace flexnpu::c_api
 
 // Checks that `args` is non-null and large enough to hold `last_field` (">=", never "==":
