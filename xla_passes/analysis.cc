@@ -985,14 +985,14 @@ void KeepLargest(std::vector<BufferInfo>* v, size_t k) {
 
 }  // namespace
 
-Result<ExecutableProfile> AnalyzeModule(const HloModule& module, const AnalysisOptions& options) {
+StatusOr<ExecutableProfile> AnalyzeModule(const HloModule& module, const AnalysisOptions& options) {
   if (module.entry < 0 || static_cast<size_t>(module.entry) >= module.computations.size()) {
-    return Result<ExecutableProfile>::Error("module has no entry computation");
+    return InvalidArgument("module has no entry computation");
   }
   Analyzer analyzer(module, options);
   Cost cost;
   if (!analyzer.ComputationCost(module.entry, 0, &cost)) {
-    return Result<ExecutableProfile>::Error("HLO analysis failed: " + analyzer.error());
+    return InvalidArgument("HLO analysis failed: " + analyzer.error());
   }
   ExecutableProfile p;
   {
@@ -1078,9 +1078,9 @@ Result<ExecutableProfile> AnalyzeModule(const HloModule& module, const AnalysisO
   return p;
 }
 
-Result<ExecutableProfile> AnalyzeHloProto(std::string_view bytes, const AnalysisOptions& options) {
-  Result<HloModule> module = ParseHloModule(bytes, options.parse_limits);
-  if (!module.ok()) return Result<ExecutableProfile>::Error(module.error());
+StatusOr<ExecutableProfile> AnalyzeHloProto(std::string_view bytes, const AnalysisOptions& options) {
+  StatusOr<HloModule> module = ParseHloModule(bytes, options.parse_limits);
+  if (!module.ok()) return module.status();
   return AnalyzeModule(module.value(), options);
 }
 

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "xla_passes/hlo_module.h"
-#include "xla_passes/result.h"
+#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu::xla_passes {
 
@@ -124,10 +124,10 @@ struct ExecutableProfile {
 };
 
 // Analyzes protobuf bytes: an HloModuleProto or HloModuleProtoWithConfig.
-Result<ExecutableProfile> AnalyzeHloProto(std::string_view bytes,
+StatusOr<ExecutableProfile> AnalyzeHloProto(std::string_view bytes,
                                           const AnalysisOptions& options = {});
 // Analyzes an already parsed module.
-Result<ExecutableProfile> AnalyzeModule(const HloModule& module,
+StatusOr<ExecutableProfile> AnalyzeModule(const HloModule& module,
                                         const AnalysisOptions& options = {});
 
 }  // namespace flexnpu::xla_passes

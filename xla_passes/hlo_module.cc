@@ -720,8 +720,8 @@ int64_t KnownTripCount(std::string_view config) {
   return digits == 0 ? -1 : n;
 }
 
-Result<HloModule> ParseHloModule(std::string_view bytes, const ParseLimits& limits) {
-  if (bytes.empty()) return Result<HloModule>::Error("empty HLO module bytes");
+StatusOr<HloModule> ParseHloModule(std::string_view bytes, const ParseLimits& limits) {
+  if (bytes.empty()) return InvalidArgument("empty HLO module bytes");
   HloModule m;
   std::string error;
   std::string_view inner;
@@ -731,7 +731,7 @@ Result<HloModule> ParseHloModule(std::string_view bytes, const ParseLimits& limi
     m.had_config_wrapper = true;
   }
   if (!ParseModuleFields(module_bytes, &m, limits, &error)) {
-    return Result<HloModule>::Error("invalid HLO module: " + error);
+    return InvalidArgument("invalid HLO module: " + error);
   }
   return m;
 }

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "xla_passes/result.h"
+#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu::xla_passes {
 
@@ -147,7 +147,7 @@ struct ParseLimits {
 
 // Parses an HloModuleProto, or an HloModuleProtoWithConfig / HloProto whose field 1 is the
 // module (the format `PJRT_Executable_OptimizedProgram` returns as "hlo_with_config").
-Result<HloModule> ParseHloModule(std::string_view bytes, const ParseLimits& limits = {});
+StatusOr<HloModule> ParseHloModule(std::string_view bytes, const ParseLimits& limits = {});
 
 // Reads the known trip count of a while loop from its backend_config JSON
 // ({"known_trip_count":{"n":"8"},...}); -1 if absent or malformed.

@@ -45,7 +45,7 @@ const std::vector<DeviceSpec>& DevicePresets() {
   return *presets;
 }
 
-Result<DeviceSpec> FindDevice(std::string_view name) {
+StatusOr<DeviceSpec> FindDevice(std::string_view name) {
   std::string key;
   for (char ch : name) {
     if (ch == '-' || ch == '_' || ch == ' ') continue;
@@ -56,13 +56,13 @@ Result<DeviceSpec> FindDevice(std::string_view name) {
   }
   std::string known;
   for (const DeviceSpec& d : DevicePresets()) known += (known.empty() ? "" : ", ") + d.name;
-  return Result<DeviceSpec>::Error("unknown device '" + std::string(name) + "' (known: " +
+  return InvalidArgument("unknown device '" + std::string(name) + "' (known: " +
                                    known + ")");
 }
 
-Result<Classification> Classify(const ExecutableProfile& profile, const DeviceSpec& device) {
+StatusOr<Classification> Classify(const ExecutableProfile& profile, const DeviceSpec& device) {
   if (!(device.peak_flops > 0) || !(device.mem_bandwidth > 0) || !(device.small_work_s >= 0)) {
-    return Result<Classification>::Error(
+    return InvalidArgument(
         "device '" + device.name +
         "' needs peak_flops > 0, mem_bandwidth > 0 and small_work_s >= 0");
   }

@@ -50,8 +50,8 @@ struct Classification {
 
 // Built-in presets; names are lower case ("ascend910b", "ascend910c", "h100", "h200", "cpu").
 const std::vector<DeviceSpec>& DevicePresets();
-Result<DeviceSpec> FindDevice(std::string_view name);
-Result<Classification> Classify(const ExecutableProfile& profile, const DeviceSpec& device);
+StatusOr<DeviceSpec> FindDevice(std::string_view name);
+StatusOr<Classification> Classify(const ExecutableProfile& profile, const DeviceSpec& device);
 
 }  // namespace flexnpu::xla_passes
 

@@ -62,9 +62,9 @@ StatusOr<placement::Profile> ProfileExecutable(const PhysicalBackend& backend,
   code.resize(program.code_size);
 
   auto profile = xla_passes::AnalyzeHloProto(code);
-  if (!profile.ok()) return Internal("HLO analysis of the optimized program: " + profile.error());
+  if (!profile.ok()) return Internal("HLO analysis of the optimized program: " + profile.status().message());
   auto classified = xla_passes::Classify(profile.value(), device);
-  if (!classified.ok()) return Internal("phase classification: " + classified.error());
+  if (!classified.ok()) return Internal("phase classification: " + classified.status().message());
   placement::Profile out;
   switch (classified.value().phase) {
     case xla_passes::Phase::kPrefill:

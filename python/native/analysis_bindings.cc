@@ -127,11 +127,11 @@ ExecutableProfile ProfileFromBytes(nb::bytes data, bool xla_compatible) {
   AnalysisOptions options;
   options.xla_compatible = xla_compatible;
   const std::string_view view(static_cast<const char*>(data.data()), data.size());
-  xla_passes::Result<ExecutableProfile> profile = [&] {
+  StatusOr<ExecutableProfile> profile = [&] {
     nb::gil_scoped_release release;
     return xla_passes::AnalyzeHloProto(view, options);
   }();
-  if (!profile.ok()) throw nb::value_error(profile.error().c_str());
+  if (!profile.ok()) throw nb::value_error(profile.status().message().c_str());
   return std::move(profile).value();
 }
 
@@ -164,7 +164,7 @@ void RegisterAnalysis(nb::module_& m) {
       [](nb::bytes data, const nb::dict& device, bool xla_compatible) {
         const ExecutableProfile profile = ProfileFromBytes(data, xla_compatible);
         auto c = xla_passes::Classify(profile, DeviceFromDict(device));
-        if (!c.ok()) throw nb::value_error(c.error().c_str());
+        if (!c.ok()) throw nb::value_error(c.status().message().c_str());
         nb::dict out;
         out["profile"] = ProfileDict(profile);
         out["classification"] = ClassificationDict(c.value());
@@ -182,7 +182,7 @@ void RegisterAnalysis(nb::module_& m) {
         p.convert_overhead_flops = convert_overhead_flops;
         p.convert_overhead_bytes = convert_overhead_bytes;
         auto c = xla_passes::Classify(p, DeviceFromDict(device));
-        if (!c.ok()) throw nb::value_error(c.error().c_str());
+        if (!c.ok()) throw nb::value_error(c.status().message().c_str());
         return ClassificationDict(c.value());
       },
       nb::arg("flops"), nb::arg("bytes_accessed"), nb::arg("convert_overhead_flops"),

@@ -109,7 +109,7 @@ std::string MatmulModule(int64_t m, int64_t k, int64_t n, int type = kF32) {
 
 TEST(Analysis, MatmulFlopsAndBytes) {
   auto p = AnalyzeHloProto(MatmulModule(512, 4096, 4096));
-  ASSERT_TRUE(p.ok()) << p.error();
+  ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_DOUBLE_EQ(p->flops, 2.0 * 512 * 4096 * 4096);
   EXPECT_DOUBLE_EQ(p->bytes_accessed, 4.0 * (512 * 4096 + 4096 * 4096 + 512 * 4096));
   EXPECT_DOUBLE_EQ(p->bytes_written, 4.0 * 512 * 4096);
@@ -122,7 +122,7 @@ TEST(Analysis, MatmulFlopsAndBytes) {
 
 TEST(Analysis, GemvIsFlaggedAndBandwidthBound) {
   auto p = AnalyzeHloProto(MatmulModule(1, 8192, 8192));  // 268 MB: 56 us on an H200
-  ASSERT_TRUE(p.ok()) << p.error();
+  ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_EQ(p->gemv_dot_count, 1);
   EXPECT_NEAR(p->arithmetic_intensity, 0.5, 0.01);
   auto h200 = FindDevice("H200");
@@ -147,7 +147,7 @@ TEST(Analysis, BatchedDotUsesContractingDimsOnly) {
       {3, "dot", ShapeProto(kF32, {8, 64, 16}), {1, 2}, {}, -1, DotDims({2}, {1}, {0}, {0})},
   };
   auto p = AnalyzeHloProto(ModuleProto({ComputationProto(1, "main", ins, 3)}, 1));
-  ASSERT_TRUE(p.ok()) << p.error();
+  ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_DOUBLE_EQ(p->flops, 2.0 * 8 * 64 * 16 * 32);
 }
 
@@ -166,7 +166,7 @@ TEST(Analysis, FusionCountsBoundaryBytesAndInnerFlops) {
   };
   auto p = AnalyzeHloProto(ModuleProto(
       {ComputationProto(5, "fused", fused, 4, true), ComputationProto(6, "main", entry, 3)}, 6));
-  ASSERT_TRUE(p.ok()) << p.error();
+  ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_DOUBLE_EQ(p->flops, 1024);
   EXPECT_DOUBLE_EQ(p->transcendentals, 1024);
   EXPECT_DOUBLE_EQ(p->bytes_accessed, 3 * 4096);
@@ -181,7 +181,7 @@ TEST(Analysis, DynamicUpdateSliceIntoLargeStateIsAnAppend) {
       {4, "dynamic-update-slice", ShapeProto(kBF16, {32, 4096, 128}), {1, 2, 3, 3, 3}},
   };
   auto p = AnalyzeHloProto(ModuleProto({ComputationProto(1, "main", entry, 4)}, 1));
-  ASSERT_TRUE(p.ok()) << p.error();
+  ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_EQ(p->state_append_count, 1);
   EXPECT_DOUBLE_EQ(p->state_append_buffer_bytes, 2.0 * 32 * 4096 * 128);
   // In place: the update is read and written, plus one index.
@@ -211,7 +211,7 @@ std::string WhileModule(const std::string& backend_config) {
 TEST(Analysis, WhileUsesKnownTripCount) {
   const std::string m = WhileModule(R"({"known_trip_count":{"n":"8"},"known_init_step":{}})");
   auto p = AnalyzeHloProto(m);
-  ASSERT_TRUE(p.ok()) << p.error();
+  ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_DOUBLE_EQ(p->transcendentals, 8 * 256);
   EXPECT_EQ(p->max_trip_count, 8);
   AnalysisOptions once;
@@ -239,7 +239,7 @@ TEST(Analysis, AcceptsModuleWithConfigWrapper) {
   w.Bytes(1, module);
   w.Bytes(2, std::string("\x08\x01", 2));  // a config with some field
   auto p = AnalyzeHloProto(w.str());
-  ASSERT_TRUE(p.ok()) << p.error();
+  ASSERT_TRUE(p.ok()) << p.status().message();
   EXPECT_TRUE(p->from_config_wrapper);
   EXPECT_DOUBLE_EQ(p->flops, 2.0 * 8 * 8 * 8);
 }
@@ -251,7 +251,7 @@ TEST(Analysis, RejectsBadReferences) {
   };
   auto a = AnalyzeHloProto(ModuleProto({ComputationProto(1, "main", bad_operand, 2)}, 1));
   ASSERT_FALSE(a.ok());
-  EXPECT_NE(a.error().find("unknown operand id 99"), std::string::npos) << a.error();
+  EXPECT_NE(a.status().message().find("unknown operand id 99"), std::string::npos) << a.status().message();
 
   std::vector<Instr> bad_call = {
       {1, "parameter", ShapeProto(kF32, {4}), {}, {}, 0},
@@ -266,7 +266,7 @@ TEST(Analysis, RejectsBadReferences) {
   };
   auto s = AnalyzeHloProto(ModuleProto({ComputationProto(1, "main", self, 2)}, 1));
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().find("calls itself"), std::string::npos) << s.error();
+  EXPECT_NE(s.status().message().find("calls itself"), std::string::npos) << s.status().message();
 
   // Dot naming a dimension that does not exist.
   std::vector<Instr> bad_dot = {
@@ -343,7 +343,7 @@ TEST(Analysis, RealModulesFromJax) {
     AnalysisOptions once;
     once.xla_compatible = true;  // XLA's convention
     auto p = AnalyzeHloProto(data, once);
-    ASSERT_TRUE(p.ok()) << name << ": " << p.error();
+    ASSERT_TRUE(p.ok()) << name << ": " << p.status().message();
     EXPECT_NEAR(p->flops, flops, 0.01 * flops + 1) << name;
     EXPECT_NEAR(p->bytes_accessed, bytes, 0.10 * bytes + 1) << name;
     ++checked;
