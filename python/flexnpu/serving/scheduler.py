@@ -1,0 +1,530 @@
+"""The serving scheduler: queue, admission, token-budget batching with chunked prefill, paged-KV
+block accounting, preemption by recompute, backpressure and deadlines.
+
+Pure and clock-injected: no JAX, no threads, no wall clock. Every call that needs time takes
+`now` (seconds, any epoch). Not thread-safe: the caller serialises calls (the engine holds its
+lock; the cluster simulator is single-threaded). The same class schedules the real engine and
+every instance of the cluster simulator, so what the simulator shows is what production does.
+
+Unified token view (as vLLM v1): a sequence knows `num_tokens = prompt + output` tokens and has
+`num_computed_tokens` KV positions. A step gives each scheduled sequence
+`min(num_tokens - num_computed_tokens, budget left)` new positions: a decoding sequence needs 1, a
+prompt (or a recompute after preemption) many, and may be chunked over several steps. An entry
+whose chunk reaches the end of the known tokens samples a new token.
+
+Output is counted optimistically: scheduling an entry that samples already adds the (not yet
+known) token, so step k+1 can be planned and dispatched before step k's values arrive. A finish by
+length (max_tokens or max_model_len) is therefore known when the last token is scheduled; a finish
+by a stop token or string is reported by the caller to `on_step_done(stopped=...)`, and whatever a
+later in-flight plan computed for that sequence is ignored.
+
+Order within a step (Sarathi-Serve / vLLM v1): running sequences first (decodes, then unfinished
+prompt chunks), then waiting ones by (priority, arrival). A running sequence that cannot get a KV
+block preempts the lowest-priority, latest-arrived running sequence (its blocks are freed; it is
+recomputed from the start later). New prompts are admitted only while blocks, batch slots and the
+token budget allow: KV usage is the admission signal.
+
+Roles: MIXED does both phases; PREFILL finishes a sequence with reason "prefilled" once its first
+token is sampled (its KV is then handed to a DECODE instance); DECODE takes handed-off sequences
+through `add_prefilled` and lists them in `StepPlan.kv_inserts` when blocks for them are allocated,
+so the runner writes their KV before the step runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Hashable, Mapping
+from collections.abc import Sequence as SequenceOf
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from typing import Any
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at `max_waiting`: retry later (HTTP 503)."""
+
+
+class RequestTooLongError(ValueError):
+    """The request can never be served by this configuration (HTTP 400)."""
+
+
+class Role(StrEnum):
+    MIXED = "mixed"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class SeqStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 8  # sequences holding KV and scheduled together (the decode batch)
+    max_num_batched_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
+    block_size: int = 16  # KV positions per block
+    num_blocks: int = 1024  # blocks in this instance's KV pool
+    max_model_len: int = 2048  # prompt + output positions of one sequence
+    max_waiting: int = 1024  # bound of the waiting queue (QueueFullError beyond)
+    chunked_prefill: bool = True  # False: a prompt is prefilled whole, in one step
+    mixed_batches: bool = True  # False: a step is all prefill or all decode (prefill first)
+    max_prefill_seqs: int = 0  # 0: no cap; else at most this many prompt chunks per step
+    role: Role = Role.MIXED
+    watermark_blocks: int = 0  # blocks kept free when admitting a new prompt
+
+    def validate(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks",
+                     "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"scheduler: {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_waiting < 0 or self.max_prefill_seqs < 0 or self.watermark_blocks < 0:
+            raise ValueError("scheduler: max_waiting, max_prefill_seqs and watermark_blocks "
+                             "must be >= 0")
+        if self.watermark_blocks >= self.num_blocks:
+            raise ValueError(f"scheduler: watermark_blocks {self.watermark_blocks} must be < "
+                             f"num_blocks {self.num_blocks}")
+        self.role = Role(self.role)
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: Hashable
+    num_prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    deadline: float | None = None  # absolute; passed while waiting or running -> "timeout"
+    priority: int = 0  # lower is served first
+    payload: Any = None  # the caller's own object
+    # Kept by the scheduler; read-only for callers.
+    status: SeqStatus = SeqStatus.WAITING
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
+    blocks: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    needs_kv_insert: bool = False  # DECODE role: handed-off KV not yet written into `blocks`
+    # Its last token is scheduled: not scheduled again; finishes with this reason when that
+    # step is done ("length", or "prefilled" in a PREFILL instance).
+    pending_finish: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int  # first KV position computed in this step
+    num_tokens: int  # positions computed in this step
+    samples: bool  # the step yields a new token for `seq`
+    finishes: bool = False  # that token is its last (length, or the handoff of a prefill)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1 and self.start >= self.seq.num_prompt_tokens
+
+
+@dataclass
+class StepPlan:
+    step_id: int
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    kv_inserts: list[Sequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    finished: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.kv_inserts
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.scheduled)
+
+    @property
+    def decodes(self) -> list[ScheduledSeq]:
+        return [e for e in self.scheduled if e.is_decode]
+
+    @property
+    def prefills(self) -> list[ScheduledSeq]:
+        return [e for e in self.scheduled if not e.is_decode]
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.scheduled if not e.is_decode)
+
+
+class _WaitQueue:
+    """Waiting sequences by (priority, arrival order); preempted ones go back in front of their
+    priority class. Removal (abort) is lazy."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Sequence]] = []
+        self._order = itertools.count()
+        self._front = itertools.count(-1, -1)
+        self._live: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def push(self, seq: Sequence, front: bool = False) -> None:
+        key = next(self._front) if front else next(self._order)
+        heapq.heappush(self._heap, (seq.priority, key, seq))
+        self._live.add(id(seq))
+
+    def remove(self, seq: Sequence) -> None:
+        self._live.discard(id(seq))
+
+    def _clean(self) -> None:
+        while self._heap and id(self._heap[0][2]) not in self._live:
+            heapq.heappop(self._heap)
+
+    def peek(self) -> Sequence | None:
+        self._clean()
+        return self._heap[0][2] if self._heap else None
+
+    def pop(self) -> Sequence:
+        self._clean()
+        seq = heapq.heappop(self._heap)[2]
+        self._live.discard(id(seq))
+        return seq
+
+    def __iter__(self):
+        return (s for _, _, s in sorted(self._heap) if id(s) in self._live)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        config.validate()
+        self.config = config
+        self._free_blocks: deque[int] = deque(range(config.num_blocks))
+        self._waiting = _WaitQueue()
+        self._running: list[Sequence] = []  # in admission order
+        self._by_id: dict[Hashable, Sequence] = {}
+        self._step_ids = itertools.count()
+        self._waiting_tokens = 0
+        self._num_deadlines = 0  # live sequences with a deadline (skip the expiry scan if none)
+
+    # ---- admission -------------------------------------------------------------------------
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.config.block_size)
+
+    def _check(self, seq: Sequence, bounded: bool = True) -> None:
+        c = self.config
+        if seq.request_id in self._by_id:
+            raise ValueError(f"scheduler: request id {seq.request_id!r} is already scheduled")
+        if seq.num_prompt_tokens < 1:
+            raise RequestTooLongError("the prompt must have at least one token")
+        if seq.max_tokens < 1:
+            raise RequestTooLongError(f"max_tokens must be >= 1, got {seq.max_tokens}")
+        total = seq.num_prompt_tokens + seq.max_tokens
+        if total > c.max_model_len:
+            raise RequestTooLongError(
+                f"this model's maximum context length is {c.max_model_len} tokens; the request "
+                f"has {seq.num_prompt_tokens} prompt tokens + max_tokens {seq.max_tokens} = "
+                f"{total}")
+        # The whole sequence must fit the pool alone, or it could never finish.
+        if self.blocks_needed(total) > c.num_blocks - c.watermark_blocks:
+            raise RequestTooLongError(
+                f"a sequence of {total} tokens needs {self.blocks_needed(total)} KV blocks of "
+                f"{c.block_size}; the KV pool has {c.num_blocks - c.watermark_blocks}")
+        if bounded and len(self._waiting) >= c.max_waiting:
+            raise QueueFullError(
+                f"the waiting queue is full ({c.max_waiting} requests); retry later")
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request. RequestTooLongError / QueueFullError say why not."""
+        if self.config.role is Role.DECODE:
+            raise ValueError("scheduler: a decode instance takes sequences via add_prefilled()")
+        self._check(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_computed_tokens = 0
+        self._enqueue(seq)
+
+    def add_prefilled(self, seq: Sequence) -> None:
+        """A decode instance takes a sequence prefilled elsewhere (its KV arrives with it)."""
+        if self.config.role is not Role.DECODE:
+            raise ValueError("scheduler: add_prefilled() is for decode instances")
+        if seq.num_output_tokens < 1:
+            raise ValueError("scheduler: a prefilled sequence has at least its first token")
+        self._check(seq, bounded=False)  # backpressure applies at the front door only
+        seq.status = SeqStatus.WAITING
+        seq.blocks = []
+        seq.finish_reason = None
+        seq.num_computed_tokens = seq.num_tokens - 1
+        seq.needs_kv_insert = True
+        self._enqueue(seq)
+
+    def _enqueue(self, seq: Sequence, front: bool = False) -> None:
+        if seq.request_id not in self._by_id and seq.deadline is not None:
+            self._num_deadlines += 1
+        self._by_id[seq.request_id] = seq
+        self._waiting.push(seq, front)
+        self._waiting_tokens += seq.num_tokens - seq.num_computed_tokens
+
+    def _dequeue(self, seq: Sequence) -> None:
+        self._waiting_tokens -= seq.num_tokens - seq.num_computed_tokens
+
+    def abort(self, request_id: Hashable) -> Sequence | None:
+        """Finish a request now ("abort"), freeing its KV blocks. None if unknown/finished."""
+        seq = self._by_id.get(request_id)
+        if seq is None:
+            return None
+        self._finish(seq, "abort")
+        return seq
+
+    # ---- scheduling ------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> StepPlan:
+        """Plan one step. The plan may be empty (nothing runnable now)."""
+        c = self.config
+        plan = StepPlan(next(self._step_ids))
+        if self._num_deadlines:
+            self._expire(now, plan)
+        runnable = [s for s in self._running if s.pending_finish is None]
+        decoding = [s for s in runnable if s.num_tokens - s.num_computed_tokens == 1]
+        chunking = [s for s in runnable if s.num_tokens - s.num_computed_tokens > 1]
+        if c.mixed_batches:
+            budget, prefills = self._schedule_running(decoding + chunking, plan)
+            self._admit(plan, budget, prefills)
+        elif any(self._fits(s) for s in chunking) or self._admissible_prompt() is not None:
+            # A prefill-only step (prefill first, as vLLM without chunking); it never preempts
+            # decodes that are waiting for their turn, which could livelock.
+            budget, prefills = self._schedule_running([s for s in chunking if self._fits(s)],
+                                                      plan)
+            self._admit(plan, budget, prefills)
+        else:  # a decode-only step
+            self._schedule_running(decoding, plan)
+        return plan
+
+    def _schedule_running(self, seqs: list[Sequence], plan: StepPlan) -> tuple[int, int]:
+        """Schedules running sequences in order; returns (budget left, prompt chunks)."""
+        c = self.config
+        budget, prefills = c.max_num_batched_tokens, 0
+        for seq in seqs:
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # preempted by an earlier one in this loop
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            is_prefill = remaining > 1
+            if is_prefill and c.max_prefill_seqs and prefills >= c.max_prefill_seqs:
+                continue
+            n = min(remaining, budget) if c.chunked_prefill else remaining
+            if n <= 0 or (n > budget and plan.scheduled):
+                continue
+            if not self._grow(seq, seq.num_computed_tokens + n, plan):
+                continue  # seq itself was preempted
+            self._schedule_entry(seq, n, plan)
+            budget -= n
+            prefills += is_prefill
+            if budget <= 0:
+                break
+        return budget, prefills
+
+    def _fits(self, seq: Sequence) -> bool:
+        """The next chunk of a running sequence gets its blocks without preempting anyone."""
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        n = min(remaining, self.config.max_num_batched_tokens) if self.config.chunked_prefill \
+            else remaining
+        need = self.blocks_needed(seq.num_computed_tokens + n) - len(seq.blocks)
+        return need <= len(self._free_blocks)
+
+    def _admissible_prompt(self) -> Sequence | None:
+        seq = self._waiting.peek()
+        if seq is None or len(self._running) >= self.config.max_num_seqs:
+            return None
+        need = self.blocks_needed(self._first_chunk(seq, self.config.max_num_batched_tokens))
+        if need + self._reserve(seq) > len(self._free_blocks):
+            return None
+        return seq
+
+    def _reserve(self, seq: Sequence) -> int:
+        return 0 if seq.needs_kv_insert else self.config.watermark_blocks
+
+    def _first_chunk(self, seq: Sequence, budget: int) -> int:
+        """KV positions the first step of a waiting sequence covers."""
+        if seq.needs_kv_insert:  # handed-off KV plus the first decode
+            return seq.num_tokens
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        return seq.num_computed_tokens + (min(remaining, budget) if self.config.chunked_prefill
+                                          else remaining)
+
+    def _admit(self, plan: StepPlan, budget: int, prefill_seqs: int) -> None:
+        c = self.config
+        while budget > 0 and len(self._running) < c.max_num_seqs:
+            if c.max_prefill_seqs and prefill_seqs >= c.max_prefill_seqs:
+                break
+            seq = self._waiting.peek()
+            if seq is None:
+                break
+            upto = self._first_chunk(seq, budget)
+            n = upto - seq.num_computed_tokens
+            if not seq.needs_kv_insert and not c.chunked_prefill and n > budget and \
+                    plan.scheduled:
+                break  # a whole prompt that does not fit this step waits for the next
+            need = self.blocks_needed(upto)
+            if need + self._reserve(seq) > len(self._free_blocks):
+                break  # head-of-line: keep arrival order, wait for blocks
+            self._waiting.pop()
+            self._dequeue(seq)
+            seq.blocks = [self._free_blocks.popleft() for _ in range(need)]
+            seq.status = SeqStatus.RUNNING
+            self._running.append(seq)
+            if seq.needs_kv_insert:
+                plan.kv_inserts.append(seq)
+                seq.needs_kv_insert = False
+            else:
+                prefill_seqs += 1
+            self._schedule_entry(seq, n, plan)
+            budget -= n
+
+    def _schedule_entry(self, seq: Sequence, n: int, plan: StepPlan) -> None:
+        start = seq.num_computed_tokens
+        seq.num_computed_tokens += n
+        samples = seq.num_computed_tokens == seq.num_tokens
+        if samples:
+            seq.num_output_tokens += 1  # placeholder for the token this step samples
+            if seq.num_output_tokens >= seq.max_tokens or \
+                    seq.num_tokens >= self.config.max_model_len:
+                seq.pending_finish = "length"
+            elif self.config.role is Role.PREFILL:
+                seq.pending_finish = "prefilled"
+        plan.scheduled.append(ScheduledSeq(seq, start, n, samples,
+                                           seq.pending_finish is not None))
+
+    def _grow(self, seq: Sequence, upto: int, plan: StepPlan) -> bool:
+        """Blocks for `upto` positions of a running sequence, preempting others if needed.
+        False when `seq` itself had to be preempted."""
+        need = self.blocks_needed(upto) - len(seq.blocks)
+        while need > len(self._free_blocks):
+            victim = self._victim()
+            self._preempt(victim, plan)
+            if victim is seq:
+                return False
+        for _ in range(max(0, need)):
+            seq.blocks.append(self._free_blocks.popleft())
+        return True
+
+    def _victim(self) -> Sequence:
+        # Lowest priority class first (largest value), latest admitted within it. Sequences
+        # whose last token is in flight are about to free their blocks anyway.
+        candidates = [s for s in reversed(self._running) if s.pending_finish is None]
+        return max(candidates, key=lambda s: s.priority)
+
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        self._running.remove(seq)
+        self._free(seq)
+        # Drop its entry already in this plan (it restarts from scratch), with the placeholder
+        # token that entry counted.
+        for e in [e for e in plan.scheduled if e.seq is seq]:
+            plan.scheduled.remove(e)
+            if e.samples:
+                seq.num_output_tokens -= 1
+                seq.pending_finish = None
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SeqStatus.WAITING
+        plan.preempted.append(seq)
+        self._enqueue(seq, front=True)
+
+    def _expire(self, now: float, plan: StepPlan) -> None:
+        expired = [s for s in self._by_id.values() if s.deadline is not None and now > s.deadline]
+        for seq in expired:
+            self._finish(seq, "timeout")
+            plan.finished.append(seq)
+
+    # ---- completion ------------------------------------------------------------------------
+
+    def on_step_done(self, plan: StepPlan, now: float,
+                     stopped: Mapping[Hashable, str] | None = None) -> list[Sequence]:
+        """Record a completed step; returns the sequences it finished (blocks freed)."""
+        stopped = stopped or {}
+        done: list[Sequence] = []
+        for e in plan.scheduled:
+            if e.finishes and not e.seq.finished:
+                reason = stopped.get(e.seq.request_id, e.seq.pending_finish)
+                self._finish(e.seq, reason or "length")
+                done.append(e.seq)
+        for rid, reason in stopped.items():  # stops of sequences that go on in later plans
+            seq = self._by_id.get(rid)
+            if seq is not None:
+                self._finish(seq, reason)
+                done.append(seq)
+        return done
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        if seq.finished:
+            return
+        if seq.status is SeqStatus.WAITING:
+            self._waiting.remove(seq)
+            self._dequeue(seq)
+        elif seq in self._running:
+            self._running.remove(seq)
+        self._free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        seq.pending_finish = None
+        if self._by_id.pop(seq.request_id, None) is not None and seq.deadline is not None:
+            self._num_deadlines -= 1
+
+    def _free(self, seq: Sequence) -> None:
+        self._free_blocks.extend(seq.blocks)
+        seq.blocks = []
+
+    def finish_all(self, reason: str) -> list[Sequence]:
+        """Finish every queued and running sequence (e.g. the engine failed)."""
+        seqs = list(self._by_id.values())
+        for seq in seqs:
+            self._finish(seq, reason)
+        return seqs
+
+    # ---- observability ---------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_blocks)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - len(self._free_blocks) / self.config.num_blocks
+
+    @property
+    def waiting_tokens(self) -> int:
+        """Prompt (or recompute) tokens not yet computed of the waiting sequences."""
+        return self._waiting_tokens
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._by_id)
+
+    def running(self) -> list[Sequence]:
+        return list(self._running)
+
+    def waiting(self) -> list[Sequence]:
+        return list(self._waiting)
+
+
+def least_loaded(schedulers: SequenceOf[Scheduler]) -> int:
+    """Router: the instance with the least queued work (waiting tokens, then running sequences,
+    then KV usage); ties go to the lowest index."""
+    if not schedulers:
+        raise ValueError("least_loaded: no instances")
+    return min(range(len(schedulers)), key=lambda i: (
+        schedulers[i].waiting_tokens + schedulers[i].num_waiting, schedulers[i].num_running,
+        schedulers[i].kv_usage, i))
