@@ -5,6 +5,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
+
+# RoPE scalings applied by rope_inv_freq; GGUF's "yarn" and "longrope" also change the attention
+# scale and are refused by the loader rather than served wrong.
+ROPE_SCALINGS = ("none", "linear", "llama3")
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -21,18 +27,40 @@ class LlamaConfig:
     tie_embeddings: bool = True
     bos_id: int = 1
     eos_id: int = 2
+    # RoPE scaling: "linear" divides every frequency by rope_scaling_factor; "llama3" divides
+    # frequency i by rope_freq_factors[i] (GGUF's rope_freqs tensor, Llama-3.1 style).
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 1.0
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} not a multiple of {self.num_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even (RoPE pairs)")
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(f"RoPE scaling {self.rope_scaling!r} is not supported "
+                             f"(supported: {', '.join(ROPE_SCALINGS)})")
+        if self.rope_scaling == "linear" and not self.rope_scaling_factor > 0:
+            raise ValueError(f"linear RoPE scaling factor {self.rope_scaling_factor} must be > 0")
+        factors = self.rope_freq_factors
+        if (self.rope_scaling == "llama3") != (factors is not None):
+            raise ValueError("llama3 RoPE scaling needs rope_freq_factors, and only it uses them")
+        if factors is not None:
+            if len(factors) != self.head_dim // 2:
+                raise ValueError(f"{len(factors)} RoPE frequency factors, expected head_dim/2 "
+                                 f"= {self.head_dim // 2}")
+            if not all(f > 0 for f in factors):
+                raise ValueError("RoPE frequency factors must be > 0")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> LlamaConfig:
+        d = dict(d)
+        if d.get("rope_freq_factors") is not None:
+            d["rope_freq_factors"] = tuple(float(f) for f in d["rope_freq_factors"])
         return cls(**d)
 
     def num_params(self) -> int:
@@ -41,6 +69,17 @@ class LlamaConfig:
         layer = attn + 3 * h * f + 2 * h
         head = 0 if self.tie_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * layer + h + head
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim / 2] (float32) with the model's scaling applied."""
+    d = cfg.head_dim
+    inv = cfg.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if cfg.rope_scaling == "linear":
+        inv = inv / cfg.rope_scaling_factor
+    if cfg.rope_freq_factors is not None:
+        inv = inv / np.asarray(cfg.rope_freq_factors, np.float64)
+    return inv.astype(np.float32)
 
 
 SMOLLM2_135M = LlamaConfig(

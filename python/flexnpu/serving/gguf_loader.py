@@ -20,6 +20,12 @@ from flexnpu.serving.config import LlamaConfig
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
+# Control tokens that end a turn in common chat templates (llama.cpp's end-of-generation list):
+# one of them that the GGUF's chat template uses is a stop token besides eos / eot / eom.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+                      "<|endoftext|>", "<|end_of_text|>", "<EOT>", "</s>", "<|END_OF_TURN_TOKEN|>")
+
+
 @dataclass
 class GgufModel:
     config: LlamaConfig
@@ -30,6 +36,7 @@ class GgufModel:
     chat_template: str | None
     name: str
     metadata: dict = field(default_factory=dict)
+    eos_ids: tuple[int, ...] = ()  # every id that ends generation (eos first)
 
 
 def default_gguf_path() -> str:
@@ -52,8 +59,10 @@ def _field(reader, key: str, default=None):
     return default if f is None else f.contents()
 
 
-def load_gguf(path: str | None = None, max_layers: int | None = None) -> GgufModel:
-    """Loads a llama-architecture GGUF; `max_layers` keeps only the first layers (tests)."""
+def load_gguf(path: str | None = None, max_layers: int | None = None,
+              weights: bool = True) -> GgufModel:
+    """Loads a llama-architecture GGUF; `max_layers` keeps only the first layers (tests),
+    `weights=False` reads only the metadata and the tokenizer."""
     import gguf
     from gguf import quants
 
@@ -71,14 +80,20 @@ def load_gguf(path: str | None = None, max_layers: int | None = None) -> GgufMod
         n_layers = min(n_layers, max_layers)
     hidden = int(a("embedding_length"))
     n_heads = int(a("attention.head_count"))
-    weights: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
-        if t.name.startswith("blk."):
-            if int(t.name.split(".")[1]) >= n_layers:
-                continue
+    head_dim = int(a("rope.dimension_count", hidden // n_heads))
+    tensors = {t.name: t for t in reader.tensors}
+    loaded: dict[str, np.ndarray] = {}
+    for t in reader.tensors if weights else ():
+        if t.name.startswith("blk.") and int(t.name.split(".")[1]) >= n_layers:
+            continue
+        if t.name == "rope_freqs.weight":
+            continue  # RoPE frequency factors: part of the config, not a weight
         arr = quants.dequantize(t.data, t.tensor_type)
-        weights[t.name] = np.ascontiguousarray(arr, dtype=np.float32)
+        loaded[t.name] = np.ascontiguousarray(arr, dtype=np.float32)
     tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    token_types = [int(x) for x in _field(reader, "tokenizer.ggml.token_type")]
+    chat_template = _field(reader, "tokenizer.chat_template")
+    eos_id = int(_field(reader, "tokenizer.ggml.eos_token_id", 2))
     config = LlamaConfig(
         vocab_size=int(a("vocab_size", len(tokens))),
         hidden_size=hidden,
@@ -86,25 +101,80 @@ def load_gguf(path: str | None = None, max_layers: int | None = None) -> GgufMod
         num_layers=n_layers,
         num_heads=n_heads,
         num_kv_heads=int(a("attention.head_count_kv", n_heads)),
-        head_dim=int(a("rope.dimension_count", hidden // n_heads)),
+        head_dim=head_dim,
         rope_theta=float(a("rope.freq_base", 10000.0)),
         rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
         max_position=int(a("context_length", 4096)),
-        tie_embeddings="output.weight" not in weights,
+        tie_embeddings="output.weight" not in tensors,
         bos_id=int(_field(reader, "tokenizer.ggml.bos_token_id", 1)),
-        eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id", 2)),
+        eos_id=eos_id,
+        **_rope_scaling(path, a, tensors.get("rope_freqs.weight"), head_dim),
     )
     name = os.path.basename(path).split(".")[0]
     return GgufModel(
         config=config,
-        weights=weights,
+        weights=loaded,
         tokens=tokens,
-        token_types=[int(x) for x in _field(reader, "tokenizer.ggml.token_type")],
+        token_types=token_types,
         merges=list(_field(reader, "tokenizer.ggml.merges", [])),
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        chat_template=chat_template,
         name=name,
-        metadata={"pre": _field(reader, "tokenizer.ggml.pre")},
+        metadata={"pre": _field(reader, "tokenizer.ggml.pre"),
+                  "tokenizer_model": _field(reader, "tokenizer.ggml.model", "gpt2"),
+                  "add_bos_token": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+                  "bos_token": _token(tokens, config.bos_id),
+                  "eos_token": _token(tokens, eos_id),
+                  "unk_token": _token(tokens, _field(reader, "tokenizer.ggml.unknown_token_id")),
+                  "pad_token": _token(tokens, _field(reader, "tokenizer.ggml.padding_token_id")),
+                  "context_length": config.max_position},
+        eos_ids=end_of_generation_ids(
+            tokens, token_types, chat_template, eos_id,
+            [_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eot", "eom")]),
     )
+
+
+def _token(tokens: list[str], i) -> str | None:
+    return tokens[int(i)] if i is not None and 0 <= int(i) < len(tokens) else None
+
+
+def end_of_generation_ids(tokens: list[str], token_types: list[int], chat_template: str | None,
+                          eos_id: int, extra_ids) -> tuple[int, ...]:
+    """eos, the GGUF's eot / eom ids, and the end-of-turn control tokens its chat template
+    uses (e.g. `<|im_end|>`, `<|eot_id|>`)."""
+    out = [eos_id, *(int(i) for i in extra_ids if i is not None and 0 <= int(i) < len(tokens))]
+    if chat_template:
+        for i, (t, kind) in enumerate(zip(tokens, token_types, strict=False)):
+            if kind == 3 and t in END_OF_TURN_TOKENS and t in chat_template:
+                out.append(i)
+    return tuple(dict.fromkeys(out))
+
+
+def _rope_scaling(path: str, a, rope_freqs, head_dim: int) -> dict:
+    """LlamaConfig RoPE fields from `llama.rope.scaling.*` and the rope_freqs tensor; an error
+    naming the scaling when it is one the model code does not apply."""
+    kind = a("rope.scaling.type")
+    factor = a("rope.scaling.factor")
+    if kind is None and a("rope.scale_linear") is not None:  # older GGUF key
+        kind, factor = "linear", a("rope.scale_linear")
+    kind = str(kind or "none")
+    if rope_freqs is not None:
+        if kind not in ("none", "llama3"):
+            raise ValueError(f"{path}: RoPE scaling {kind!r} together with a rope_freqs tensor "
+                             "is not supported")
+        from gguf import quants
+
+        factors = quants.dequantize(rope_freqs.data, rope_freqs.tensor_type).reshape(-1)
+        if factors.size != head_dim // 2:
+            raise ValueError(f"{path}: rope_freqs has {factors.size} entries, expected "
+                             f"head_dim/2 = {head_dim // 2}")
+        return {"rope_scaling": "llama3",
+                "rope_freq_factors": tuple(float(f) for f in factors)}
+    if kind == "none" or (kind == "linear" and float(factor or 1.0) == 1.0):
+        return {}
+    if kind == "linear":
+        return {"rope_scaling": "linear", "rope_scaling_factor": float(factor)}
+    raise ValueError(f"{path}: RoPE scaling {kind!r} (factor {factor}) is not supported; "
+                     "supported: none, linear, llama3 (rope_freqs tensor)")
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:

@@ -12,8 +12,9 @@ import numpy as np
 
 from flexnpu.serving import model as model_lib
 from flexnpu.serving import tokenizer as tok_lib
+from flexnpu.serving.chat_template import ChatTemplate
 from flexnpu.serving.config import RANDOM_PRESETS, LlamaConfig
-from flexnpu.serving.gguf_loader import DEFAULT_MODEL, load_gguf
+from flexnpu.serving.gguf_loader import DEFAULT_MODEL, GgufModel, load_gguf
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -23,8 +24,13 @@ class LoadedModel:
     name: str
     config: LlamaConfig
     params: dict[str, Any]
-    tokenizer: tok_lib.Tokenizer
-    chat_system: str | None
+    tokenizer: tok_lib.Tokenizer  # carries eos_ids, chat_template and the special tokens
+    chat_system: str | None = None  # unused: the chat template decides (kept for export.py)
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every id that ends generation: eos, eot / eom, the template's end-of-turn token."""
+        return tuple(self.tokenizer.eos_ids)
 
 
 def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", seed: int = 0,
@@ -37,19 +43,47 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", seed: int = 0
         cfg = RANDOM_PRESETS[preset]
         params = model_lib.random_params(cfg, seed, DTYPES[dtype], device)
         tok: tok_lib.Tokenizer = tok_lib.ByteTokenizer(cfg.bos_id, cfg.eos_id)
-        loaded = LoadedModel(model, cfg, params, tok, None)
+        loaded = LoadedModel(model, cfg, params, tok)
     else:
         path = None if model == DEFAULT_MODEL else model
         g = load_gguf(path, max_layers=max_layers)
-        tok = tok_lib.from_gguf(g.tokens, g.token_types, g.merges, g.config.bos_id,
-                                g.config.eos_id, g.metadata.get("pre"))
+        tok = tokenizer_from_gguf(g)
         params = model_lib.params_from_gguf(g.weights, g.config, DTYPES[dtype], device)
         name = DEFAULT_MODEL if path is None else g.name
-        loaded = LoadedModel(name, g.config, params, tok, tok_lib.CHATML_SYSTEM)
+        loaded = LoadedModel(name, g.config, params, tok)
+        if not g.chat_template:
+            log(f"{name}: the GGUF has no tokenizer.chat_template; chat uses plain ChatML")
     n = loaded.config.num_params()
     log(f"loaded {loaded.name}: {n / 1e6:.1f}M params, {loaded.config.num_layers} layers, "
         f"{dtype}, {time.perf_counter() - t0:.1f}s")
     return loaded
+
+
+def tokenizer_from_gguf(g: GgufModel) -> tok_lib.HFTokenizer:
+    kind = g.metadata.get("tokenizer_model", "gpt2")
+    if kind != "gpt2":
+        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only 'gpt2', "
+                         "byte-level BPE)")
+    special = {k: g.metadata.get(k) for k in ("bos_token", "eos_token", "unk_token",
+                                               "pad_token")}
+    return tok_lib.from_gguf(g.tokens, g.token_types, g.merges, g.config.bos_id,
+                             g.config.eos_id, g.metadata.get("pre"), g.eos_ids,
+                             g.chat_template, special)
+
+
+def load_tokenizer(model: str = DEFAULT_MODEL) -> tok_lib.Tokenizer:
+    """The tokenizer of a model (GGUF metadata only, no weights)."""
+    if model.startswith("random:"):
+        cfg = RANDOM_PRESETS[model.split(":", 1)[1]]
+        return tok_lib.ByteTokenizer(cfg.bos_id, cfg.eos_id)
+    return tokenizer_from_gguf(load_gguf(None if model == DEFAULT_MODEL else model,
+                                         weights=False))
+
+
+def chat_template(tokenizer: tok_lib.Tokenizer) -> ChatTemplate:
+    """The model's chat template (FALLBACK_CHATML when it has none)."""
+    return ChatTemplate(getattr(tokenizer, "chat_template", None),
+                        getattr(tokenizer, "special_tokens", None))
 
 
 def greedy_generate(m: LoadedModel, prompt_ids: list[int], max_new_tokens: int,
@@ -66,7 +100,7 @@ def greedy_generate(m: LoadedModel, prompt_ids: list[int], max_new_tokens: int,
     ck, cv = model_lib.init_cache(cfg, 1, t + max_new_tokens, dtype)
     ck, cv = insert(ck, cv, k, v, np.int32(0))
     out = [int(np.argmax(np.asarray(logits)))]
-    while len(out) < max_new_tokens and out[-1] != cfg.eos_id:
+    while len(out) < max_new_tokens and out[-1] not in m.eos_ids:
         tok = np.array([out[-1]], np.int32)
         pos = np.array([n + len(out) - 1], np.int32)
         logits, ck, cv = decode(m.params, ck, cv, tok, pos)

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flexnpu.serving.config import LlamaConfig
+from flexnpu.serving.config import LlamaConfig, rope_inv_freq
 from flexnpu.serving.kvcache import cache_shape, init_cache  # noqa: F401 - re-exported
 
 Params = dict[str, Any]
@@ -94,10 +94,10 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     return (y * w).astype(x.dtype)
 
 
-def rope(x: jax.Array, pos: jax.Array, theta: float) -> jax.Array:
+def rope(x: jax.Array, pos: jax.Array, cfg: LlamaConfig) -> jax.Array:
     """Rotates interleaved pairs (2i, 2i+1) of the last axis; x [..., n, D], pos [...]."""
     d = x.shape[-1]
-    inv = theta ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)  # [D/2]
+    inv = jnp.asarray(rope_inv_freq(cfg))  # [D/2], RoPE scaling applied
     ang = pos.astype(jnp.float32)[..., None, None] * inv  # [..., 1, D/2]
     cos, sin = jnp.cos(ang), jnp.sin(ang)
     xf = x.astype(jnp.float32).reshape(*x.shape[:-1], d // 2, 2)
@@ -128,8 +128,8 @@ def prefill(params: Params, tokens: jax.Array, length: jax.Array, *, cfg: LlamaC
 
     def layer(x, lp):
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
-        q = rope((h @ lp["wq"]).reshape(t, nh, d), pos, cfg.rope_theta)
-        k = rope((h @ lp["wk"]).reshape(t, nkv, d), pos, cfg.rope_theta)
+        q = rope((h @ lp["wq"]).reshape(t, nh, d), pos, cfg)
+        k = rope((h @ lp["wk"]).reshape(t, nkv, d), pos, cfg)
         v = (h @ lp["wv"]).reshape(t, nkv, d)
         qg = q.reshape(t, nkv, g, d)
         s = jnp.einsum("tkgd,skd->kgts", qg, k, preferred_element_type=jnp.float32)
@@ -160,8 +160,8 @@ def decode(params: Params, cache_k: jax.Array, cache_v: jax.Array, tokens: jax.A
     def layer(carry, lp):
         x, ck, cv, i = carry
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
-        q = rope((h @ lp["wq"]).reshape(b, nh, d), pos, cfg.rope_theta)
-        k = rope((h @ lp["wk"]).reshape(b, nkv, d), pos, cfg.rope_theta)
+        q = rope((h @ lp["wq"]).reshape(b, nh, d), pos, cfg)
+        k = rope((h @ lp["wk"]).reshape(b, nkv, d), pos, cfg)
         v = (h @ lp["wv"]).reshape(b, nkv, d)
         ck = ck.at[i, rows, pos].set(k.astype(ck.dtype))
         cv = cv.at[i, rows, pos].set(v.astype(cv.dtype))

@@ -1,13 +1,20 @@
 """Tokenizers: the GGUF byte-level BPE rebuilt with `tokenizers` (control tokens registered as
-special tokens), a byte-level fallback for random models, ChatML prompts and incremental
-detokenization for streaming."""
+special tokens), a byte-level fallback for random models, ChatML prompts (the fallback template)
+and incremental detokenization for streaming (`decode_stream`)."""
 
 from __future__ import annotations
 
+import codecs
 import json
 from typing import Protocol
 
 CHATML_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+class TextStream(Protocol):
+    def step(self, token_id: int) -> str:
+        """The text this token completes ('' while a character is incomplete)."""
+        ...
 
 
 class Tokenizer(Protocol):
@@ -17,6 +24,12 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
+
+    def decode_stream(self, prompt_ids: list[int]) -> TextStream: ...
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (logprobs)."""
+        ...
 
     def to_json(self) -> str: ...
 
@@ -43,12 +56,18 @@ def _content_text(content) -> str:
 
 
 class HFTokenizer:
-    """Wraps a `tokenizers.Tokenizer`."""
+    """Wraps a `tokenizers.Tokenizer`, with what serving needs of the model besides it: every
+    end-of-generation id, the chat template and the special tokens' text."""
 
-    def __init__(self, tok, bos_id: int, eos_id: int) -> None:
+    def __init__(self, tok, bos_id: int, eos_id: int, eos_ids: tuple[int, ...] = (),
+                 chat_template: str | None = None,
+                 special_tokens: dict[str, str | None] | None = None) -> None:
         self._tok = tok
         self.bos_id = bos_id
         self.eos_id = eos_id
+        self.eos_ids = tuple(dict.fromkeys((eos_id, *eos_ids)))
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -56,35 +75,69 @@ class HFTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
+    def decode_stream(self, prompt_ids: list[int]) -> TextStream:
+        return _HFStream(self._tok, prompt_ids)
+
+    def token_text(self, token_id: int) -> str:
+        return self._tok.decode([token_id], skip_special_tokens=False)
+
+    @property
+    def hf(self):
+        """The wrapped `tokenizers.Tokenizer`."""
+        return self._tok
+
     def to_json(self) -> str:
         return json.dumps(
             {"kind": "hf", "bos_id": self.bos_id, "eos_id": self.eos_id,
+             "eos_ids": list(self.eos_ids), "chat_template": self.chat_template,
+             "special_tokens": self.special_tokens,
              "tokenizer": json.loads(self._tok.to_str())}
         )
 
 
+# Pre-tokenizer regexes of llama.cpp's `tokenizer.ggml.pre` values (as in the models' own
+# tokenizer.json files); the GPT-2 one is ByteLevel's built-in.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT2_PRE = ("default", "gpt2", "gpt-2")
+_DIGITS_PRE = ("smollm", "starcoder", "refact")
+_LLAMA3_PRE = ("llama-bpe", "llama3", "llama-v3", "smaug-bpe")
+SUPPORTED_PRE = (*_GPT2_PRE, *_DIGITS_PRE, *_LLAMA3_PRE)
+
+
 def from_gguf(tokens: list[str], token_types: list[int], merges: list[str], bos_id: int,
-              eos_id: int, pre: str | None = None) -> HFTokenizer:
+              eos_id: int, pre: str | None = None, eos_ids: tuple[int, ...] = (),
+              chat_template: str | None = None,
+              special_tokens: dict[str, str | None] | None = None) -> HFTokenizer:
     """GPT-2-style byte-level BPE from GGUF vocabulary and merges. Control tokens (type 3) are
     registered as special tokens so `<|im_start|>` stays one token."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("smollm", "starcoder", "refact"):
+    pre = pre or "default"
+    if pre in _DIGITS_PRE:
         # llama.cpp's pre-tokenizer for these: every digit split off, then the GPT-2 regex.
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), byte_level]
         )
-    else:
+    elif pre in _LLAMA3_PRE:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    elif pre in _GPT2_PRE:
         tok.pre_tokenizer = byte_level
+    else:
+        raise ValueError(f"GGUF pre-tokenizer {pre!r} is not supported "
+                         f"(supported: {', '.join(SUPPORTED_PRE)})")
     tok.decoder = decoders.ByteLevel()
     special = [AddedToken(tokens[i], special=True, normalized=False)
                for i, t in enumerate(token_types) if t == 3]
     tok.add_special_tokens(special)
-    return HFTokenizer(tok, bos_id, eos_id)
+    return HFTokenizer(tok, bos_id, eos_id, eos_ids, chat_template, special_tokens)
 
 
 class ByteTokenizer:
@@ -95,6 +148,9 @@ class ByteTokenizer:
     def __init__(self, bos_id: int = 256, eos_id: int = 257) -> None:
         self.bos_id = bos_id
         self.eos_id = eos_id
+        self.eos_ids = (eos_id,)
+        self.chat_template: str | None = None  # served with the ChatML fallback
+        self.special_tokens: dict[str, str | None] = {"eos_token": self.SPECIAL[1]}
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []
@@ -111,6 +167,16 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
+    def decode_stream(self, prompt_ids: list[int]) -> TextStream:
+        return _ByteStream()
+
+    def token_text(self, token_id: int) -> str:
+        if token_id == self.eos_id:
+            return self.SPECIAL[1]
+        if 0 <= token_id < 256:
+            return bytes([token_id]).decode("utf-8", errors="replace")
+        return ""
+
     def to_json(self) -> str:
         return json.dumps({"kind": "bytes", "bos_id": self.bos_id, "eos_id": self.eos_id})
 
@@ -121,7 +187,31 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         return ByteTokenizer(d["bos_id"], d["eos_id"])
     from tokenizers import Tokenizer as HFTok
 
-    return HFTokenizer(HFTok.from_str(json.dumps(d["tokenizer"])), d["bos_id"], d["eos_id"])
+    return HFTokenizer(HFTok.from_str(json.dumps(d["tokenizer"])), d["bos_id"], d["eos_id"],
+                       tuple(d.get("eos_ids", ())), d.get("chat_template"),
+                       d.get("special_tokens"))
+
+
+class _HFStream:
+    """`tokenizers`' DecodeStream (Rust): holds back incomplete UTF-8, skips special tokens;
+    primed with the prompt's last tokens so the first piece decodes in context."""
+
+    def __init__(self, tok, prompt_ids: list[int]) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._tok = tok
+        self._stream = DecodeStream(ids=list(prompt_ids[-4:]), skip_special_tokens=True)
+
+    def step(self, token_id: int) -> str:
+        return self._stream.step(self._tok, token_id) or ""
+
+
+class _ByteStream:
+    def __init__(self) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def step(self, token_id: int) -> str:
+        return self._utf8.decode(bytes([token_id])) if 0 <= token_id < 256 else ""
 
 
 class IncrementalDetokenizer:

@@ -1,0 +1,171 @@
+"""Per-request output processing, called by the engine on its thread for every sampled token:
+stop decisions (the model's eos ids unless `ignore_eos`, `stop_token_ids`, stop strings),
+detokenization (tokenizers' DecodeStream), logprobs collection and the finish.
+
+One stop semantics for `engine.generate()` (IdsOutput) and HTTP (TextOutput):
+- a stop *token* (eos or stop_token_ids) ends the request; it is counted in `num_tokens`
+  (usage.completion_tokens, as vLLM does) but neither its id (IdsOutput.ids) nor its text is
+  shown, nor its logprobs;
+- a stop *string* ends the request at the token whose text completes it; the text is cut just
+  before the stop string (OpenAI semantics); the token itself is in `ids`;
+- while a stop string could still be forming, the text that might be its start is held back and
+  sent only once it is known not to be one (or at the finish).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from flexnpu.serving.sampling import SamplingParams
+    from flexnpu.serving.tokenizer import Tokenizer
+
+FINISH_REASONS = ("stop", "length", "abort", "timeout")  # or "error: <message>"
+
+
+@dataclass
+class TokenLogprobs:
+    logprob: float  # of the sampled token
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token id, logprob), best first
+
+
+class RequestOutput(Protocol):
+    def on_token(self, token_id: int, logprobs: TokenLogprobs | None, now: float) -> str | None:
+        """Each sampled token, in order. Returns "stop" when the request must stop here, else
+        None. Must not block."""
+        ...
+
+    def on_finish(self, reason: str, now: float) -> None:
+        """Exactly once: "stop", "length", "abort", "timeout" or "error: <message>"."""
+        ...
+
+
+def stop_token_ids(sampling: SamplingParams, eos_ids: Collection[int]) -> frozenset[int]:
+    """The ids that end a request: its stop_token_ids, plus the model's eos ids unless
+    ignore_eos."""
+    ids = set(getattr(sampling, "stop_token_ids", None) or ())
+    if not sampling.ignore_eos:
+        ids.update(eos_ids)
+    return frozenset(ids)
+
+
+class IdsOutput:
+    """Token ids only (no tokenizer): eos / stop_token_ids; for engine.generate() and tests."""
+
+    def __init__(self, sampling: SamplingParams, eos_ids: Collection[int]) -> None:
+        self._stop_ids = stop_token_ids(sampling, eos_ids)
+        self.ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []
+        self.num_tokens = 0  # tokens received, the stop token included
+        self.finish_reason: str | None = None
+        self.done = threading.Event()
+        self._stopped = False
+
+    def on_token(self, token_id: int, logprobs: TokenLogprobs | None, now: float) -> str | None:
+        if self._stopped:  # the engine sends nothing past a stop; be safe if it does
+            return "stop"
+        self.num_tokens += 1
+        if token_id in self._stop_ids:
+            self._stopped = True
+            return "stop"
+        self.ids.append(token_id)
+        if logprobs is not None:
+            self.logprobs.append(logprobs)
+        return None
+
+    def on_finish(self, reason: str, now: float) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self.done.set()
+
+
+@dataclass
+class Delta:
+    """What a request produced since the last Delta (the server turns it into a chunk)."""
+
+    text: str
+    token_ids: list[int]  # shown tokens since the last delta (stop tokens excluded)
+    logprobs: list[TokenLogprobs]  # one per token_ids entry when logprobs were asked
+    num_tokens: int  # completion tokens so far (usage), the stop token included
+    finish_reason: str | None = None
+
+
+class StopStrings:
+    """Finds stop strings in growing text; says how much of the text is safe to show."""
+
+    def __init__(self, stops: Collection[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._longest = max((len(s) for s in self.stops), default=0)
+
+    def find(self, text: str, new_from: int) -> int:
+        """Index of the earliest stop string that ends in text[new_from:], or -1."""
+        start = max(0, new_from - self._longest + 1)
+        hits = [i for s in self.stops if (i := text.find(s, start)) >= 0]
+        return min(hits, default=-1)
+
+    def safe_end(self, text: str) -> int:
+        """len(text) minus its longest suffix that is a prefix of a stop string."""
+        for k in range(min(self._longest - 1, len(text)), 0, -1):
+            tail = text[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                return len(text) - k
+        return len(text)
+
+
+class TextOutput:
+    """Detokenizes and applies stops for the HTTP server; every change goes to `emit` (called
+    on the engine thread: it must not block, e.g. loop.call_soon_threadsafe)."""
+
+    def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, eos_ids: Collection[int],
+                 prompt_ids: list[int], emit: Callable[[Delta], None]) -> None:
+        self._stop_ids = stop_token_ids(sampling, eos_ids)
+        self._stops = StopStrings(sampling.stop or ())
+        self._stream = tokenizer.decode_stream(prompt_ids)
+        self._emit = emit
+        self.text = ""
+        self._sent = 0
+        self.num_tokens = 0
+        self._ids: list[int] = []
+        self._lps: list[TokenLogprobs] = []
+        self.stopped = False
+        self.finish_reason: str | None = None
+
+    def on_token(self, token_id: int, logprobs: TokenLogprobs | None, now: float) -> str | None:
+        if self.stopped:
+            return "stop"
+        self.num_tokens += 1
+        if token_id in self._stop_ids:
+            self.stopped = True
+            return "stop"
+        self._ids.append(token_id)
+        if logprobs is not None:
+            self._lps.append(logprobs)
+        piece = self._stream.step(token_id)
+        if piece:
+            before = len(self.text)
+            self.text += piece
+            if self._stops.stops:
+                cut = self._stops.find(self.text, before)
+                if cut >= 0:
+                    self.text = self.text[:cut]
+                    self.stopped = True
+                    return "stop"
+        end = self._stops.safe_end(self.text) if self._stops.stops else len(self.text)
+        if end > self._sent or self._lps:
+            self._send(end, None)
+        return None
+
+    def on_finish(self, reason: str, now: float) -> None:
+        if self.finish_reason is not None:
+            return
+        self.finish_reason = reason
+        self._send(len(self.text), reason)  # what was held back is not a stop string
+
+    def _send(self, end: int, reason: str | None) -> None:
+        text, self._sent = self.text[self._sent:end], max(self._sent, end)
+        ids, self._ids = self._ids, []
+        lps, self._lps = self._lps, []
+        self._emit(Delta(text, ids, lps, self.num_tokens, reason))
