@@ -19,24 +19,10 @@ from _serving import require
 MAX_LEN = 128
 
 
-@pytest.fixture(scope="module")
-def server(npu_devices):
-    require("fastapi", "uvicorn", "openai", "httpx", "prometheus_client")
+def _serve_app(app):
+    """uvicorn on a free loopback port in a thread; yields the base URL."""
     import uvicorn
 
-    from flexnpu.serving.engine import Engine, EngineConfig, ModelSteps
-    from flexnpu.serving.loading import load_model
-    from flexnpu.serving.metrics import ServingMetrics
-    from flexnpu.serving.server import ServerState, create_app
-
-    m = load_model("random:tiny", seed=3, log=lambda *_: None)
-    metrics = ServingMetrics("tiny")
-    eng = Engine(ModelSteps(m.config), m.params,
-                 EngineConfig(max_batch=4, max_seq_len=MAX_LEN, buckets=[16, 64]),
-                 devices=npu_devices[:1], metrics=metrics)
-    eng.warmup()
-    eng.start()
-    app = create_app(ServerState(eng, m.tokenizer, "tiny", None, metrics))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -47,7 +33,28 @@ def server(npu_devices):
     while not srv.started and time.time() < deadline:
         time.sleep(0.05)
     assert srv.started
-    yield f"http://127.0.0.1:{port}", eng
+    return f"http://127.0.0.1:{port}", srv, th
+
+
+@pytest.fixture(scope="module")
+def server(npu_devices):
+    require("fastapi", "uvicorn", "openai", "httpx", "prometheus_client")
+    from flexnpu.serving.engine import Engine, EngineConfig
+    from flexnpu.serving.loading import load_model
+    from flexnpu.serving.metrics import ServingMetrics
+    from flexnpu.serving.server import ServerState, create_app
+
+    m = load_model("random:tiny", seed=3, log=lambda *_: None)
+    metrics = ServingMetrics("tiny")
+    eng = Engine(None, m.params, EngineConfig(max_num_seqs=4, max_model_len=MAX_LEN,
+                                              max_num_batched_tokens=64),
+                 devices=npu_devices[:1], metrics=metrics, eos_ids=m.eos_ids,
+                 model_config=m.config)
+    eng.warmup()
+    eng.start()
+    app = create_app(ServerState(eng, m.tokenizer, "tiny", metrics=metrics))
+    url, srv, th = _serve_app(app)
+    yield url, eng
     srv.should_exit = True
     th.join(10)
     eng.stop()
@@ -144,10 +151,23 @@ def test_stop_string_truncates(client) -> None:
     ({"prompt": "x", "stop": 5}, 400, "stop"),
     ({"prompt": 5}, 400, "prompt"),
     ({"prompt": ""}, 400, "prompt"),
-    ({"prompt": "x" * 100}, 400, "prompt"),  # longest bucket is 64 tokens
+    ({"prompt": "x" * MAX_LEN}, 400, "prompt"),  # no room for one output token
     ({"prompt": "x" * 60, "max_tokens": 100}, 400, "max_tokens"),  # 160 > context 128
     ({"prompt": "x", "model": "gpt-4"}, 404, "model"),
-    ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "n": 0}, 400, "n"),
+    ({"prompt": "x", "n": 65}, 400, "n"),
+    ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": 1}, 400, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ({"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"prompt": "x", "echo": True}, 400, "echo"),
+    ({"prompt": "x", "best_of": 3}, 400, "best_of"),
+    ({"prompt": "x", "top_k": -2}, 400, "top_k"),
+    ({"prompt": "x", "min_p": 1.5}, 400, "min_p"),
+    ({"prompt": [1, 100000]}, 400, "prompt"),
+    ({"prompt": ["a", 5]}, 400, "prompt"),
     ({"prompt": "x", "stream": "yes"}, 400, "stream"),
 ])
 def test_bad_completion_requests(server, client, body, status, param) -> None:
@@ -170,7 +190,13 @@ def test_bad_chat_requests_and_openai_error(server, client) -> None:
             r = h.post("/v1/chat/completions", json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == "messages", body
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
-        client.completions.create(model="tiny", prompt=[1] * 65, max_tokens=1)
+        client.completions.create(model="tiny", prompt=[1] * 100, max_tokens=50)
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       top_logprobs=2)
 
 
 def test_concurrent_requests(client) -> None:
@@ -240,3 +266,220 @@ def test_serving_benchmark_client(server, tmp_path, capsys) -> None:
     lengths = bench.sample_lengths(6, np.random.default_rng(0), argparse.Namespace(
         length_scale=0.1, min_len=4, max_prompt_len=8, max_output_len=8))
     assert r["total_output_tokens"] == sum(o for _, o in lengths)  # ignore_eos: all tokens
+
+
+def test_logprobs_completions_plain_and_streaming(client) -> None:
+    kw = dict(model="tiny", prompt="log", max_tokens=6, temperature=0, logprobs=3,
+              extra_body={"ignore_eos": True})
+    r = client.completions.create(**kw)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert len(lp.text_offset) == 6
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert len(top) == 3 and chosen <= 0
+        assert chosen == pytest.approx(max(top.values()))  # greedy picks the argmax
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    chunks = [c for c in client.completions.create(stream=True, **kw) if c.choices]
+    streamed = [v for c in chunks if c.choices[0].logprobs
+                for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed == pytest.approx(lp.token_logprobs)
+
+
+def test_logprobs_chat(client) -> None:
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=5,
+              temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    r = client.chat.completions.create(**kw)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5
+    for item in content:
+        assert len(item.top_logprobs) == 2 and item.logprob <= 0
+        assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+        assert item.bytes == list(item.token.encode())
+    no_top = client.chat.completions.create(**{**kw, "top_logprobs": None})
+    assert all(item.top_logprobs == [] for item in no_top.choices[0].logprobs.content)
+    plain = client.chat.completions.create(**{**kw, "logprobs": None, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == r.choices[0].message.content
+
+
+def test_prompt_lists_and_n(client) -> None:
+    kw = dict(model="tiny", max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    one = [client.completions.create(prompt=p, **kw).choices[0].text for p in ("ab", "xyz")]
+    r = client.completions.create(prompt=["ab", "xyz"], **kw)
+    assert [c.index for c in r.choices] == [0, 1] and [c.text for c in r.choices] == one
+    assert r.usage.prompt_tokens == 5 and r.usage.completion_tokens == 10
+    ids = client.completions.create(prompt=[list(b"ab"), list(b"xyz")], **kw)
+    assert [c.text for c in ids.choices] == one
+    chunks = list(client.completions.create(prompt=["ab", "xyz"], stream=True, **kw))
+    by_index = {0: "", 1: ""}
+    for c in chunks:
+        for ch in c.choices:
+            by_index[ch.index] += ch.text
+    assert [by_index[0], by_index[1]] == one
+    n = client.completions.create(prompt="ab", n=3, **kw)
+    assert [c.index for c in n.choices] == [0, 1, 2] and {c.text for c in n.choices} == {one[0]}
+    chat = client.chat.completions.create(messages=[{"role": "user", "content": "q"}], n=2,
+                                          seed=5, **{**kw, "temperature": 1.0})
+    assert len(chat.choices) == 2 and chat.usage.completion_tokens == 10
+
+
+def test_error_bodies_for_every_status(server) -> None:
+    with _http(server) as h:
+        for method, path, status in (("GET", "/nope", 404), ("GET", "/v1/completions", 405),
+                                     ("DELETE", "/v1/chat/completions", 405),
+                                     ("POST", "/v1/models", 405)):
+            r = h.request(method, path)
+            assert r.status_code == status, (method, path, r.text)
+            err = r.json()["error"]
+            assert err["code"] == status and path in err["message"] and err["type"]
+
+
+def _fake_app(engine, timeout: float | None = None):
+    from flexnpu.serving.server import ServerState, create_app
+    from flexnpu.serving.tokenizer import ByteTokenizer
+
+    app = create_app(ServerState(engine, ByteTokenizer(), "fake", request_timeout=timeout))
+
+    @app.get("/probe/{n}")
+    async def probe(n: int) -> dict:  # a declared parameter: FastAPI validates it (422)
+        if n == 13:
+            raise RuntimeError("unlucky")
+        return {"n": n}
+
+    return app
+
+
+class _FakeEngine:
+    """Stands in for the engine: answers each request with `text` (one token per byte) from a
+    thread, or fails, rejects, hangs; records aborts."""
+
+    def __init__(self, text: str = "fake answer") -> None:
+        from types import SimpleNamespace
+
+        self.cfg = SimpleNamespace(vocab_size=512, eos_id=257)
+        self.eos_ids = (257,)
+        self.max_model_len = 64
+        self.healthy, self.error = True, None
+        self.text, self.mode = text, "ok"
+        self.aborted: list = []
+        self.live: list = []
+
+    def submit(self, prompt_ids, sampling, output, *, deadline=None, priority=0):
+        from flexnpu.serving.scheduler import QueueFullError
+
+        if self.mode == "full":
+            raise QueueFullError("64 requests waiting (max_waiting 64)")
+        req = {"output": output, "done": False}
+        self.live.append(req)
+        if self.mode == "ok":
+            threading.Thread(target=self._run, args=(req, sampling), daemon=True).start()
+        elif self.mode == "fail":
+            output.on_finish("error: step failed: device lost", time.perf_counter())
+        return req
+
+    def _run(self, req, sampling) -> None:
+        for b in self.text.encode()[:sampling.max_tokens]:
+            if req["done"]:
+                return
+            if req["output"].on_token(b, None, time.perf_counter()) is not None:
+                break
+        req["done"] = True
+        req["output"].on_finish("length", time.perf_counter())
+
+    def abort(self, req) -> None:
+        if not req["done"]:
+            req["done"] = True
+            self.aborted.append(req)
+            req["output"].on_finish("abort", time.perf_counter())
+
+
+@pytest.fixture()
+def fake():
+    require("fastapi", "uvicorn", "httpx")
+    eng = _FakeEngine()
+    url, srv, th = _serve_app(_fake_app(eng, timeout=1.0))
+    yield url, eng
+    srv.should_exit = True
+    th.join(10)
+
+
+def test_fake_engine_answers(fake) -> None:
+    with _http(fake) as h:
+        r = h.post("/v1/completions", json={"prompt": "q", "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "fake"
+
+
+def test_422_and_500_bodies(fake) -> None:
+    with _http(fake) as h:
+        r = h.get("/probe/abc")
+        assert r.status_code == 422 and r.json()["error"]["code"] == 422
+        assert r.json()["error"]["param"] == "path.n"
+        r = h.get("/probe/13")
+        assert r.status_code == 500 and "unlucky" in r.json()["error"]["message"]
+        assert h.get("/probe/2").json() == {"n": 2}  # still serving
+
+
+def test_queue_full_is_503(fake) -> None:
+    import openai
+
+    url, eng = fake
+    eng.mode = "full"
+    with _http(fake) as h:
+        r = h.post("/v1/completions", json={"prompt": "q", "stream": True})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    err = r.json()["error"]
+    assert err["code"] == 503 and "at capacity" in err["message"]
+    assert "max_waiting" in err["message"]
+    c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError, match="at capacity"):
+        c.completions.create(model="fake", prompt="q")
+
+
+def test_dead_engine_is_503_on_health_and_requests(fake) -> None:
+    _, eng = fake
+    with _http(fake) as h:
+        assert h.get("/health").status_code == 200
+        eng.healthy, eng.error = False, "engine-mixed-0: RuntimeError: device lost"
+        r = h.get("/health")
+        assert r.status_code == 503 and "device lost" in r.json()["error"]["message"]
+        r = h.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 503 and "device lost" in r.json()["error"]["message"]
+
+
+def test_failed_generation_is_500_plain_and_an_error_event_streaming(fake) -> None:
+    _, eng = fake
+    eng.mode = "fail"
+    with _http(fake) as h:
+        r = h.post("/v1/completions", json={"prompt": "q"})
+        assert r.status_code == 500 and "device lost" in r.json()["error"]["message"]
+        r = h.post("/v1/completions", json={"prompt": "q", "stream": True})
+    events = [e for e in r.text.split("\n\n") if e]
+    assert "device lost" in json.loads(events[0][6:])["error"]["message"]
+    assert events[-1] == "data: [DONE]"
+
+
+def test_request_timeout_is_504_and_aborts(fake, monkeypatch) -> None:
+    _, eng = fake
+    eng.mode = "hang"  # the engine never answers: the server's guard (timeout + grace) ends it
+    import flexnpu.serving.server as server_lib
+
+    monkeypatch.setattr(server_lib, "TIMEOUT_GRACE_S", 0.2)
+    with _http(fake) as h:
+        r = h.post("/v1/completions", json={"prompt": "q"}, timeout=30)
+    assert r.status_code == 504 and "timeout" in r.json()["error"]["message"]
+    assert r.json()["error"]["code"] == 504 and len(eng.aborted) == 1
+    assert server_lib.DISCONNECT_POLL_S < 1
+
+
+def test_non_streaming_disconnect_aborts(fake) -> None:
+    import httpx
+
+    _, eng = fake
+    eng.mode = "hang"
+    with pytest.raises(httpx.ReadTimeout):
+        with _http(fake) as h:
+            h.post("/v1/completions", json={"prompt": "q"}, timeout=0.5)
+    deadline = time.time() + 5
+    while not eng.aborted and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(eng.aborted) == 1 and eng.aborted[0] is eng.live[0]

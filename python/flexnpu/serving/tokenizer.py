@@ -171,11 +171,17 @@ class ByteTokenizer:
         return _ByteStream()
 
     def token_text(self, token_id: int) -> str:
+        """ASCII as itself, other bytes as <0xNN> (as SentencePiece byte tokens), so distinct
+        tokens have distinct texts in logprobs."""
         if token_id == self.eos_id:
             return self.SPECIAL[1]
-        if 0 <= token_id < 256:
-            return bytes([token_id]).decode("utf-8", errors="replace")
-        return ""
+        if token_id == self.bos_id:
+            return self.SPECIAL[0]
+        if 0 <= token_id < 128:
+            return chr(token_id)
+        if 128 <= token_id < 256:
+            return f"<0x{token_id:02X}>"
+        return f"<|token_{token_id}|>"
 
     def to_json(self) -> str:
         return json.dumps({"kind": "bytes", "bos_id": self.bos_id, "eos_id": self.eos_id})
