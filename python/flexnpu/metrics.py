@@ -21,7 +21,10 @@ class FlexNpuCollector(Collector):
     """Reads every live FlexNPU client of this process at scrape time."""
 
     def collect(self) -> Iterator[Any]:
-        clients = stats.clients()
+        try:
+            clients = stats.clients()
+        except OSError:  # the plugin library is not there (e.g. serving on plain cpu)
+            clients = []
         info = InfoMetricFamily(
             "flexnpu_placement", "Placement policy and pools", labels=["client"]
         )

@@ -241,6 +241,11 @@ def test_metrics(server, client) -> None:
     ttft = [ln for ln in text.splitlines()
             if ln.startswith("flexnpu:time_to_first_token_seconds_count")]
     assert float(ttft[0].split()[-1]) >= 1
+    # One registry: the placer's collector and the process's memory on the same endpoint.
+    executions = [ln for ln in text.splitlines() if ln.startswith("flexnpu_executions_total")]
+    assert executions and float(executions[0].split()[-1]) > 0
+    assert "flexnpu_physical_queue_length{" in text and "flexnpu_placement_info{" in text
+    assert "process_resident_memory_bytes" in text
 
 
 def test_serving_benchmark_client(server, tmp_path, capsys) -> None:

@@ -1,17 +1,32 @@
-"""Prometheus metrics with vLLM's names under a `flexnpu:` prefix (one registry per server)."""
+"""Prometheus metrics with vLLM's names under a `flexnpu:` prefix, in one registry per server
+that also holds the placer's collector (`flexnpu_` names, python/flexnpu/metrics.py) and the
+process collector (`process_resident_memory_bytes`, ...): one /metrics endpoint for all."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0)
 
 
 class ServingMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, placement: bool = True, process: bool = True) -> None:
         self.registry = CollectorRegistry()
         r, labels = self.registry, ["model_name"]
+        if placement:
+            from flexnpu import metrics as placement_metrics
+
+            placement_metrics.register(r)
+        if process:
+            ProcessCollector(registry=r)
 
         def hist(name: str, doc: str) -> Histogram:
             return Histogram(f"flexnpu:{name}", doc, labels, registry=r,
