@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-_SUBCOMMANDS = ("flexnpu._cli_analyze", "flexnpu._cli_stats")
+_SUBCOMMANDS = ("flexnpu._cli_analyze", "flexnpu._cli_stats", "flexnpu._cli_simulate")
 
 
 def main(argv: list[str] | None = None) -> int:

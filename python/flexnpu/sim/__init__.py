@@ -1,0 +1,1 @@
+"""Cluster simulator (see python -m flexnpu simulate --help)."""

@@ -1,0 +1,422 @@
+"""The discrete-event cluster simulation: serving instances (flexnpu.serving.scheduler), physical
+device units, the placement core (flexnpu.placement.Core) and KV transfers over links.
+
+Events are batch steps, arrivals and KV handoffs (a heap of (time, order, kind, ...)); tokens are
+never events. Each instance has at most one step in flight: schedule() -> the step's FLOPs and
+bytes from the HLO-derived cost model -> Core.place() on the simulated clock -> the unit runs it
+(FIFO: after what is queued there; co-run: the roofline share of the placer's own co-run model)
+-> on_finish / on_step_done at its end. The placer learns from the simulated durations exactly as
+it learns from PJRT events in production.
+
+Layouts (what each policy name means here):
+    passthrough       one MIXED instance per unit, whole-prompt prefill, a step is all prefill
+                      or all decode (vLLM v0-style monolithic continuous batching); core
+                      passthrough
+    chunked-colocate  one MIXED instance per unit, chunked prefill in mixed batches
+                      (Sarathi-Serve); core passthrough
+    static-pd         n_p PREFILL + (P - n_p) DECODE instances, one per unit, KV handed over the
+                      link; core static-pd with those pools; n_p tuned by search
+    static-colocate   the engine's PD layout on 2P virtual devices: every unit hosts one PREFILL
+                      and one DECODE instance, both phases share it FIFO; core static-colocate
+    dynamic           FlexNPU: the same virtual PD layout (or the static-pd one, see
+                      --dynamic-layout), every step placed onto any unit by the core's dynamic
+                      policy; a decode step that moves takes its instance's KV with it
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flexnpu import placement as fp
+from flexnpu.serving.scheduler import (
+    QueueFullError,
+    RequestTooLongError,
+    Role,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+    least_loaded,
+)
+from flexnpu.sim.hardware import LINKS, Link, Preset, StepTimer
+from flexnpu.sim.models import ModelShape
+from flexnpu.sim.workload import Workload
+
+POLICIES = ("passthrough", "static-pd", "static-colocate", "chunked-colocate", "dynamic")
+_ARRIVAL, _START, _DONE, _KV = 0, 1, 2, 3
+_PHASE_CODE = {"small": 0, "prefill": 1, "decode": 2}
+
+
+@dataclass
+class InstanceConfig:
+    """Scheduler knobs of the simulated instances (SchedulerConfig of flexnpu.serving)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    max_model_len: int
+    max_waiting: int = 100_000
+    prefill_max_num_seqs: int = 64
+
+
+@dataclass
+class Layout:
+    """Virtual instances and the core's view of the physical units."""
+
+    roles: list[Role]  # per instance (= per virtual device)
+    core_policy: str
+    chunked: bool
+    mixed: bool
+    num_prefill: int = 0  # static-pd / dynamic-disaggregated
+
+
+def make_layout(policy: str, units: int, num_prefill: int, dynamic_layout: str) -> Layout:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
+    if policy == "passthrough":
+        return Layout([Role.MIXED] * units, "passthrough", chunked=False, mixed=False)
+    if policy == "chunked-colocate":
+        return Layout([Role.MIXED] * units, "passthrough", chunked=True, mixed=True)
+    pd_split = policy == "static-pd" or (policy == "dynamic" and dynamic_layout == "disaggregated")
+    if pd_split:
+        if units < 2:
+            raise ValueError(f"{policy} needs at least 2 units (devices / parallel), got {units}")
+        if not 1 <= num_prefill < units:
+            raise ValueError(f"prefill units must be in [1, {units - 1}], got {num_prefill}")
+        roles = [Role.PREFILL] * num_prefill + [Role.DECODE] * (units - num_prefill)
+        core = (f"static-pd:prefill=0-{num_prefill - 1};decode={num_prefill}-{units - 1}"
+                if policy == "static-pd" else "dynamic")
+        return Layout(roles, core, chunked=False, mixed=False, num_prefill=num_prefill)
+    roles = [Role.PREFILL] * units + [Role.DECODE] * units  # home of virtual v: v mod units
+    return Layout(roles, policy, chunked=False, mixed=False, num_prefill=units)
+
+
+class _Request:
+    __slots__ = ("rid", "arrival", "prompt", "output", "first_token", "finish", "n_out",
+                 "dropped")
+
+    def __init__(self, rid: int, arrival: float, prompt: int, output: int) -> None:
+        self.rid = rid
+        self.arrival = arrival
+        self.prompt = prompt
+        self.output = output
+        self.first_token = -1.0
+        self.finish = -1.0
+        self.n_out = 0
+        self.dropped = ""
+
+
+class _Instance:
+    __slots__ = ("idx", "sched", "role", "kv_unit", "busy", "steps")
+
+    def __init__(self, idx: int, sched: Scheduler, role: Role, kv_unit: int) -> None:
+        self.idx = idx
+        self.sched = sched
+        self.role = role
+        self.kv_unit = kv_unit  # where its KV pool lives now (home at first)
+        self.busy = False
+        self.steps = 0
+
+
+@dataclass
+class RunResult:
+    policy: str
+    layout: str
+    requests: list[_Request]
+    decisions_by_reason: dict[str, int]
+    core_decisions: int
+    kv_bytes_moved: int
+    kv_bytes_handoff: int
+    kv_bytes_migrated: int
+    busy_s: list[float]
+    makespan_s: float
+    events: int
+    steps: int
+    placements: int
+    timeline: list[tuple[int, float, float, str]] = field(default_factory=list)
+    preemptions: int = 0
+    tokens_in_window: int = 0  # tokens sampled by steps that ended within [0, window_s]
+    window_s: float = 0.0
+
+
+class Simulation:
+    """One policy, one workload, one seed."""
+
+    def __init__(self, *, model: ModelShape, preset: Preset, devices: int, parallel: int,
+                 policy: str, instance: InstanceConfig, num_prefill: int = 0,
+                 dynamic_layout: str = "colocated", link: Link | None = None,
+                 co_run: bool = False, drain_s: float = 600.0,
+                 timeline_window: tuple[float, float] | None = None,
+                 core_tuning: dict[str, float] | None = None) -> None:
+        if devices < 1 or parallel < 1 or devices % parallel:
+            raise ValueError(f"--devices {devices} must be a positive multiple of --parallel "
+                             f"{parallel}")
+        self.model, self.preset, self.policy = model, preset, policy
+        self.units = devices // parallel
+        self.timer = StepTimer.create(model, preset, parallel)
+        self.link = link or LINKS[preset.link]
+        self.co_run = co_run
+        self.drain_s = drain_s
+        self.window = timeline_window
+        self.layout = make_layout(policy, self.units, num_prefill, dynamic_layout)
+        self.kv_per_token = model.kv_bytes_per_token
+        roles = self.layout.roles
+        v = len(roles)
+        unit_model = fp.DeviceModel(
+            peak_flops=self.timer.peak, bandwidth_bytes_per_s=self.timer.bandwidth,
+            link_bytes_per_s=self.link.bytes_per_s * parallel, can_overlap=co_run,
+            launch_s=self.timer.launch_s)
+        self.core = fp.Core(self.layout.core_policy, [unit_model] * self.units,
+                            num_virtual_devices=v, **(core_tuning or {}))
+        self.link_bw = self.link.bytes_per_s * parallel
+        self.instances = [
+            _Instance(i, Scheduler(self._sched_config(r, instance, roles)), r, i % self.units)
+            for i, r in enumerate(roles)
+        ]
+        self.front = [x for x in self.instances if x.role is not Role.DECODE]
+        self.back = [x for x in self.instances if x.role is Role.DECODE]
+        self._front_scheds = [x.sched for x in self.front]
+        self._back_scheds = [x.sched for x in self.back]
+
+    # ---- configuration ---------------------------------------------------------------------
+
+    def _sched_config(self, role: Role, ic: InstanceConfig, roles: list[Role]) -> SchedulerConfig:
+        """KV pool from the unit's memory: weights replicated per unit; a unit that hosts a
+        prefill and a decode instance gives the prefill one a pool for its batch only."""
+        mem = self.preset.memory_bytes * self.timer.parallel
+        free = mem * 0.9 - self.model.weight_bytes
+        if free <= 0:
+            raise ValueError(
+                f"{self.model.name} ({self.model.weight_bytes / 1e9:.0f} GB of weights) does not "
+                f"fit {self.timer.parallel} x {self.preset.name} "
+                f"({mem / 1e9:.0f} GB); raise --parallel")
+        block_bytes = ic.block_size * self.kv_per_token
+        max_useful = math.ceil(ic.max_num_seqs * ic.max_model_len / ic.block_size)
+        shares_unit = len(roles) > self.units
+        prefill_pool = math.ceil(2 * max(ic.max_model_len, ic.max_num_batched_tokens)
+                                 / ic.block_size)
+        if role is Role.PREFILL:
+            blocks = prefill_pool
+        else:
+            avail = free - (prefill_pool * block_bytes if shares_unit else 0)
+            blocks = min(max_useful, int(avail // block_bytes))
+        if blocks < 1:
+            raise ValueError(f"no memory left for the KV cache on a {self.preset.name} unit")
+        prefill = role is Role.PREFILL
+        return SchedulerConfig(
+            max_num_seqs=ic.prefill_max_num_seqs if prefill else ic.max_num_seqs,
+            max_num_batched_tokens=ic.max_num_batched_tokens,
+            block_size=ic.block_size,
+            num_blocks=blocks,
+            max_model_len=ic.max_model_len,
+            max_waiting=ic.max_waiting,
+            chunked_prefill=self.layout.chunked,
+            mixed_batches=self.layout.mixed,
+            role=role,
+        )
+
+    # ---- the event loop --------------------------------------------------------------------
+
+    def run(self, wl: Workload) -> RunResult:
+        self._heap: list[tuple] = []
+        self._order = 0
+        units = self.units
+        self._free_at = [0.0] * units  # FIFO: when the unit's queue drains
+        self._hc = [0.0] * units  # co-run horizons (compute, memory)
+        self._hm = [0.0] * units
+        self._inflight = [0] * units
+        self._busy = [0.0] * units
+        self._busy_until = [0.0] * units
+        self._link_free = [0.0] * units
+        self._reasons: Counter[str] = Counter()
+        self._kv_handoff = self._kv_migrated = 0
+        self._steps = self._placements = self._events = self._preempted = 0
+        self._timeline: list[tuple[int, float, float, str]] = []
+        self._window_end = wl.duration
+        self._tokens_in_window = 0
+        reqs = [_Request(i, float(t), int(p), int(o)) for i, (t, p, o) in
+                enumerate(zip(wl.arrivals, wl.prompt_tokens, wl.output_tokens, strict=True))]
+        self._requests = reqs
+        horizon = (float(wl.arrivals[-1]) if len(wl) else 0.0) + self.drain_s
+        heap = self._heap
+        n, i = len(reqs), 0
+        now = 0.0
+        pop = heapq.heappop
+        while True:
+            next_arrival = reqs[i].arrival if i < n else math.inf
+            if heap and heap[0][0] <= next_arrival:
+                ev = pop(heap)
+                now = ev[0]
+                if now > horizon:
+                    break
+                kind = ev[2]
+                if kind == _DONE:
+                    self._on_done(ev[3], ev[4], ev[5], ev[6], now)
+                elif kind == _START:
+                    self.core.on_start(ev[3], int(now * 1e9))
+                else:
+                    self._on_kv(ev[3], ev[4], now)
+            elif i < n:
+                now = next_arrival
+                self._on_arrival(reqs[i], now)
+                i += 1
+            else:
+                break
+            self._events += 1
+        end = max(now, max((r.finish for r in reqs), default=0.0))
+        for r in reqs:
+            if r.finish < 0 and not r.dropped:
+                r.dropped = "unfinished"
+        stats = self.core.stats(int(end * 1e9))
+        core_reasons: Counter[str] = Counter()
+        for d in stats["physical"]:
+            core_reasons.update(d["decisions"])
+        return RunResult(
+            policy=self.policy, layout=self.layout.core_policy, requests=reqs,
+            decisions_by_reason={k: int(core_reasons[k]) for k in fp.REASONS},
+            core_decisions=int(stats["decisions_total"]),
+            kv_bytes_moved=self._kv_handoff + self._kv_migrated,
+            kv_bytes_handoff=self._kv_handoff, kv_bytes_migrated=self._kv_migrated,
+            busy_s=list(self._busy), makespan_s=end, events=self._events, steps=self._steps,
+            placements=self._placements, timeline=self._timeline,
+            preemptions=self._preempted, tokens_in_window=self._tokens_in_window,
+            window_s=wl.duration,
+        )
+
+    def _push(self, t: float, kind: int, *payload: Any) -> None:
+        self._order += 1
+        heapq.heappush(self._heap, (t, self._order, kind, *payload))
+
+    def _on_arrival(self, req: _Request, now: float) -> None:
+        inst = self.front[least_loaded(self._front_scheds)] if len(self.front) > 1 else \
+            self.front[0]
+        seq = Sequence(req.rid, req.prompt, req.output, now, payload=req)
+        try:
+            inst.sched.add(seq)
+        except QueueFullError:
+            req.dropped = "queue_full"
+            return
+        except RequestTooLongError:
+            req.dropped = "too_long"
+            return
+        if not inst.busy:
+            self._start_step(inst, now)
+
+    def _on_kv(self, inst: _Instance, seq: Sequence, now: float) -> None:
+        try:
+            inst.sched.add_prefilled(seq)
+        except RequestTooLongError:
+            seq.payload.dropped = "too_long"
+            return
+        if not inst.busy:
+            self._start_step(inst, now)
+
+    def _start_step(self, inst: _Instance, now: float) -> None:
+        sched = inst.sched
+        if not sched.has_work:
+            return
+        plan = sched.schedule(now)
+        if plan.preempted:
+            self._preempted += len(plan.preempted)
+        if plan.is_empty:
+            return  # woken by the next add / handoff
+        entries = [(e.start, e.num_tokens, e.samples) for e in plan.scheduled]
+        timer = self.timer
+        flops, nbytes = timer.flops_bytes(timer.features(entries))
+        phase = timer.phase(flops, nbytes)
+        kv_bytes = 0
+        if inst.role is not Role.PREFILL:
+            used = sched.config.num_blocks - sched.num_free_blocks
+            kv_bytes = used * sched.config.block_size * self.kv_per_token
+        now_ns = int(now * 1e9)
+        inputs = ((inst.kv_unit, kv_bytes),) if kv_bytes else ()
+        exe = (_PHASE_CODE[phase] << 32) | max(1, len(entries)).bit_length() << 8 | \
+            min(255, int(plan.num_tokens).bit_length())
+        d = self.core.place(inst.idx, fp.Profile(phase, flops, nbytes), now_ns=now_ns,
+                            inputs=inputs, executable_id=exe)
+        self._placements += 1
+        self._reasons[d.reason] += 1
+        u = d.physical_device
+        ready = now
+        if d.migrate_bytes:
+            ready += d.migrate_bytes / self.link_bw + self.link.latency_s
+            self._kv_migrated += d.migrate_bytes
+        exec_s = timer.seconds(flops, nbytes)
+        if self.co_run:
+            start = ready
+            k1 = self._inflight[u] + 1
+            c = flops * timer._ns_flop
+            m = nbytes * timer._ns_byte
+            hc = max(0.0, self._hc[u] - start)
+            hm = max(0.0, self._hm[u] - start)
+            end = start + max(min(c * k1, hc + c), min(m * k1, hm + m)) + timer.launch_s
+            self._hc[u] = max(self._hc[u], start) + c
+            self._hm[u] = max(self._hm[u], start) + m
+        else:
+            start = max(ready, self._free_at[u])
+            end = start + exec_s
+            self._free_at[u] = end
+        self._inflight[u] += 1
+        self._busy[u] += max(0.0, end - max(start, self._busy_until[u]))
+        self._busy_until[u] = max(self._busy_until[u], end)
+        inst.kv_unit = u
+        inst.busy = True
+        inst.steps += 1
+        self._steps += 1
+        if start > now:
+            self._push(start, _START, d.ticket)
+        else:
+            self.core.on_start(d.ticket, now_ns)
+        w = self.window
+        if w is not None and start < w[1] and end > w[0]:
+            self._timeline.append((u, start, end, phase))
+        self._push(end, _DONE, inst, plan, d.ticket, u)
+
+    def _on_done(self, inst: _Instance, plan, ticket: int, unit: int, now: float) -> None:
+        self.core.on_finish(ticket, int(now * 1e9))
+        self._inflight[unit] -= 1
+        inst.busy = False
+        sampled = len(plan.scheduled)
+        for e in reversed(plan.scheduled):  # decodes first, then prompt chunks
+            if e.is_decode:
+                break
+            if e.samples:
+                req = e.seq.payload
+                if req.first_token < 0:
+                    req.first_token = now
+            else:
+                sampled -= 1
+        if now <= self._window_end:
+            self._tokens_in_window += sampled
+        for seq in inst.sched.on_step_done(plan, now):
+            req = seq.payload
+            if seq.finish_reason == "prefilled":
+                self._handoff(inst, seq, now)
+            else:
+                req.finish = now
+                req.n_out = seq.num_output_tokens
+        self._start_step(inst, now)
+
+    def _handoff(self, src: _Instance, seq: Sequence, now: float) -> None:
+        dst = self.back[least_loaded(self._back_scheds)] if len(self.back) > 1 else self.back[0]
+        if src.kv_unit == dst.kv_unit:  # same unit (co-located): the KV stays in place
+            self._push(now, _KV, dst, seq)
+            return
+        nbytes = seq.num_tokens * self.kv_per_token
+        u = src.kv_unit
+        start = max(now, self._link_free[u])
+        self._link_free[u] = start + nbytes / self.link_bw
+        self._kv_handoff += nbytes
+        self._push(self._link_free[u] + self.link.latency_s, _KV, dst, seq)
+
+
+def percentiles(xs: np.ndarray) -> dict[str, float]:
+    if len(xs) == 0:
+        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
+    p = np.percentile(xs, [50, 90, 99])
+    return {"p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2])}

@@ -1,0 +1,361 @@
+"""Runs policies x seeds, tunes the static-PD ratio, searches goodput, aggregates with CIs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from flexnpu.sim.engine import POLICIES, InstanceConfig, RunResult, Simulation, percentiles
+from flexnpu.sim.hardware import LINKS, get_preset
+from flexnpu.sim.models import get_model
+from flexnpu.sim.workload import make_workload
+
+# Student t 97.5% quantiles for n-1 degrees of freedom (95% two-sided CI).
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228}
+
+
+@dataclass(frozen=True)
+class Slo:
+    ttft_s: float
+    tpot_s: float
+
+    @property
+    def name(self) -> str:
+        return f"ttft<={self.ttft_s:g}s,tpot<={self.tpot_s * 1e3:g}ms"
+
+
+def parse_slos(text: str) -> list[Slo]:
+    """'2:0.1,0.2:0.05' -> tiers (TTFT seconds : TPOT seconds); the first one is goodput's."""
+    out = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            ttft, tpot = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise ValueError(f"--slo: {item!r} is not TTFT_S:TPOT_S (e.g. 2:0.1)") from None
+        if not (ttft > 0 and tpot > 0):
+            raise ValueError(f"--slo: {item!r}: both targets must be > 0")
+        out.append(Slo(ttft, tpot))
+    if not out:
+        raise ValueError("--slo: no tiers")
+    return out
+
+
+@dataclass
+class SimSpec:
+    """Everything one `simulate` invocation needs (the JSON's config)."""
+
+    devices: int = 8
+    device: str = "h100"
+    model: str = "qwen2.5-7b"
+    parallel: int = 0  # 0: the model's default
+    link: str = ""  # "": the preset's
+    co_run: bool = False
+    workload: str = "sharegpt"
+    rate: float = 10.0
+    duration: float = 60.0
+    trace: str | None = None
+    burstiness: float = 0.25
+    length_scale: float = 1.0
+    max_prompt: int = 0  # 0: model default
+    max_output: int = 0
+    policies: tuple[str, ...] = POLICIES
+    seeds: int = 3
+    seed: int = 0
+    slos: tuple[Slo, ...] = (Slo(2.0, 0.1), Slo(0.2, 0.05))
+    prefill_units: int = 0  # 0: tuned by search
+    search_duration: float = 60.0
+    dynamic_layout: str = "colocated"
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    block_size: int = 0
+    max_model_len: int = 0
+    drain_s: float = 600.0
+    goodput_search: bool = False
+    timeline_window: tuple[float, float] | None = None
+    core_tuning: dict[str, float] = field(default_factory=dict)
+
+    def resolved(self) -> SimSpec:
+        """Fills model-dependent defaults (0 / "" fields)."""
+        m = get_model(self.model)
+        big = m.is_moe
+        d = {
+            "parallel": self.parallel or m.default_parallel,
+            "link": self.link or get_preset(self.device).link,
+            "max_num_seqs": self.max_num_seqs or (1536 if big else (8 if m.d_model < 1024
+                                                                    else 256)),
+            "max_num_batched_tokens": self.max_num_batched_tokens or (
+                16384 if big else (512 if m.d_model < 1024 else 8192)),
+            "block_size": self.block_size or (128 if big else 16),
+            "max_prompt": self.max_prompt or (8192 if big else (1024 if m.d_model < 1024
+                                                                else 4096)),
+            "max_output": self.max_output or (8192 if big else (1024 if m.d_model < 1024
+                                                                else 2048)),
+        }
+        d["max_model_len"] = self.max_model_len or d["max_prompt"] + d["max_output"]
+        for p in self.policies:
+            if p not in POLICIES:
+                raise ValueError(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
+        if self.dynamic_layout not in ("colocated", "disaggregated"):
+            raise ValueError("--dynamic-layout must be colocated or disaggregated")
+        if self.devices < 1 or d["parallel"] < 1 or self.devices % d["parallel"]:
+            raise ValueError(f"--devices {self.devices} must be a positive multiple of "
+                             f"--parallel {d['parallel']}")
+        units = self.devices // d["parallel"]
+        pd = [p for p in self.policies if p == "static-pd" or (
+            p == "dynamic" and self.dynamic_layout == "disaggregated")]
+        if pd and units < 2:
+            raise ValueError(f"{pd[0]} needs at least 2 units; {self.devices} devices / "
+                             f"--parallel {d['parallel']} = {units}")
+        if self.prefill_units and pd and not 1 <= self.prefill_units < units:
+            raise ValueError(f"--prefill-units must be in [1, {units - 1}]")
+        if self.seeds < 1:
+            raise ValueError(f"--seeds must be >= 1, got {self.seeds}")
+        if d["link"] not in LINKS:
+            raise ValueError(f"unknown link {d['link']!r} (known: {', '.join(LINKS)})")
+        return replace(self, **d)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["policies"] = list(self.policies)
+        out["slos"] = [{"ttft_s": s.ttft_s, "tpot_s": s.tpot_s} for s in self.slos]
+        return out
+
+
+def simulate_once(spec: SimSpec, policy: str, seed: int, *, rate: float | None = None,
+                  duration: float | None = None, prefill_units: int = 0,
+                  window: tuple[float, float] | None = None) -> RunResult:
+    s = spec
+    model, preset = get_model(s.model), get_preset(s.device)
+    wl = make_workload(s.workload, rate if rate is not None else s.rate,
+                       duration if duration is not None else s.duration, seed,
+                       max_prompt=s.max_prompt, max_output=s.max_output,
+                       burstiness=s.burstiness, length_scale=s.length_scale, trace=s.trace)
+    ic = InstanceConfig(s.max_num_seqs, s.max_num_batched_tokens, s.block_size, s.max_model_len)
+    sim = Simulation(model=model, preset=preset, devices=s.devices, parallel=s.parallel,
+                     policy=policy, instance=ic, num_prefill=prefill_units,
+                     dynamic_layout=s.dynamic_layout, link=LINKS[s.link], co_run=s.co_run,
+                     drain_s=s.drain_s, timeline_window=window, core_tuning=s.core_tuning)
+    return sim.run(wl)
+
+
+def run_metrics(r: RunResult, spec: SimSpec, duration: float) -> dict[str, Any]:
+    """One run's metrics (requests dropped or unfinished count as SLO misses)."""
+    fin = [q for q in r.requests if q.finish >= 0]
+    ttft = np.array([q.first_token - q.arrival for q in fin])
+    tpot = np.array([(q.finish - q.first_token) / (q.n_out - 1) for q in fin if q.n_out > 1])
+    e2e = np.array([q.finish - q.arrival for q in fin])
+    out_tokens = sum(q.n_out for q in fin)
+    in_tokens = sum(q.prompt for q in fin)
+    span = max(r.makespan_s, 1e-9)
+    total = len(r.requests)
+    slo = {}
+    for tier in spec.slos:
+        ok = sum(1 for q in fin if q.first_token - q.arrival <= tier.ttft_s and
+                 (q.n_out <= 1 or (q.finish - q.first_token) / (q.n_out - 1) <= tier.tpot_s))
+        slo[tier.name] = {"attainment": ok / total if total else 1.0,
+                          "goodput_rps": ok / duration}
+    dropped: dict[str, int] = {}
+    for q in r.requests:
+        if q.dropped:
+            dropped[q.dropped] = dropped.get(q.dropped, 0) + 1
+    units = len(r.busy_s)
+    return {
+        "requests_total": total,
+        "requests_finished": len(fin),
+        "requests_dropped": total - len(fin),
+        "dropped_by_reason": dropped,
+        "throughput_tok_s": r.tokens_in_window / r.window_s,
+        "throughput_tok_s_per_device": r.tokens_in_window / r.window_s / spec.devices,
+        "output_tok_s_to_drain": out_tokens / span,
+        "input_tok_s": in_tokens / span,
+        "ttft_s": percentiles(ttft),
+        "tpot_s": percentiles(tpot),
+        "e2e_s": percentiles(e2e),
+        "slo": slo,
+        "goodput_rps": slo[spec.slos[0].name]["goodput_rps"],
+        "kv_bytes_moved": r.kv_bytes_moved,
+        "kv_bytes_handoff": r.kv_bytes_handoff,
+        "kv_bytes_migrated": r.kv_bytes_migrated,
+        "utilisation": float(sum(r.busy_s) / (units * span)) if units else 0.0,
+        "decisions_by_reason": r.decisions_by_reason,
+        "decisions_total": r.core_decisions,
+        "steps": r.steps,
+        "events": r.events,
+        "preemptions": r.preemptions,
+        "makespan_s": r.makespan_s,
+        "core_policy": r.layout,
+    }
+
+
+def _mean_ci(xs: list[float]) -> tuple[float, float]:
+    a = np.array(xs, dtype=float)
+    if len(a) < 2 or not np.all(np.isfinite(a)):
+        return float(np.mean(a)), 0.0
+    t = _T975.get(len(a) - 1, 1.96)
+    return float(a.mean()), float(t * a.std(ddof=1) / math.sqrt(len(a)))
+
+
+def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means over seeds (CI95 half-widths in "ci95"); counts are summed over seeds."""
+    out: dict[str, Any] = {}
+    ci: dict[str, Any] = {}
+    for key in ("throughput_tok_s", "throughput_tok_s_per_device", "input_tok_s", "goodput_rps",
+                "utilisation"):
+        out[key], ci[key] = _mean_ci([r[key] for r in per_seed])
+    for key in ("ttft_s", "tpot_s", "e2e_s"):
+        out[key], ci[key] = {}, {}
+        for p in ("p50", "p90", "p99"):
+            out[key][p], ci[key][p] = _mean_ci([r[key][p] for r in per_seed])
+    for key in ("requests_total", "requests_finished", "requests_dropped", "kv_bytes_moved",
+                "kv_bytes_handoff", "kv_bytes_migrated", "decisions_total", "steps", "events",
+                "preemptions"):
+        out[key] = int(sum(r[key] for r in per_seed))
+    reasons: dict[str, int] = {}
+    for r in per_seed:
+        for k, v in r["decisions_by_reason"].items():
+            reasons[k] = reasons.get(k, 0) + v
+    out["decisions_by_reason"] = reasons
+    out["slo"] = {
+        name: {"attainment": _mean_ci([r["slo"][name]["attainment"] for r in per_seed])[0],
+               "goodput_rps": _mean_ci([r["slo"][name]["goodput_rps"] for r in per_seed])[0]}
+        for name in per_seed[0]["slo"]
+    }
+    out["core_policy"] = per_seed[0]["core_policy"]
+    out["ci95"] = ci
+    out["per_seed"] = per_seed
+    return out
+
+
+def _objective(m: dict[str, Any]) -> tuple[float, float]:
+    return (m["goodput_rps"], m["throughput_tok_s"])
+
+
+def tune_prefill_units(spec: SimSpec, policy: str, log: Callable[[str], None]) -> tuple[int,
+                                                                                        list]:
+    """The P:D split with the best goodput (then throughput) at the spec's rate, seed 0, over a
+    shorter run: all splits for <= 12 units, else a coarse grid refined around its best."""
+    units = spec.devices // spec.parallel
+    dur = min(spec.duration, spec.search_duration)
+    tried: dict[int, dict[str, Any]] = {}
+
+    def evaluate(n: int) -> tuple[float, float]:
+        if n not in tried:
+            r = simulate_once(spec, policy, spec.seed, duration=dur, prefill_units=n)
+            tried[n] = run_metrics(r, spec, dur)
+            log(f"  {policy} P:D {n}:{units - n}: goodput {tried[n]['goodput_rps']:.2f} req/s, "
+                f"{tried[n]['throughput_tok_s']:.0f} tok/s")
+        return _objective(tried[n])
+
+    if units <= 12:
+        cands = list(range(1, units))
+    else:
+        cands = sorted({max(1, min(units - 1, round(units * f)))
+                        for f in (0.125, 0.25, 0.375, 0.5, 0.625, 0.75)})
+    best = max(cands, key=evaluate)
+    step = max(1, units // 16)
+    while step >= 1 and units > 12:
+        for n in (best - step, best + step):
+            if 1 <= n < units:
+                evaluate(n)
+        new = max(tried, key=lambda k: _objective(tried[k]))
+        if new == best:
+            step //= 2
+        best = new
+    curve = [{"prefill_units": k, "decode_units": units - k, "goodput_rps": v["goodput_rps"],
+              "throughput_tok_s": v["throughput_tok_s"]} for k, v in sorted(tried.items())]
+    return best, curve
+
+
+def search_goodput(spec: SimSpec, policy: str, prefill_units: int,
+                   log: Callable[[str], None]) -> tuple[float, list]:
+    """DistServe goodput: the largest rate with >= 90% of requests meeting the first SLO tier
+    (mean attainment over the seeds); bisection between 0 and the first failing doubling."""
+    tier = spec.slos[0].name
+    curve: list[dict[str, float]] = []
+
+    def attained(rate: float) -> bool:
+        vals = []
+        for k in range(spec.seeds):
+            r = simulate_once(spec, policy, spec.seed + k, rate=rate, prefill_units=prefill_units)
+            vals.append(run_metrics(r, spec, spec.duration)["slo"][tier]["attainment"])
+        a = float(np.mean(vals))
+        curve.append({"rate": rate, "attainment": a})
+        log(f"  {policy} rate {rate:.3g}: SLO attainment {a:.3f}")
+        return a >= 0.9
+
+    lo, hi = 0.0, spec.rate
+    while attained(hi):
+        lo, hi = hi, hi * 2
+        if hi > spec.rate * 64:
+            break
+    for _ in range(6):
+        mid = (lo + hi) / 2
+        if attained(mid):
+            lo = mid
+        else:
+            hi = mid
+    curve.sort(key=lambda c: c["rate"])
+    return lo, curve
+
+
+def request_samples(r: RunResult) -> dict[str, list[float]]:
+    fin = [q for q in r.requests if q.finish >= 0]
+    return {"ttft": [q.first_token - q.arrival for q in fin],
+            "tpot": [(q.finish - q.first_token) / (q.n_out - 1) for q in fin if q.n_out > 1]}
+
+
+def run_all(spec: SimSpec, log: Callable[[str], None] = lambda s: None,
+            progress: Callable[[int], None] | None = None,
+            keep_samples: bool = False) -> dict[str, Any]:
+    """The JSON document: {"config": ..., "policies": {name: metrics}}. keep_samples adds
+    "_samples" (seed 0's per-request TTFT / TPOT, for the CDF plots; not part of the JSON)."""
+    spec = spec.resolved()
+    units = spec.devices // spec.parallel
+    result: dict[str, Any] = {"config": spec.to_json() | {"units": units}, "policies": {}}
+    tuned: dict[str, Any] = {}
+    needs_split = "static-pd" in spec.policies or (
+        "dynamic" in spec.policies and spec.dynamic_layout == "disaggregated")
+    split = spec.prefill_units
+    if needs_split and not split:
+        log(f"tuning the static-PD prefill:decode split over {units} units")
+        split, curve = tune_prefill_units(spec, "static-pd", log)
+        tuned = {"prefill_units": split, "decode_units": units - split, "search": curve}
+    result["config"]["static_pd_split"] = tuned or (
+        {"prefill_units": split, "decode_units": units - split} if split else None)
+    for policy in spec.policies:
+        per_seed = []
+        for k in range(spec.seeds):
+            window = spec.timeline_window if k == 0 else None
+            r = simulate_once(spec, policy, spec.seed + k, prefill_units=split, window=window)
+            m = run_metrics(r, spec, spec.duration)
+            if keep_samples and k == 0:
+                result.setdefault("_samples", {})[policy] = request_samples(r)
+            if window is not None:
+                m["timeline"] = [list(t) for t in r.timeline]
+            per_seed.append(m)
+            if progress:
+                progress(1)
+        agg = aggregate(per_seed)
+        if "timeline" in per_seed[0]:
+            agg["timeline"] = per_seed[0].pop("timeline")
+        if policy == "static-pd" or (policy == "dynamic" and spec.dynamic_layout ==
+                                      "disaggregated"):
+            agg["prefill_units"], agg["decode_units"] = split, units - split
+        if spec.goodput_search:
+            log(f"goodput search for {policy}")
+            agg["goodput_rps"], agg["goodput_curve"] = search_goodput(spec, policy, split, log)
+            agg["goodput_definition"] = "largest rate with >= 90% meeting " + spec.slos[0].name
+        else:
+            agg["goodput_definition"] = (
+                "requests meeting " + spec.slos[0].name + " per second at --rate "
+                "(run with --goodput-search for the largest rate with >= 90% attainment)")
+        result["policies"][policy] = agg
+    return result

