@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 
+from flexnpu.serving import logs
 from flexnpu.serving.gguf_loader import DEFAULT_MODEL
 
 
@@ -37,12 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-export", metavar="DIR", default=None,
                    help="serve jax.export artifacts from DIR (no model code)")
     p.add_argument("--no-warmup", action="store_true", help="compile lazily")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn) log level")
+    logs.add_argument(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logs.set_backend_log_level(args.backend_log_level)  # before JAX loads the backend
     import jax
 
     from flexnpu.serving.engine import Engine, EngineConfig, ModelSteps
@@ -59,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         from flexnpu.serving import export
 
         art = export.load(args.from_export)
-        steps, params, tok, name, system = art.steps, art.params, art.tokenizer, art.name, \
-            art.chat_system
+        steps, params, tok, name = art.steps, art.params, art.tokenizer, art.name
         ec.max_batch, ec.max_seq_len, ec.buckets = art.max_batch, art.max_seq_len, art.buckets
     else:
         from flexnpu.serving.loading import load_model
@@ -72,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
             export.export(m, args.export, ec)
             print(f"wrote jax.export artifacts to {args.export}")
             return 0
-        steps, params, tok, name, system = ModelSteps(m.config), m.params, m.tokenizer, \
-            m.name, m.chat_system
+        steps, params, tok, name = ModelSteps(m.config), m.params, m.tokenizer, m.name
     name = args.served_model_name or name
 
     from flexnpu.serving.metrics import ServingMetrics
 
     metrics = ServingMetrics(name)
-    engine = Engine(steps, params, ec, devices=devices, metrics=metrics)
+    engine = Engine(steps, params, ec, devices=devices, metrics=metrics,
+                    eos_ids=getattr(tok, "eos_ids", None))
     mode = (f"split: prefill on {[str(d) for d in engine.prefill_devs]}, decode on "
             f"{[str(g.device) for g in engine.groups]}" if engine.split else
             f"interleaved on {[str(g.device) for g in engine.groups]}")
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from flexnpu.serving.server import ServerState, create_app
 
-    app = create_app(ServerState(engine, tok, name, system, metrics))
+    app = create_app(ServerState(engine, tok, name, metrics=metrics))  # the model's template
     print(f"serving {name} on http://{args.host}:{args.port}/v1", flush=True)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
