@@ -1,13 +1,17 @@
-"""Continuous batching on a tiny random Llama: requests join and leave the running batch, the
-result of each request does not depend on its neighbours, split prefill/decode devices (KV handed
-over with jax.device_put) give the same tokens as interleaved mode."""
+"""The serving engine on a tiny random Llama: paged KV, chunked prefill, mixed steps, async
+dispatch, preemption by recompute, split prefill/decode instances with KV handoff, backpressure,
+deadlines, aborts and failure handling. Greedy results are compared with the model's plain
+(contiguous-cache, batch-1) steps on the physical backend directly."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
+
+MAX_LEN = 128
 
 
 @pytest.fixture(scope="module")
@@ -17,25 +21,30 @@ def tiny():
     return load_model("random:tiny", seed=1, log=lambda *_: None)
 
 
+def _engine(tiny, devices, start=True, **kw):
+    from flexnpu.serving.engine import Engine, EngineConfig
+
+    opts = dict(max_num_seqs=4, max_model_len=MAX_LEN, max_num_batched_tokens=32, block_size=8)
+    opts.update(kw)
+    eng = Engine(None, tiny.params, EngineConfig(**opts), devices=devices,
+                 model_config=tiny.config)
+    if start:
+        assert eng.warmup() == eng.num_warmup_programs()
+        eng.start()
+    return eng
+
+
 @pytest.fixture(scope="module")
 def eng1(tiny, npu_devices):
-    """An interleaved engine on one virtual NPU, shared by the tests of this module."""
+    """A co-located engine on one virtual NPU, shared by the tests of this module."""
     eng = _engine(tiny, npu_devices[:1])
     yield eng
     eng.stop()
 
 
-def _engine(tiny, devices, **kw):
-    from flexnpu.serving.engine import Engine, EngineConfig, ModelSteps
-
-    ec = EngineConfig(max_batch=4, max_seq_len=96, buckets=[8, 16, 32], **kw)
-    eng = Engine(ModelSteps(tiny.config), tiny.params, ec, devices=devices)
-    assert eng.warmup() == eng.num_warmup_programs()
-    eng.start()
-    return eng
-
-
-PROMPTS = [list(range(3, 3 + n)) for n in (5, 12, 30, 9, 17, 2)]
+# Prompt lengths around the chunk size (32) and block size (8); 70 takes three chunks.
+PROMPTS = [[(7 * i + j) % 250 + 3 for j in range(n)] for i, n in enumerate((5, 12, 70, 9, 33, 1))]
+LENGTHS = [20, 6, 14, 3, 25, 9]
 
 
 def _greedy(max_tokens: int):
@@ -44,121 +53,294 @@ def _greedy(max_tokens: int):
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def _run_concurrently(eng, prompts, lengths):
-    """Submits all requests at once (more than the slots: some wait) and collects the tokens."""
-    results: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    done = threading.Semaphore(0)
+@pytest.fixture(scope="module")
+def direct(tiny, ref_devices):
+    """Greedy ids of every prompt from the plain model steps on the xla-cpu-pjrt plugin
+    directly (no FlexNPU, no engine)."""
+    import jax
 
-    def sink_for(i):
-        def sink(tok, reason):
-            if tok is not None:
-                results[i].append(tok)
-            if reason is not None:
-                done.release()
-        return sink
+    from flexnpu.serving.loading import greedy_generate
 
-    for i, (p, n) in enumerate(zip(prompts, lengths, strict=True)):
-        eng.submit(p, _greedy(n), sink_for(i))
-    for _ in prompts:
-        assert done.acquire(timeout=60)
-    return [results[i] for i in range(len(prompts))]
+    with jax.default_device(ref_devices[0]):
+        return [greedy_generate(tiny, p, n, bucket=128) for p, n in
+                zip(PROMPTS, LENGTHS, strict=True)]
 
 
-def test_continuous_batching_joins_and_leaves(eng1) -> None:
+class _Collect:
+    """A RequestOutput that keeps everything (ids, logprobs, finish) for assertions."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.logprobs: list = []
+        self.reasons: list[str] = []
+        self.done = threading.Event()
+
+    def on_token(self, token_id, logprobs, now):
+        self.ids.append(token_id)
+        self.logprobs.append(logprobs)
+        return None
+
+    def on_finish(self, reason, now):
+        self.reasons.append(reason)
+        self.done.set()
+
+
+def _run_concurrently(eng, prompts, lengths, sampling=None):
+    outs = [_Collect() for _ in prompts]
+    for p, n, o in zip(prompts, lengths, outs, strict=True):
+        eng.submit(p, sampling(n) if sampling else _greedy(n), o)
+    for o in outs:
+        assert o.done.wait(60), "request did not finish"
+        assert o.reasons == ["length"], o.reasons
+    return [o.ids for o in outs]
+
+
+def test_solo_requests_match_the_plain_model_steps(eng1, direct) -> None:
+    got = [eng1.generate(p, _greedy(n))[0] for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+    assert got == direct
+
+
+def test_continuous_batching_with_mixed_steps(eng1, direct) -> None:
     eng = eng1
+    eng.step_log.clear()
+    eng.keep_step_log = True
     try:
-        eng.keep_step_log = True
-        solo = [eng.generate(p, _greedy(n))[0] for p, n in zip(PROMPTS, [20, 6, 14, 3, 25, 9],
-                                                                 strict=True)]
-        assert [len(s) for s in solo] == [20, 6, 14, 3, 25, 9]
-        eng.step_log.clear()
-        # 6 requests > 4 slots: some wait, others join as slots free up.
-        together = _run_concurrently(eng, PROMPTS, [20, 6, 14, 3, 25, 9])
-        assert together == solo
-        log = eng.step_log
-        assert max(len(s) for s in log) == 4  # the batch filled up
-        sets = [set(s) for s in log]
-        joined = any(b - a and a & b for a, b in zip(sets, sets[1:], strict=False))
-        left = any(a - b and a & b for a, b in zip(sets, sets[1:], strict=False))
-        assert joined and left, log
-        assert eng.num_running() == 0 and eng.kv_usage() == 0
+        # 6 requests > 4 sequences per step: some wait, others join as sequences finish.
+        together = _run_concurrently(eng, PROMPTS, LENGTHS)
     finally:
         eng.keep_step_log = False
+    assert together == direct
+    log = [(set(decodes), chunk) for _, decodes, chunk in eng.step_log]
+    assert max(len(d) for d, _ in log) == 4  # the batch filled up
+    assert any(d and chunk for d, chunk in log)  # a prefill chunk rode along with decodes
+    first = min(r for _, chunk in log if chunk for r in [chunk[0]])
+    long_chunks = [chunk[1] for _, chunk in log if chunk and chunk[0] == first + 2]
+    assert len(long_chunks) >= 3 and sum(long_chunks) == 70  # the 70-token prompt, chunked
+    sets = [d for d, _ in log]
+    assert any(b - a and a & b for a, b in zip(sets, sets[1:], strict=False))  # one joined
+    assert any(a - b and a & b for a, b in zip(sets, sets[1:], strict=False))  # one left
+    assert eng.num_running() == 0 and eng.kv_usage() == 0
 
 
-def test_split_prefill_decode_devices_match_interleaved(tiny, eng1, npu_devices) -> None:
-    lengths = [8, 5, 11, 7, 4, 9]
-    want = _run_concurrently(eng1, PROMPTS, lengths)
-    split = _engine(tiny, npu_devices, prefill_devices=2, decode_devices=2)
+def test_preemption_by_recompute_gives_the_same_tokens(tiny, npu_devices, direct) -> None:
+    # 12 blocks of 8 positions: the 4 sequences (up to 95 positions each) cannot all fit.
+    eng = _engine(tiny, npu_devices[:1], num_kv_blocks=12)
     try:
-        assert [str(d) for d in split.prefill_devs] == [str(d) for d in npu_devices[:2]]
-        assert [g.device for g in split.groups] == list(npu_devices[2:4])
-        got = _run_concurrently(split, PROMPTS, lengths)
-        assert got == want
-        assert {g.ck.devices().pop() for g in split.groups} == set(npu_devices[2:4])
+        seqs = []
+        orig = eng.submit
+
+        def submit(*a, **kw):
+            req = orig(*a, **kw)
+            seqs.append(req.seq)
+            return req
+
+        eng.submit = submit
+        got = _run_concurrently(eng, PROMPTS, LENGTHS)
+        assert got == direct
+        assert sum(s.num_preemptions for s in seqs) > 0
+        assert eng.kv_usage() == 0
     finally:
-        split.stop()
+        eng.stop()
 
 
-def test_stops_at_eos_max_tokens_and_context(tiny, eng1) -> None:
+def test_split_prefill_and_decode_instances_hand_over_the_kv(tiny, npu_devices, direct) -> None:
+    eng = _engine(tiny, npu_devices, layout="split", prefill_devices=2, decode_devices=2)
+    try:
+        assert [x.device for x in eng.instances] == list(npu_devices[:4])
+        assert [x.role.value for x in eng.instances] == ["prefill"] * 2 + ["decode"] * 2
+        eng.keep_step_log = True
+        got = _run_concurrently(eng, PROMPTS, LENGTHS)
+        assert got == direct
+        decoded_on = {name for name, decodes, _ in eng.step_log if decodes}
+        assert decoded_on <= {"decode-2", "decode-3"} and len(decoded_on) == 2
+        chunks_on = {name for name, _, chunk in eng.step_log if chunk}
+        assert chunks_on <= {"prefill-0", "prefill-1"}
+    finally:
+        eng.stop()
+
+
+def test_all_devices_colocated_by_default(tiny, npu_devices, direct) -> None:
+    eng = _engine(tiny, None)
+    try:
+        import jax
+
+        assert [x.device for x in eng.instances] == jax.devices()
+        assert _run_concurrently(eng, PROMPTS, LENGTHS) == direct
+    finally:
+        eng.stop()
+
+
+def test_stops_and_lengths(tiny, eng1) -> None:
+    from flexnpu.serving.engine import Engine
     from flexnpu.serving.sampling import SamplingParams
 
     eng = eng1
+    out, reason = eng.generate(PROMPTS[0], _greedy(5))
+    assert len(out) == 5 and reason == "length"
+    # The first generated token declared a stop token: the request ends there.
+    out2, reason2 = eng.generate(PROMPTS[0], SamplingParams(max_tokens=5, temperature=0,
+                                                            stop_token_ids=[out[0]]))
+    assert out2 == [] and reason2 == "stop"
+    # Exactly max_model_len positions in all.
+    out3, reason3 = eng.generate(PROMPTS[2], _greedy(MAX_LEN - len(PROMPTS[2])))
+    assert reason3 == "length" and len(PROMPTS[2]) + len(out3) == MAX_LEN
+    assert isinstance(eng, Engine)
+
+
+def test_too_long_and_bad_requests_are_refused_with_a_reason(eng1) -> None:
+    from flexnpu.serving.scheduler import RequestTooLongError
+
+    with pytest.raises(RequestTooLongError, match=r"maximum context length is 128 tokens.*"
+                       r"100 prompt tokens \+ max_tokens 29 = 129"):
+        eng1.submit([3] * 100, _greedy(29), _Collect())
+    with pytest.raises(ValueError, match="out of range"):
+        eng1.submit([3, 99999], _greedy(1), _Collect())
+    with pytest.raises(ValueError, match="top_p must be in"):
+        _greedy(1).__class__(top_p=0.0)
+    assert eng1.num_waiting() == 0
+
+
+def test_queue_limit_raises_queue_full(tiny, npu_devices) -> None:
+    from flexnpu.serving.scheduler import QueueFullError
+
+    eng = _engine(tiny, npu_devices[:1], start=False, max_waiting=2)
+    outs = [_Collect() for _ in range(2)]
+    for o in outs:
+        eng.submit(PROMPTS[0], _greedy(3), o)
+    with pytest.raises(QueueFullError, match=r"waiting queue is full \(2 requests\)"):
+        eng.submit(PROMPTS[0], _greedy(3), _Collect())
+    eng.start()  # nothing accepted is lost
     try:
-        out, reason = eng.generate(PROMPTS[0], _greedy(5))
-        assert len(out) == 5 and reason == "length"
-        # Stop at the first generated token by declaring it eos.
-        eng.eos_id = out[0]
-        out2, reason2 = eng.generate(PROMPTS[0], SamplingParams(max_tokens=5, temperature=0))
-        assert out2 == [] and reason2 == "stop"  # eos ends the request, is not streamed
-        eng.eos_id = -1
-        out3, reason3 = eng.generate(PROMPTS[2], _greedy(1000))
-        assert reason3 == "length" and len(PROMPTS[2]) + len(out3) == 96
-        with pytest.raises(ValueError):
-            eng.submit(list(range(33)), _greedy(1), lambda *a: None)
+        for o in outs:
+            assert o.done.wait(60) and o.reasons == ["length"] and len(o.ids) == 3
     finally:
-        eng.eos_id = tiny.config.eos_id
+        eng.stop()
 
 
-def test_seeded_sampling_is_reproducible(eng1) -> None:
-    from flexnpu.serving.sampling import SamplingParams
-
+def test_abort_frees_kv_at_once(eng1) -> None:
     eng = eng1
-    sp = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
-    a = eng.generate(PROMPTS[1], sp)[0]
-    b = eng.generate(PROMPTS[1], sp)[0]
-    c = eng.generate(PROMPTS[1], SamplingParams(max_tokens=12, temperature=1.0, seed=8,
-                                                ignore_eos=True))[0]
-    assert a == b and a != c
-
-
-def test_abort_frees_the_slot(eng1) -> None:
-    eng = eng1
-    got = []
-    done = threading.Event()
-
-    def sink(tok, reason):
-        if reason is not None:
-            got.append(reason)
-            done.set()
-
-    req = eng.submit(PROMPTS[0], _greedy(10_000), sink)
-    while eng.num_running() == 0:
-        threading.Event().wait(0.01)
+    o = _Collect()
+    req = eng.submit(PROMPTS[1], _greedy(MAX_LEN - 20), o)
+    deadline = time.monotonic() + 30
+    while not o.ids and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert o.ids and eng.kv_usage() > 0
     eng.abort(req)
-    assert done.wait(10) and got == ["abort"]
-    for _ in range(100):
-        if eng.num_running() == 0:
-            break
-        threading.Event().wait(0.01)
-    assert eng.num_running() == 0
+    assert eng.kv_usage() == 0 and eng.num_running() == 0  # freed by abort, not a later step
+    assert o.done.wait(10) and o.reasons == ["abort"]
+    n = len(o.ids)
+    time.sleep(0.1)
+    assert len(o.ids) == n  # nothing after the finish
 
 
-def test_sampling_top_p_keeps_the_nucleus() -> None:
-    from flexnpu.serving.sampling import SamplingParams, sample
+def test_deadline_finishes_with_timeout(eng1) -> None:
+    o = _Collect()
+    eng1.submit(PROMPTS[1], _greedy(MAX_LEN - 20), o, deadline=time.perf_counter() + 0.05)
+    assert o.done.wait(30) and o.reasons == ["timeout"]
+    assert len(o.ids) < MAX_LEN - 20
 
-    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32))
-    rng = np.random.default_rng(0)
-    sp = SamplingParams(temperature=1.0, top_p=0.7)
-    assert {sample(logits, sp, rng) for _ in range(200)} == {0, 1}
-    assert sample(logits, SamplingParams(temperature=0.0), rng) == 0
+
+def test_step_failure_fails_every_request_and_the_engine(tiny, npu_devices) -> None:
+    from flexnpu.serving.engine import EngineDeadError
+
+    eng = _engine(tiny, npu_devices[:2], max_num_seqs=2)
+    try:
+        runner = eng.instances[0].runner
+        real = runner.dispatch
+        calls = {"n": 0}
+
+        def failing(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected device failure")
+            return real(*a, **kw)
+
+        runner.dispatch = failing
+        outs = [_Collect() for _ in range(8)]  # more than the slots: some are still queued
+        for o in outs:
+            eng.submit(PROMPTS[1], _greedy(50), o)
+        for o in outs:
+            assert o.done.wait(30), "a request hangs after the failure"
+        assert all(len(o.reasons) == 1 for o in outs)
+        assert all(o.reasons[0].startswith("error: ") for o in outs), [o.reasons for o in outs]
+        assert "injected device failure" in outs[-1].reasons[0]
+        assert not eng.healthy and "injected device failure" in eng.error
+        with pytest.raises(EngineDeadError, match="injected device failure"):
+            eng.submit(PROMPTS[0], _greedy(1), _Collect())
+    finally:
+        eng.stop()
+
+
+# ---- sampling on the device ------------------------------------------------------------------
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(eng1) -> None:
+    from flexnpu.serving.sampling import SamplingParams
+
+    def sp(seed, n=12):
+        return SamplingParams(max_tokens=n, temperature=1.0, top_p=0.9, seed=seed,
+                              ignore_eos=True)
+
+    a = eng1.generate(PROMPTS[1], sp(7))[0]
+    b = eng1.generate(PROMPTS[1], sp(7))[0]
+    c = eng1.generate(PROMPTS[1], sp(8))[0]
+    assert a == b and a != c
+    # The same seeded request among others (different rows, mixed steps) gives the same ids.
+    together = _run_concurrently(eng1, [PROMPTS[1], PROMPTS[2], PROMPTS[1]], [12, 12, 12],
+                                 lambda n: sp(7, n))
+    assert together[0] == a and together[2] == a
+
+
+def test_logprobs_of_served_tokens(eng1, direct) -> None:
+    from flexnpu.serving.sampling import SamplingParams
+
+    o = _Collect()
+    eng1.submit(PROMPTS[0], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True,
+                                           logprobs=3), o)
+    assert o.done.wait(30)
+    assert o.ids == direct[0][:6]
+    for tok, lp in zip(o.ids, o.logprobs, strict=True):
+        assert len(lp.top) == 3 and lp.top[0][0] == tok  # greedy: the best one
+        assert lp.logprob == pytest.approx(lp.top[0][1]) and lp.logprob <= 0
+        assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+    o2 = _Collect()
+    eng1.submit(PROMPTS[0], _greedy(2), o2)
+    assert o2.done.wait(30) and o2.logprobs == [None, None]
+
+
+def _sample(logits, n, **kw):
+    import jax
+    import jax.numpy as jnp
+
+    from flexnpu.serving.sampling import sample_rows
+
+    r = n
+    row = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    row.update(kw)
+    f = jax.jit(sample_rows)
+    return f(jnp.tile(jnp.asarray(logits, jnp.float32), (r, 1)),
+             jnp.full(r, row["temperature"], jnp.float32), jnp.full(r, row["top_k"], jnp.int32),
+             jnp.full(r, row["top_p"], jnp.float32), jnp.full(r, row["min_p"], jnp.float32),
+             jnp.zeros((r, 2), jnp.uint32), jnp.arange(r, dtype=jnp.int32), jnp.bool_(True))
+
+
+def test_device_sampler_filters() -> None:
+    # 4 real tokens, then 28 with ~no mass (top logprobs need >= 20 entries)
+    logits = np.concatenate([np.log(np.array([0.5, 0.3, 0.15, 0.05], np.float32)),
+                             np.full(28, -1e4, np.float32)])
+    n = 400
+
+    def drawn(**kw):
+        return np.asarray(_sample(logits, n, **kw)[0])
+
+    free = np.bincount(drawn(), minlength=32)[:4] / n
+    assert np.allclose(free, [0.5, 0.3, 0.15, 0.05], atol=0.07)  # 400 draws: ~3 sigma
+    assert set(drawn(top_p=0.7)) == {0, 1}  # 0.5 + 0.3 covers 0.7
+    assert set(drawn(top_k=3)) == {0, 1, 2}
+    assert set(drawn(min_p=0.5)) == {0, 1}  # p >= 0.25
+    assert set(drawn(top_k=1)) == {0}
+    assert set(drawn(temperature=0.0)) == {0}
+    ids, chosen, top_ids, top_lp = _sample(logits, 2, temperature=0.0)
+    assert np.allclose(np.asarray(chosen), np.log(0.5), atol=1e-5)
+    assert np.asarray(top_ids)[0, :4].tolist() == [0, 1, 2, 3]
+    assert np.allclose(np.asarray(top_lp)[0, :4], np.log([0.5, 0.3, 0.15, 0.05]), atol=1e-5)

@@ -1,355 +1,454 @@
-"""Continuous-batching engine over `jax.devices()` of any platform.
+"""The serving engine: instances (a scheduler + a runner on one device, each with its own thread)
+over `jax.devices()`, request routing, KV handoff between instances, and failure handling.
 
-Decode runs in *groups*, one per decode device: a KV cache [L, B, S, n_kv, D] (donated across
-steps) and B batch slots that requests join and leave at every step. Prompts are padded to
-length buckets, so the programs are bounded and compiled at start-up.
+Layouts (JetStream-style slices of `jax.devices()` in order):
+- co-located (default): every device is a MIXED instance; a step carries the decodes of its
+  running sequences and one prefill chunk (Sarathi-style mixed batch), and the instances run
+  concurrently, so prefill bursts and decode streams contend for the devices underneath;
+- split: the first `prefill_devices` devices are PREFILL instances, the next `decode_devices`
+  DECODE instances; a prefilled sequence's KV goes to the least loaded decode instance with
+  `jax.device_put` and is written into its blocks before the decode step that continues it.
 
-Two device layouts (JetStream-style slices taken from `jax.devices()` in order):
-- interleaved: every device runs both phases; the generate loop prefills waiting requests into
-  free slots between decode steps (prefill first, like vLLM without chunking);
-- split (`prefill_devices`, `decode_devices`): one prefill thread per prefill device; the KV of a
-  prefilled prompt is handed to its decode device with `jax.device_put` and inserted into a
-  free slot by the generate loop, so prefill overlaps decode.
+Each instance thread plans step k+1 and dispatches it before it waits for step k's tokens (the
+scheduler counts outputs optimistically; a decode row reads its input token from step k's ids on
+the device), then does step k's host work: output callbacks, finishes, handoffs.
+
+Robustness: a failure of any engine thread fails every queued and running request
+(`on_finish("error: ...")`), marks the engine unhealthy and refuses new requests; requests have
+optional deadlines ("timeout"); the waiting queue is bounded (QueueFullError); `abort` frees a
+request's KV blocks at once.
 """
 
 from __future__ import annotations
 
 import itertools
-import queue
+import math
+import random
 import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import jax
-import numpy as np
 
-from flexnpu.serving import kvcache
-from flexnpu.serving.config import LlamaConfig
-from flexnpu.serving.sampling import SamplingParams, sample
+from flexnpu.serving import scheduler as sched_lib
+from flexnpu.serving.output import IdsOutput, RequestOutput, TokenLogprobs
+from flexnpu.serving.runner import (
+    Dispatched,
+    ModelSteps,
+    NeedsPreviousStep,
+    Runner,
+    RunnerShapes,
+    Steps,
+    powers_of_two,
+    top_logprobs,
+)
+from flexnpu.serving.sampling import SamplingParams
+from flexnpu.serving.scheduler import (
+    QueueFullError,
+    RequestTooLongError,
+    Role,
+    Scheduler,
+    SchedulerConfig,
+    Sequence,
+)
 
-# A sink receives (token_id, None) for each token, then (None, finish_reason) exactly once;
-# it is called on an engine thread and must not block.
-Sink = Callable[[int | None, str | None], None]
+__all__ = ["Engine", "EngineConfig", "EngineDeadError", "ModelSteps", "QueueFullError",
+           "Request", "RequestTooLongError"]
 
-
-class Steps(Protocol):
-    """The compiled programs the engine runs (from model code or from `jax.export` artifacts)."""
-
-    config: LlamaConfig
-
-    def prefill(self, params: Any, tokens: np.ndarray, length: np.ndarray) -> tuple: ...
-
-    def decode(self, params: Any, ck: Any, cv: Any, tokens: Any, pos: Any) -> tuple: ...
-
-    def insert(self, ck: Any, cv: Any, k: Any, v: Any, slot: Any) -> tuple: ...
-
-
-class ModelSteps:
-    def __init__(self, config: LlamaConfig) -> None:
-        from flexnpu.serving import model as model_lib
-
-        self.config = config
-        self.prefill, self.decode, self.insert = model_lib.jitted_steps(config)
+LAYOUTS = ("colocated", "split")
 
 
-def default_buckets(max_prompt: int, smallest: int = 32) -> list[int]:
-    out, b = [], smallest
-    while b < max_prompt:
-        out.append(b)
-        b *= 2
-    return [*out, max_prompt]
+class EngineDeadError(RuntimeError):
+    """The engine failed (see `engine.error`) and takes no more requests (HTTP 503)."""
 
 
 @dataclass
 class EngineConfig:
-    max_batch: int = 8  # slots per decode device
-    max_seq_len: int = 1024  # KV positions per slot (the served context length)
-    buckets: list[int] | None = None  # prompt length buckets; default powers of two
-    prefill_devices: int = 0  # 0: interleaved mode
-    decode_devices: int = 1  # split: decode devices; interleaved: devices doing both
-    max_prefills_per_step: int = 4  # interleaved mode: admissions between two decode steps
+    max_num_seqs: int = 8  # decode batch per instance
+    max_model_len: int = 1024  # prompt + output positions per request
+    max_num_batched_tokens: int = 256  # token budget per step = the largest prefill chunk
+    block_size: int = 16
+    num_kv_blocks: int = 0  # per instance; 0: max_num_seqs full-length sequences (no preemption)
+    max_waiting: int = 1024  # per entry instance; QueueFullError beyond
+    request_timeout: float | None = None  # seconds; requests without a deadline get this one
+    layout: str = "colocated"
+    num_devices: int = 0  # co-located: instances (0: every device)
+    prefill_devices: int = 1  # split layout
+    decode_devices: int = 1  # split layout
+    chunk_buckets: list[int] | None = None  # default: powers of two from 16 to the budget
 
-    def resolved_buckets(self) -> list[int]:
-        b = sorted(self.buckets or default_buckets(min(512, self.max_seq_len - 1)))
-        if b[-1] >= self.max_seq_len:
-            raise ValueError(f"bucket {b[-1]} must be < max_seq_len {self.max_seq_len}")
-        return b
+    def validate(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r}: expected one of {', '.join(LAYOUTS)}")
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_kv_blocks < 0 or self.num_devices < 0:
+            raise ValueError("num_kv_blocks and num_devices must be >= 0")
+        if self.layout == "split" and (self.prefill_devices < 1 or self.decode_devices < 1):
+            raise ValueError("the split layout needs >= 1 prefill and >= 1 decode device")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0, got {self.request_timeout}")
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return math.ceil(self.max_model_len / self.block_size)
+
+    def blocks_per_instance(self) -> int:
+        return self.num_kv_blocks or self.max_num_seqs * self.max_blocks_per_seq
+
+    def resolved_chunk_buckets(self) -> tuple[int, ...]:
+        if self.chunk_buckets:
+            b = tuple(sorted(set(self.chunk_buckets)))
+            if b[-1] < self.max_num_batched_tokens:
+                raise ValueError(f"largest chunk bucket {b[-1]} < max_num_batched_tokens "
+                                 f"{self.max_num_batched_tokens}")
+            return b
+        return powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     id: int
     prompt_ids: list[int]
     sampling: SamplingParams
-    sink: Sink
+    output: RequestOutput
+    seed_words: tuple[int, int]
     arrival: float = field(default_factory=time.perf_counter)
-    output_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)  # sampled so far (known on the host)
+    seq: Sequence | None = None
+    instance: _Instance | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
+    finish_reason: str | None = None
     aborted: bool = False
-    done: bool = False
-    rng: np.random.Generator | None = None
+    handoff: tuple[Any, Any] | None = None  # KV on its way to a decode instance
+
+    def known_tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
 
 
-@dataclass
-class _Ready:  # a prefilled request whose KV is on its decode group's device
-    req: Request
-    group: _Group
-    slot: int
-    k: Any
-    v: Any
+class _Instance:
+    def __init__(self, name: str, role: Role, runner: Runner, scheduler: Scheduler) -> None:
+        self.name = name
+        self.role = role
+        self.runner = runner
+        self.sched = scheduler
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
 
-
-class _Group:
-    def __init__(self, index: int, device, cache: tuple, batch: int) -> None:
-        self.index = index
-        self.device = device
-        self.ck, self.cv = cache
-        self.slots: list[Request | None] = [None] * batch
-        self.reserved = [False] * batch
-        self.pos = np.zeros(batch, np.int32)
-        self.tokens = np.zeros(batch, np.int32)
-        self.params: Any = None
-
-    def free_slots(self) -> int:
-        return sum(1 for s, r in zip(self.slots, self.reserved, strict=True) if s is None and not r)
+    @property
+    def device(self) -> Any:
+        return self.runner.device
 
 
 class Engine:
-    def __init__(self, steps: Steps, params: Any, config: EngineConfig, devices=None,
-                 metrics=None, eos_id: int | None = None) -> None:
+    def __init__(self, steps: Steps | None, params: Any, config: EngineConfig,
+                 devices: list | None = None, metrics: Any = None,
+                 eos_ids: Collection[int] | None = None, model_config: Any = None) -> None:
+        """`steps`: the compiled programs (None: jitted from the model code for
+        `model_config`)."""
+        config.validate()
+        if steps is None:
+            if model_config is None:
+                raise ValueError("Engine needs steps or a model_config")
+            steps = ModelSteps(model_config, config.block_size)
+        if steps.block_size != config.block_size:
+            raise ValueError(f"steps are for block size {steps.block_size}, the engine is "
+                             f"configured with {config.block_size}")
         self.steps = steps
         self.cfg = steps.config
         self.ec = config
-        self.buckets = config.resolved_buckets()
-        self.eos_id = self.cfg.eos_id if eos_id is None else eos_id
         self.metrics = metrics
+        self.eos_ids = frozenset([self.cfg.eos_id] if eos_ids is None else eos_ids)
+        self.max_model_len = config.max_model_len
         devices = list(devices if devices is not None else jax.devices())
-        n_pre, n_dec = config.prefill_devices, config.decode_devices
-        if n_pre + n_dec > len(devices):
-            raise ValueError(f"{n_pre} prefill + {n_dec} decode devices requested, "
-                             f"only {len(devices)} available: {devices}")
-        self.split = n_pre > 0
-        self.prefill_devs = devices[:n_pre] if self.split else devices[:n_dec]
-        decode_devs = devices[n_pre:n_pre + n_dec]
+        if config.layout == "split":
+            need = config.prefill_devices + config.decode_devices
+            if need > len(devices):
+                raise ValueError(f"split layout: {config.prefill_devices} prefill + "
+                                 f"{config.decode_devices} decode devices requested, only "
+                                 f"{len(devices)} available")
+            roles = [Role.PREFILL] * config.prefill_devices + [Role.DECODE] * \
+                config.decode_devices
+        else:
+            n = config.num_devices or len(devices)
+            if n > len(devices):
+                raise ValueError(f"{n} devices requested, only {len(devices)} available")
+            roles = [Role.MIXED] * n
         dtype = jax.tree_util.tree_leaves(params)[0].dtype
-        self._params = {d: jax.device_put(params, d) for d in {*self.prefill_devs, *decode_devs}}
-        self.groups = [
-            _Group(i, d, kvcache.init_cache(self.cfg, config.max_batch, config.max_seq_len,
-                                              dtype, d), config.max_batch)
-            for i, d in enumerate(decode_devs)
-        ]
-        for g in self.groups:
-            g.params = self._params[g.device]
+        shapes = RunnerShapes(
+            num_seqs=config.max_num_seqs, block_size=config.block_size,
+            num_blocks=config.blocks_per_instance(),
+            max_blocks_per_seq=config.max_blocks_per_seq,
+            chunk_buckets=config.resolved_chunk_buckets(),
+            handoff_buckets=powers_of_two(1, config.max_blocks_per_seq)
+            if config.layout == "split" else ())
+        placed: dict[Any, Any] = {}
+        self.instances: list[_Instance] = []
+        for i, (role, dev) in enumerate(zip(roles, devices, strict=False)):
+            if dev not in placed:
+                placed[dev] = jax.device_put(params, dev)
+            sc = SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                block_size=config.block_size, num_blocks=shapes.num_blocks,
+                max_model_len=config.max_model_len, max_waiting=config.max_waiting,
+                max_prefill_seqs=1, role=role)
+            runner = Runner(steps, placed[dev], dev, shapes, dtype)
+            self.instances.append(_Instance(f"{role.value}-{i}", role, runner, Scheduler(sc)))
+        self.entry = [x for x in self.instances if x.role is not Role.DECODE]
+        self.decoders = [x for x in self.instances if x.role is Role.DECODE]
+        self.healthy = True
+        self.error: str | None = None
         self._ids = itertools.count()
-        self._lock = threading.Lock()
-        self._waiting: queue.Queue[Request] = queue.Queue()
-        self._ready: queue.Queue[_Ready] = queue.Queue()
-        self._slots_free = threading.Semaphore(config.max_batch * len(self.groups))
-        self._wake = threading.Event()
+        self._seeds = random.Random()
+        self._lock = threading.Lock()  # live requests, finishes, handoff routing
+        self._live: dict[int, Request] = {}
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.num_waiting = 0
-        self.step_log: list[tuple[int, ...]] = []  # active request ids per decode step (tests)
         self.keep_step_log = False
-        self.decode_steps = 0
+        # (instance, decoding request ids, (request id, tokens) of the prompt chunk or None)
+        self.step_log: list[tuple[str, tuple[int, ...], tuple[int, int] | None]] = []
 
-    # ---- public API -------------------------------------------------------------------------
+    # ---- public API ---------------------------------------------------------------------------
 
     @property
-    def max_prompt_len(self) -> int:
-        return self.buckets[-1]
-
-    def warmup(self, progress: Callable[[int], Any] | None = None) -> int:
-        """Compiles (by running) every program on every device it will run on: prefill per
-        bucket per prefill device, insert per bucket and decode per decode group."""
-        done = 0
-        for d in self.prefill_devs:
-            for b in self.buckets:
-                out = self.steps.prefill(self._params[d], np.zeros(b, np.int32), np.int32(1))
-                jax.block_until_ready(out)
-                done += 1
-                if progress:
-                    progress(1)
-        for g in self.groups:
-            for b in self.buckets:
-                k, v = _dummy_kv(self.cfg, b, g.ck.dtype, g.device)
-                g.ck, g.cv = self.steps.insert(g.ck, g.cv, k, v, np.int32(0))
-                done += 1
-                if progress:
-                    progress(1)
-            logits, g.ck, g.cv = self.steps.decode(g.params, g.ck, g.cv, g.tokens, g.pos)
-            jax.block_until_ready(logits)
-            done += 1
-            if progress:
-                progress(1)
-        return done
+    def split(self) -> bool:
+        return bool(self.decoders)
 
     def num_warmup_programs(self) -> int:
-        return len(self.buckets) * (len(self.prefill_devs) + len(self.groups)) + len(self.groups)
+        return sum(len(x.runner.programs()) for x in self.instances)
+
+    def warmup(self, progress: Callable[[int], Any] | None = None) -> int:
+        """Compiles every program on every device it runs on (bounded: chunk buckets,
+        the decode-only step, KV handoff buckets in the split layout)."""
+        return sum(x.runner.warmup(progress) for x in self.instances)
 
     def start(self) -> None:
-        self._threads = [threading.Thread(target=self._generate_loop, name="generate",
-                                          daemon=True)]
-        if self.split:
-            for i, d in enumerate(self.prefill_devs):
-                self._threads.append(threading.Thread(
-                    target=self._prefill_loop, args=(d,), name=f"prefill-{i}", daemon=True))
-        for t in self._threads:
-            t.start()
+        for x in self.instances:
+            x.thread = threading.Thread(target=self._loop, args=(x,), name=f"engine-{x.name}",
+                                        daemon=True)
+            x.thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
-        for t in self._threads:
-            t.join(timeout=30)
+        for x in self.instances:
+            x.wake.set()
+        for x in self.instances:
+            if x.thread is not None:
+                x.thread.join(timeout=30)
 
-    def submit(self, prompt_ids: list[int], sampling: SamplingParams, sink: Sink) -> Request:
-        if not 1 <= len(prompt_ids) <= self.max_prompt_len:
-            raise ValueError(f"prompt of {len(prompt_ids)} tokens; this server takes 1 to "
-                             f"{self.max_prompt_len}")
-        req = Request(next(self._ids), list(prompt_ids), sampling, sink)
-        req.rng = sampling.rng()
+    def submit(self, prompt_ids: list[int], sampling: SamplingParams, output: RequestOutput,
+               *, deadline: float | None = None, priority: int = 0) -> Request:
+        """Queues a request; its tokens go to `output` on an engine thread. Raises
+        RequestTooLongError (ValueError), QueueFullError, EngineDeadError, ValueError."""
+        if not self.healthy:
+            raise EngineDeadError(f"the engine has failed: {self.error}")
+        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {self.cfg.vocab_size}): "
+                             f"{bad[:5]}")
+        now = time.perf_counter()
+        if deadline is None and self.ec.request_timeout is not None:
+            deadline = now + self.ec.request_timeout
+        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
+        req = Request(next(self._ids), list(prompt_ids), sampling, output,
+                      (seed & 0xFFFFFFFF, seed >> 32), arrival=now)
+        req.seq = Sequence(req.id, len(prompt_ids), sampling.max_tokens, now, deadline,
+                           priority, payload=req)
+        inst = self.entry[sched_lib.least_loaded([x.sched for x in self.entry])]
         with self._lock:
-            self.num_waiting += 1
-        self._waiting.put(req)
-        self._wake.set()
+            self._live[req.id] = req
+            req.instance = inst
+        try:
+            with inst.lock:
+                inst.sched.add(req.seq)
+        except BaseException:
+            with self._lock:
+                self._live.pop(req.id, None)
+            raise
+        inst.wake.set()
         self._update_gauges()
         return req
 
     def abort(self, req: Request) -> None:
-        """Frees the request's slot at the next step (e.g. its client disconnected)."""
-        req.aborted = True
-        self._wake.set()
+        """Finishes the request ("abort") and frees its KV blocks now (a client went away)."""
+        with self._lock:
+            if req.done:
+                return
+            req.aborted = True
+            inst = req.instance
+        if inst is not None:
+            with inst.lock:
+                inst.sched.abort(req.id)
+            inst.wake.set()
+        self._finish(req, "abort")
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                  timeout: float = 120) -> tuple[list[int], str]:
-        """Blocking helper: the generated ids and the finish reason."""
-        out: list[int] = []
-        fin: list[str] = []
-        done = threading.Event()
-
-        def sink(tok: int | None, reason: str | None) -> None:
-            if tok is not None:
-                out.append(tok)
-            if reason is not None:
-                fin.append(reason)
-                done.set()
-
-        self.submit(prompt_ids, sampling, sink)
-        if not done.wait(timeout):
-            raise TimeoutError("generation did not finish")
-        return out, fin[0]
+        """Blocking: the generated ids (stop tokens excluded) and the finish reason."""
+        out = IdsOutput(sampling, self.eos_ids)
+        req = self.submit(prompt_ids, sampling, out)
+        if not out.done.wait(timeout):
+            self.abort(req)
+            raise TimeoutError(f"generation did not finish within {timeout}s")
+        assert out.finish_reason is not None
+        return out.ids, out.finish_reason
 
     def num_running(self) -> int:
-        return sum(1 for g in self.groups for s in g.slots if s is not None)
+        return sum(x.sched.num_running for x in self.instances)
+
+    def num_waiting(self) -> int:
+        return sum(x.sched.num_waiting for x in self.instances)
 
     def kv_usage(self) -> float:
-        used = sum(int(g.pos[i]) + 1 for g in self.groups for i, s in enumerate(g.slots)
-                   if s is not None)
-        return used / (len(self.groups) * self.ec.max_batch * self.ec.max_seq_len)
+        return sum(x.sched.kv_usage for x in self.instances) / len(self.instances)
 
-    # ---- internals ----------------------------------------------------------------------------
+    # ---- the instance loop ----------------------------------------------------------------------
 
-    def _bucket(self, n: int) -> int:
-        return next(b for b in self.buckets if b >= n)
-
-    def _prefill(self, req: Request, device) -> tuple[int, Any, Any]:
-        n = len(req.prompt_ids)
-        toks = np.zeros(self._bucket(n), np.int32)
-        toks[:n] = req.prompt_ids
-        logits, k, v = self.steps.prefill(self._params[device], toks, np.int32(n))
-        return self._sample(req, np.asarray(logits)), k, v
-
-    def _sample(self, req: Request, logits: np.ndarray) -> int:
-        assert req.rng is not None
-        return sample(logits, req.sampling, req.rng)
-
-    def _reserve_slot(self) -> tuple[_Group, int] | None:
-        with self._lock:
-            g = max(self.groups, key=lambda g: g.free_slots())
-            for i in range(len(g.slots)):
-                if g.slots[i] is None and not g.reserved[i]:
-                    g.reserved[i] = True
-                    return g, i
-        return None
-
-    def _take_waiting(self) -> Request | None:
+    def _loop(self, inst: _Instance) -> None:
+        prev: Dispatched | None = None
         try:
-            req = self._waiting.get_nowait()
-        except queue.Empty:
-            return None
-        with self._lock:
-            self.num_waiting -= 1
-        return req
-
-    def _prefill_loop(self, device) -> None:
-        while not self._stop.is_set():
-            if not self._slots_free.acquire(timeout=0.1):
-                continue
-            req = None
-            while req is None and not self._stop.is_set():
-                try:
-                    req = self._waiting.get(timeout=0.1)
-                except queue.Empty:
+            while not self._stop.is_set():
+                with inst.lock:
+                    plan = inst.sched.schedule(time.perf_counter())
+                for seq in plan.finished:
+                    self._finish(seq.payload, seq.finish_reason or "timeout")
+                if plan.is_empty:
+                    if prev is not None:
+                        self._complete(inst, prev)
+                        prev = None
+                        continue
+                    self._update_gauges()
+                    inst.wake.wait(0.05)
+                    inst.wake.clear()
                     continue
-            if req is None:
-                self._slots_free.release()
-                return
-            with self._lock:
-                self.num_waiting -= 1
-            if req.aborted:
-                self._finish(req, "abort")
-                self._slots_free.release()
-                continue
-            first, k, v = self._prefill(req, device)
-            got = self._reserve_slot()
-            assert got is not None  # the semaphore guarantees a free slot
-            g, slot = got
-            # KV handoff: prefill device → decode device (a no-op when they are the same).
-            k, v = jax.device_put((k, v), g.device)
-            self._emit(req, first)
-            self._ready.put(_Ready(req, g, slot, k, v))
-            self._wake.set()
+                for seq in plan.kv_inserts:
+                    req = seq.payload
+                    if req.handoff is not None:
+                        inst.runner.insert_kv(*req.handoff, seq.blocks)
+                        req.handoff = None
+                try:
+                    inp, d = inst.runner.prepare(plan, prev)
+                except NeedsPreviousStep:
+                    assert prev is not None, "a token is missing with no step in flight"
+                    self._complete(inst, prev)
+                    prev = None
+                    inp, d = inst.runner.prepare(plan, None)
+                d = inst.runner.dispatch(inp, d, prev)
+                if self.keep_step_log:
+                    chunks = [(e.seq.request_id, e.num_tokens) for e in plan.scheduled
+                              if e.num_tokens > 1]
+                    self.step_log.append((inst.name, tuple(
+                        e.seq.request_id for e in plan.scheduled if e.is_decode),
+                        chunks[0] if chunks else None))
+                if prev is not None:
+                    self._complete(inst, prev)
+                prev = d
+        except BaseException as e:  # noqa: BLE001 - fail every request rather than hang clients
+            traceback.print_exc()
+            self._fail(f"{inst.name}: {type(e).__name__}: {e}")
 
-    def _admit_interleaved(self) -> None:
-        for _ in range(self.ec.max_prefills_per_step):
-            if not any(g.free_slots() for g in self.groups):
-                return
-            req = self._take_waiting()
-            if req is None:
-                return
-            if req.aborted:
-                self._finish(req, "abort")
-                continue
-            got = self._reserve_slot()
-            assert got is not None
-            g, slot = got
-            first, k, v = self._prefill(req, g.device)
-            self._emit(req, first)
-            self._insert(_Ready(req, g, slot, k, v))
-
-    def _insert(self, r: _Ready) -> None:
-        g, slot, req = r.group, r.slot, r.req
-        with self._lock:
-            g.reserved[slot] = False
-            if req.done:  # finished at its first token (eos, max_tokens=1, abort)
-                self._release_slot()
-                return
-            g.slots[slot] = req
-        g.ck, g.cv = self.steps.insert(g.ck, g.cv, r.k, r.v, np.int32(slot))
-        g.pos[slot] = len(req.prompt_ids)
-        g.tokens[slot] = req.output_ids[-1]
-
-    def _release_slot(self) -> None:
-        if self.split:
-            self._slots_free.release()
-
-    def _emit(self, req: Request, tok: int) -> None:
-        """Records one generated token, sends it, finishes the request when it should stop."""
+    def _complete(self, inst: _Instance, d: Dispatched) -> None:
+        """Step d's host work: tokens to the outputs, stops, finishes, handoffs."""
+        out = inst.runner.fetch(d)
         now = time.perf_counter()
+        stopped: dict[int, str] = {}
+        handoff_blocks: dict[int, list[int]] = {}
+        for e, row in out.rows:
+            req: Request = e.seq.payload
+            if req.done or e.seq.finished:
+                continue  # aborted, timed out or stopped while this step was in flight
+            tok = int(out.ids[row])
+            req.output_ids.append(tok)
+            lp = None
+            if req.sampling.logprobs is not None:
+                chosen, top = top_logprobs(out, row, req.sampling.logprobs)
+                lp = TokenLogprobs(chosen, top)
+            self._token_metrics(req, now)
+            try:
+                reason = req.output.on_token(tok, lp, now)
+            except Exception as exc:  # noqa: BLE001 - one bad output fails its request only
+                reason = f"error: output processing failed: {exc}"
+            if reason is not None:
+                stopped[req.id] = reason
+            elif inst.role is Role.PREFILL and e.finishes:
+                handoff_blocks[req.id] = list(e.seq.blocks)
+        with inst.lock:
+            finished = inst.sched.on_step_done(d.plan, now, stopped)
+        for seq in finished:
+            req = seq.payload
+            if seq.finish_reason == "prefilled" and req.id in handoff_blocks:
+                self._handoff(inst, req, handoff_blocks[req.id])
+            else:
+                self._finish(req, seq.finish_reason or "stop")
+        self._update_gauges()
+
+    def _handoff(self, src: _Instance, req: Request, blocks: list[int]) -> None:
+        """A prefilled sequence's KV to the least loaded decode instance (jax.device_put)."""
+        k, v = src.runner.extract_kv(blocks)
+        dst = self.decoders[sched_lib.least_loaded([x.sched for x in self.decoders])]
+        req.handoff = jax.device_put((k, v), dst.device)
+        assert req.seq is not None
+        with self._lock:
+            if req.done:
+                req.handoff = None
+                return
+            req.instance = dst
+            with dst.lock:
+                dst.sched.add_prefilled(req.seq)
+        dst.wake.set()
+
+    # ---- finishing --------------------------------------------------------------------------
+
+    def _finish(self, req: Request, reason: str) -> None:
+        """Exactly once per request."""
+        with self._lock:
+            if req.done:
+                return
+            req.finish_reason = reason
+            req.handoff = None
+            self._live.pop(req.id, None)
+        now = time.perf_counter()
+        if self.metrics:
+            self.metrics.on_finish(req, now)
+            self.metrics.on_reason(reason.split(":")[0])
+        try:
+            req.output.on_finish(reason, now)
+        except Exception:  # noqa: BLE001 - a broken output must not take the engine down
+            traceback.print_exc()
+
+    def _fail(self, message: str) -> None:
+        """An engine thread failed: every queued and running request gets the error."""
+        self.healthy = False
+        self.error = message
+        self._stop.set()
+        for x in self.instances:
+            x.wake.set()
+        for x in self.instances:
+            acquired = x.lock.acquire(timeout=5)
+            try:
+                x.sched.finish_all(f"error: {message}")
+            finally:
+                if acquired:
+                    x.lock.release()
+        with self._lock:
+            live = list(self._live.values())
+        for req in live:
+            self._finish(req, f"error: {message}")
+        self._update_gauges()
+
+    # ---- metrics ------------------------------------------------------------------------------
+
+    def _token_metrics(self, req: Request, now: float) -> None:
         if req.first_token_time is None:
             req.first_token_time = now
             if self.metrics:
@@ -357,88 +456,7 @@ class Engine:
         elif self.metrics and req.last_token_time is not None:
             self.metrics.on_token(now - req.last_token_time)
         req.last_token_time = now
-        req.output_ids.append(tok)
-        eos = tok == self.eos_id and not req.sampling.ignore_eos
-        if not eos:
-            req.sink(tok, None)
-        if eos:
-            self._finish(req, "stop")
-        elif len(req.output_ids) >= req.sampling.max_tokens:
-            self._finish(req, "length")
-        elif len(req.prompt_ids) + len(req.output_ids) >= self.ec.max_seq_len:
-            self._finish(req, "length")
-
-    def _finish(self, req: Request, reason: str) -> None:
-        if req.done:
-            return
-        req.done = True
-        if self.metrics:
-            self.metrics.on_finish(req, time.perf_counter())
-            self.metrics.on_reason(reason.split(":")[0])
-        req.sink(None, reason)
-
-    def _generate_loop(self) -> None:
-        try:
-            while not self._stop.is_set():
-                if not self.split:
-                    self._admit_interleaved()
-                while True:
-                    try:
-                        self._insert(self._ready.get_nowait())
-                    except queue.Empty:
-                        break
-                self._retire()
-                active = [g for g in self.groups if any(s is not None for s in g.slots)]
-                if not active:
-                    self._update_gauges()
-                    self._wake.wait(0.05)
-                    self._wake.clear()
-                    continue
-                outs = []
-                for g in active:  # dispatch every group before waiting on any
-                    logits, g.ck, g.cv = self.steps.decode(g.params, g.ck, g.cv,
-                                                           g.tokens.copy(), g.pos.copy())
-                    outs.append(logits)
-                if self.keep_step_log:
-                    self.step_log.append(tuple(sorted(
-                        r.id for g in active for r in g.slots if r is not None)))
-                self.decode_steps += 1
-                for g, logits in zip(active, outs, strict=True):
-                    host = np.asarray(logits)
-                    for i, req in enumerate(g.slots):
-                        if req is None or req.done:
-                            continue
-                        tok = self._sample(req, host[i])
-                        g.pos[i] += 1
-                        g.tokens[i] = tok
-                        self._emit(req, tok)
-                self._retire()
-                self._update_gauges()
-        except Exception as e:  # noqa: BLE001 - fail every request rather than hang clients
-            import traceback
-
-            traceback.print_exc()
-            for g in self.groups:
-                for r in g.slots:
-                    if r is not None:
-                        self._finish(r, f"error: {e}")
-
-    def _retire(self) -> None:
-        with self._lock:
-            for g in self.groups:
-                for i, req in enumerate(g.slots):
-                    if req is not None and (req.done or req.aborted):
-                        if not req.done:
-                            self._finish(req, "abort")
-                        g.slots[i] = None
-                        self._release_slot()
 
     def _update_gauges(self) -> None:
         if self.metrics:
-            self.metrics.set_gauges(self.num_running(), self.num_waiting, self.kv_usage())
-
-
-def _dummy_kv(cfg: LlamaConfig, t: int, dtype, device):
-    shape = (cfg.num_layers, t, cfg.num_kv_heads, cfg.head_dim)
-    z = jax.device_put(np.zeros(shape, dtype), device)
-    return z, z
+            self.metrics.set_gauges(self.num_running(), self.num_waiting(), self.kv_usage())

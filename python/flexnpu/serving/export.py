@@ -1,6 +1,8 @@
-"""`jax.export` artifacts: the prefill (one per bucket), insert (one per bucket) and decode steps
-as serialized StableHLO lowered for both `cpu` and `flexnpu`, plus the weights, the tokenizer and
-a manifest. `load` serves them without the model code, unchanged on either platform."""
+"""`jax.export` artifacts: the engine's paged step (one per prefill chunk bucket, plus the
+decode-only step) and the KV handoff programs (extract/insert per bucket) as serialized StableHLO
+lowered for both `cpu` and `flexnpu`, plus the weights, the tokenizer and a manifest with the
+engine shapes they were exported for. `load` serves them without the model code, unchanged on
+either platform."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ from jax import export as jax_export
 from flexnpu.serving import kvcache
 from flexnpu.serving.config import LlamaConfig
 from flexnpu.serving.engine import EngineConfig
+from flexnpu.serving.runner import powers_of_two
 from flexnpu.serving.tokenizer import Tokenizer, tokenizer_from_json
 
 PLATFORMS = ("cpu", "flexnpu")
-FORMAT = "flexnpu-serving-export/1"
+FORMAT = "flexnpu-serving-export/2"
 
 
 def _flatten(params: dict, prefix: str = "") -> dict[str, Any]:
@@ -45,19 +48,37 @@ def _unflatten(flat: dict[str, Any]) -> dict:
     return out
 
 
+def _step_inputs_spec(cfg: LlamaConfig, ec: EngineConfig, c: int) -> dict:
+    """Shapes of the paged step's inputs (see model.paged_step) with a chunk of c tokens."""
+    b, r, mb = ec.max_num_seqs, ec.max_num_seqs + 1, ec.max_blocks_per_seq
+    i32, f32 = jnp.int32, jnp.float32
+
+    def s(shape, dt=i32):
+        return jax.ShapeDtypeStruct(shape, dt)
+
+    return {"tokens": s((b + c,)), "prev_row": s((b,)), "prev_ids": s((r,)),
+            "positions": s((b + c,)), "slots": s((b + c,)), "dec_tables": s((b, mb)),
+            "chunk_table": s((mb,)), "chunk_last": s(()), "temperature": s((r,), f32),
+            "top_k": s((r,)), "top_p": s((r,), f32), "min_p": s((r,), f32),
+            "seeds": s((r, 2), jnp.uint32), "sample_pos": s((r,)),
+            "want_logprobs": s((), jnp.bool_)}
+
+
 def export(m, out_dir: str, ec: EngineConfig, platforms=PLATFORMS) -> list[str]:
-    """Writes the artifacts of model `m` (a LoadedModel) for engine shapes `ec`."""
+    """Writes the artifacts of model `m` (a LoadedModel) for the engine shapes of `ec`: the
+    paged step per chunk bucket (and decode-only), the KV extract/insert per handoff bucket."""
     from flexnpu.serving import model as model_lib
 
+    ec.validate()
     os.makedirs(out_dir, exist_ok=True)
     cfg: LlamaConfig = m.config
-    buckets = ec.resolved_buckets()
+    bs = ec.block_size
+    num_blocks = ec.blocks_per_instance()
+    chunks = list(ec.resolved_chunk_buckets())
+    handoffs = list(powers_of_two(1, ec.max_blocks_per_seq))
     spec = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), m.params)
     dtype = m.params["layers"]["wq"].dtype
-    i32 = jnp.int32
-    cache = jax.ShapeDtypeStruct(kvcache.cache_shape(cfg, ec.max_batch, ec.max_seq_len), dtype)
-    vec = jax.ShapeDtypeStruct((ec.max_batch,), i32)
-    scalar = jax.ShapeDtypeStruct((), i32)
+    cache = jax.ShapeDtypeStruct(kvcache.paged_cache_shape(cfg, num_blocks, bs), dtype)
 
     def write(name: str, fn, *args) -> str:
         exp = jax_export.export(jax.jit(fn), platforms=platforms)(*args)
@@ -65,12 +86,15 @@ def export(m, out_dir: str, ec: EngineConfig, platforms=PLATFORMS) -> list[str]:
             f.write(exp.serialize())
         return name
 
-    files = [write("decode.bin", partial(model_lib.decode, cfg=cfg), spec, cache, cache, vec, vec)]
-    for b in buckets:
-        kv = jax.ShapeDtypeStruct((cfg.num_layers, b, cfg.num_kv_heads, cfg.head_dim), dtype)
-        files.append(write(f"prefill_{b}.bin", partial(model_lib.prefill, cfg=cfg), spec,
-                           jax.ShapeDtypeStruct((b,), i32), scalar))
-        files.append(write(f"insert_{b}.bin", model_lib.insert, cache, cache, kv, kv, scalar))
+    step = partial(model_lib.paged_step, cfg=cfg, block_size=bs)
+    files = [write(f"step_{c}.bin", step, spec, cache, cache, _step_inputs_spec(cfg, ec, c))
+             for c in [0, *chunks]]
+    for n in handoffs:
+        slots = jax.ShapeDtypeStruct((n * bs,), jnp.int32)
+        kv = jax.ShapeDtypeStruct((cfg.num_layers, n * bs, cfg.num_kv_heads, cfg.head_dim),
+                                  dtype)
+        files.append(write(f"extract_{n}.bin", model_lib.extract_kv, cache, cache, slots))
+        files.append(write(f"insert_{n}.bin", model_lib.insert_kv, cache, cache, kv, kv, slots))
     flat = {k: np.asarray(v) for k, v in _flatten(m.params).items()}
     dtypes = {k: str(v.dtype) for k, v in flat.items()}
     np.savez(os.path.join(out_dir, "weights.npz"),
@@ -78,39 +102,54 @@ def export(m, out_dir: str, ec: EngineConfig, platforms=PLATFORMS) -> list[str]:
                 for k, v in flat.items()})
     with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
         f.write(m.tokenizer.to_json())
-    manifest = {"format": FORMAT, "name": m.name, "config": cfg.to_dict(), "buckets": buckets,
-                "max_batch": ec.max_batch, "max_seq_len": ec.max_seq_len,
-                "chat_system": m.chat_system, "platforms": list(platforms), "weights": dtypes,
-                "programs": files}
+    engine = {"max_num_seqs": ec.max_num_seqs, "max_model_len": ec.max_model_len,
+              "max_num_batched_tokens": ec.max_num_batched_tokens, "block_size": bs,
+              "num_kv_blocks": num_blocks, "chunk_buckets": chunks}
+    manifest = {"format": FORMAT, "name": m.name, "config": cfg.to_dict(), "engine": engine,
+                "handoff_buckets": handoffs, "chat_system": m.chat_system,
+                "platforms": list(platforms), "weights": dtypes, "programs": files}
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     return files
 
 
 class ExportSteps:
-    """The engine's Steps from deserialized artifacts (jitted `Exported.call`)."""
+    """The runner's Steps from deserialized artifacts (jitted `Exported.call`)."""
 
     def __init__(self, out_dir: str, manifest: dict) -> None:
         self.config = LlamaConfig.from_dict(manifest["config"])
+        eng = manifest["engine"]
+        self.block_size = eng["block_size"]
+        self._num_seqs = eng["max_num_seqs"]
 
         def load(name: str, **jit_kw):
             with open(os.path.join(out_dir, name), "rb") as f:
                 exp = jax_export.deserialize(bytearray(f.read()))
             return jax.jit(exp.call, **jit_kw)
 
-        self._decode = load("decode.bin", donate_argnums=(1, 2))
-        self._prefill = {b: load(f"prefill_{b}.bin") for b in manifest["buckets"]}
-        self._insert = {b: load(f"insert_{b}.bin", donate_argnums=(0, 1))
-                        for b in manifest["buckets"]}
+        self._step = {c: load(f"step_{c}.bin", donate_argnums=(1, 2))
+                      for c in [0, *eng["chunk_buckets"]]}
+        self._extract = {n: load(f"extract_{n}.bin") for n in manifest["handoff_buckets"]}
+        self._insert = {n: load(f"insert_{n}.bin", donate_argnums=(0, 1))
+                        for n in manifest["handoff_buckets"]}
 
-    def prefill(self, params, tokens, length):
-        return self._prefill[tokens.shape[0]](params, tokens, length)
+    def _bucket(self, table: dict, key: int, what: str):
+        if key not in table:
+            raise ValueError(f"no exported {what} program for size {key}; exported: "
+                             f"{sorted(table)}")
+        return table[key]
 
-    def decode(self, params, ck, cv, tokens, pos):
-        return self._decode(params, ck, cv, tokens, pos)
+    def step(self, params, ck, cv, inp):
+        c = inp["tokens"].shape[0] - self._num_seqs
+        return self._bucket(self._step, c, "step")(params, ck, cv, inp)
 
-    def insert(self, ck, cv, k, v, slot):
-        return self._insert[k.shape[1]](ck, cv, k, v, slot)
+    def extract_kv(self, ck, cv, slots):
+        return self._bucket(self._extract, slots.shape[0] // self.block_size, "extract")(
+            ck, cv, slots)
+
+    def insert_kv(self, ck, cv, k, v, slots):
+        return self._bucket(self._insert, slots.shape[0] // self.block_size, "insert")(
+            ck, cv, k, v, slots)
 
 
 @dataclass
@@ -120,9 +159,15 @@ class Artifacts:
     tokenizer: Tokenizer
     name: str
     chat_system: str | None
-    max_batch: int
-    max_seq_len: int
-    buckets: list[int]
+    engine: dict  # the EngineConfig fields the programs were exported for
+
+    def engine_config(self, **overrides) -> EngineConfig:
+        """An EngineConfig with the exported shapes (layout and the like from `overrides`)."""
+        fixed = set(self.engine) & set(overrides)
+        if fixed:
+            raise ValueError(f"{sorted(fixed)} are fixed by the export: "
+                             f"{ {k: self.engine[k] for k in sorted(fixed)} }")
+        return EngineConfig(**self.engine, **overrides)
 
 
 def load(out_dir: str) -> Artifacts:
@@ -138,5 +183,4 @@ def load(out_dir: str) -> Artifacts:
     with open(os.path.join(out_dir, "tokenizer.json")) as f:
         tok = tokenizer_from_json(f.read())
     return Artifacts(ExportSteps(out_dir, manifest), _unflatten(flat), tok, manifest["name"],
-                     manifest["chat_system"], manifest["max_batch"], manifest["max_seq_len"],
-                     manifest["buckets"])
+                     manifest["chat_system"], manifest["engine"])

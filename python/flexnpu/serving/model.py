@@ -197,3 +197,111 @@ def jitted_steps(cfg: LlamaConfig):
         jax.jit(partial(decode, cfg=cfg), donate_argnums=(1, 2)),
         jax.jit(insert, donate_argnums=(0, 1)),
     )
+
+
+# ---- paged KV: the serving engine's steps ---------------------------------------------------
+# The cache is [L, num_slots, n_kv, D] (kvcache.paged_cache_shape): slot = block * block_size +
+# offset, blocks given per sequence by a block table. One step computes B decode rows (one token
+# each, any sequence) and, when C > 0, one prefill chunk of C tokens of one sequence, writes their
+# KV into the slots given, attends each row to its sequence's blocks and samples on the device.
+
+
+def _gather_index(tables: jax.Array, block_size: int) -> jax.Array:
+    """Block tables [..., MB] -> slot index of every position [..., MB * block_size]."""
+    idx = tables[..., None] * block_size + jnp.arange(block_size, dtype=tables.dtype)
+    return idx.reshape(*tables.shape[:-1], tables.shape[-1] * block_size)
+
+
+def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict[str, jax.Array],
+               *, cfg: LlamaConfig, block_size: int):
+    """One engine step over the paged cache (donated). `inp` (B decode rows, C chunk tokens,
+    MB blocks per table, R = B + 1 sampling rows, the last one the chunk's):
+      tokens [B + C] i32      host-known input tokens (decode rows first, then the chunk)
+      prev_row [B] i32        >= 0: take decode row b's token from prev_ids[prev_row[b]] (the
+                              previous step's output, still on the device); -1: from tokens
+      prev_ids [R] i32        the previous step's sampled ids
+      positions [B + C] i32   position of every token; slots [B + C] i32 where its KV goes
+      dec_tables [B, MB] i32  block table of every decode row; chunk_table [MB] i32
+      chunk_last () i32       index in the chunk of its last real token (its logits are sampled)
+      temperature, top_p, min_p [R] f32; top_k [R] i32; seeds [R, 2] u32; sample_pos [R] i32
+      want_logprobs () bool
+    Returns (ids [R], logprob [R], top_ids [R, 20], top_logprobs [R, 20], cache_k, cache_v)."""
+    from flexnpu.serving.sampling import sample_rows
+
+    b = inp["prev_row"].shape[0]
+    c = inp["tokens"].shape[0] - b
+    nh, nkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g = nh // nkv
+    prev = inp["prev_ids"][jnp.clip(inp["prev_row"], 0, inp["prev_ids"].shape[0] - 1)]
+    dec_tokens = jnp.where(inp["prev_row"] >= 0, prev, inp["tokens"][:b])
+    tokens = jnp.concatenate([dec_tokens, inp["tokens"][b:]])
+    pos, slots = inp["positions"], inp["slots"]
+    x = params["embed"][tokens]
+    dec_idx = _gather_index(inp["dec_tables"], block_size)  # [B, S]
+    s_max = dec_idx.shape[-1]
+    dec_mask = jnp.arange(s_max)[None, :] <= pos[:b, None]  # [B, S]
+    if c:
+        chunk_idx = _gather_index(inp["chunk_table"], block_size)  # [S]
+        chunk_mask = jnp.arange(s_max)[None, :] <= pos[b:, None]  # [C, S]
+
+    def layer(carry, lp):
+        x, ck, cv, i = carry
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+        q = rope((h @ lp["wq"]).reshape(b + c, nh, d), pos, cfg)
+        k = rope((h @ lp["wk"]).reshape(b + c, nkv, d), pos, cfg)
+        v = (h @ lp["wv"]).reshape(b + c, nkv, d)
+        ck = ck.at[i, slots].set(k.astype(ck.dtype))
+        cv = cv.at[i, slots].set(v.astype(cv.dtype))
+        kd, vd = ck[i, dec_idx], cv[i, dec_idx]  # [B, S, n_kv, D]
+        qd = q[:b].reshape(b, nkv, g, d)
+        s = jnp.einsum("bkgd,bskd->bkgs", qd, kd, preferred_element_type=jnp.float32)
+        s = jnp.where(dec_mask[:, None, None, :], s / np.sqrt(d), -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1).astype(vd.dtype)
+        o = jnp.einsum("bkgs,bskd->bkgd", p, vd).reshape(b, nh * d)
+        if c:
+            kc, vc = ck[i, chunk_idx], cv[i, chunk_idx]  # [S, n_kv, D]
+            qc = q[b:].reshape(c, nkv, g, d)
+            s = jnp.einsum("tkgd,skd->kgts", qc, kc, preferred_element_type=jnp.float32)
+            s = jnp.where(chunk_mask, s / np.sqrt(d), -jnp.inf)
+            p = jax.nn.softmax(s, axis=-1).astype(vc.dtype)
+            oc = jnp.einsum("kgts,skd->tkgd", p, vc).reshape(c, nh * d)
+            o = jnp.concatenate([o, oc])
+        x = x + o @ lp["wo"]
+        x = x + _mlp(rms_norm(x, lp["ffn_norm"], cfg.rms_eps), lp)
+        return (x, ck, cv, i + 1), None
+
+    (x, cache_k, cache_v, _), _ = jax.lax.scan(
+        layer, (x, cache_k, cache_v, jnp.int32(0)), params["layers"])
+    if c:
+        rows = jnp.concatenate([x[:b], jax.lax.dynamic_index_in_dim(x, b + inp["chunk_last"], 0)])
+        sel = slice(None)
+    else:  # no chunk row: sample the B decode rows, pad the outputs
+        rows, sel = x[:b], slice(0, b)
+    logits = _logits(params, rows, cfg)
+    out = sample_rows(logits, inp["temperature"][sel], inp["top_k"][sel], inp["top_p"][sel],
+                      inp["min_p"][sel], inp["seeds"][sel], inp["sample_pos"][sel],
+                      inp["want_logprobs"])
+    if not c:
+        out = tuple(jnp.concatenate([o, jnp.zeros_like(o[:1])]) for o in out)
+    return (*out, cache_k, cache_v)
+
+
+def extract_kv(cache_k: jax.Array, cache_v: jax.Array, slots: jax.Array):
+    """The KV at `slots` [S'] -> (k, v [L, S', n_kv, D]): a sequence's blocks for a handoff."""
+    return cache_k[:, slots], cache_v[:, slots]
+
+
+def insert_kv(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array,
+              slots: jax.Array):
+    """Writes handed-off KV (k, v [L, S', n_kv, D]) at `slots` [S'] (the cache is donated)."""
+    return (cache_k.at[:, slots].set(k.astype(cache_k.dtype)),
+            cache_v.at[:, slots].set(v.astype(cache_v.dtype)))
+
+
+def jitted_paged_steps(cfg: LlamaConfig, block_size: int):
+    """(step, extract_kv, insert_kv) jitted; step and insert_kv donate the cache."""
+    return (
+        jax.jit(partial(paged_step, cfg=cfg, block_size=block_size), donate_argnums=(1, 2)),
+        jax.jit(extract_kv),
+        jax.jit(insert_kv, donate_argnums=(0, 1)),
+    )
