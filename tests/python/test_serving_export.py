@@ -1,6 +1,7 @@
-"""`--export` / `--from-export`: the prefill, insert and decode steps as jax.export artifacts with
-the weights, served without the model code; the same artifacts give the same tokens on
-`JAX_PLATFORMS=cpu` and on `JAX_PLATFORMS=flexnpu` (fresh interpreters) as the model code."""
+"""`--export` / `--from-export`: the engine's paged steps (per chunk bucket) and KV handoff
+programs as jax.export artifacts with the weights, served without the model code; the same
+artifacts give the same tokens on `JAX_PLATFORMS=cpu` and on `JAX_PLATFORMS=flexnpu` (fresh
+interpreters, co-located and split layouts) as the model code."""
 
 from __future__ import annotations
 
@@ -9,53 +10,67 @@ import json
 import pytest
 from _subprocess import run_python
 
-PROMPTS = [[5, 6, 7, 8], list(range(10, 30)), [100] * 9]
+PROMPTS = [[5, 6, 7, 8], list(range(10, 50)), [100] * 9]
 SERVE = """
 import json, sys, jax
 from flexnpu.serving import export
-from flexnpu.serving.engine import Engine, EngineConfig
+from flexnpu.serving.engine import Engine
 from flexnpu.serving.sampling import SamplingParams
 art = export.load({dir!r})
 assert "flexnpu.serving.model" not in sys.modules, "served with the model code"
-ec = EngineConfig(art.max_batch, art.max_seq_len, art.buckets)
-eng = Engine(art.steps, art.params, ec, devices=jax.devices()[:1])
-eng.warmup(); eng.start()
 sp = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-outs = [eng.generate(p, sp)[0] for p in {prompts!r}]
-eng.stop()
+outs = {{}}
+for layout in ("colocated", "split"):
+    ec = art.engine_config(layout=layout, num_devices=1)
+    eng = Engine(art.steps, art.params, ec, devices=jax.devices()[:2])
+    eng.start()
+    outs[layout] = [eng.generate(p, sp)[0] for p in {prompts!r}]
+    eng.stop()
 print("RESULT", json.dumps({{"platform": jax.devices()[0].platform, "outs": outs}}))
 """
 
 
 def test_export_served_unchanged_on_cpu_and_flexnpu(tmp_path, npu_devices) -> None:
     from flexnpu.serving import export
-    from flexnpu.serving.engine import Engine, EngineConfig, ModelSteps
+    from flexnpu.serving.engine import Engine, EngineConfig
     from flexnpu.serving.loading import load_model
     from flexnpu.serving.sampling import SamplingParams
 
     m = load_model("random:tiny", seed=5, log=lambda *_: None)
-    ec = EngineConfig(max_batch=2, max_seq_len=64, buckets=[16, 32])
+    ec = EngineConfig(max_num_seqs=2, max_model_len=64, max_num_batched_tokens=32,
+                      block_size=16, chunk_buckets=[16, 32], num_devices=1)
     files = export.export(m, str(tmp_path), ec)
-    assert sorted(files) == ["decode.bin", "insert_16.bin", "insert_32.bin", "prefill_16.bin",
-                             "prefill_32.bin"]
-    eng = Engine(ModelSteps(m.config), m.params, ec, devices=npu_devices[:1])
+    assert sorted(files) == ["extract_1.bin", "extract_2.bin", "extract_4.bin", "insert_1.bin",
+                             "insert_2.bin", "insert_4.bin", "step_0.bin", "step_16.bin",
+                             "step_32.bin"]
+    eng = Engine(None, m.params, ec, devices=npu_devices[:1], model_config=m.config)
     eng.start()
     sp = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     want = [eng.generate(p, sp)[0] for p in PROMPTS]
     eng.stop()
     code = SERVE.format(dir=str(tmp_path), prompts=PROMPTS)
     for platform in ("cpu", "flexnpu"):
-        proc = run_python(code, env={"JAX_PLATFORMS": platform}, timeout=120)
+        proc = run_python(code, env={"JAX_PLATFORMS": platform, "XLA_FLAGS":
+                                     "--xla_force_host_platform_device_count=2"}, timeout=240)
         assert proc.returncode == 0, proc.stderr[-3000:]
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
         got = json.loads(line[7:])
         assert got["platform"] == platform
-        assert got["outs"] == want, platform
+        assert got["outs"] == {"colocated": want, "split": want}, platform
 
 
 def test_from_export_rejects_other_directories(tmp_path) -> None:
     from flexnpu.serving import export
 
-    (tmp_path / "manifest.json").write_text('{"format": "other"}')
-    with pytest.raises(ValueError, match="not a flexnpu-serving-export"):
+    (tmp_path / "manifest.json").write_text('{"format": "flexnpu-serving-export/1"}')
+    with pytest.raises(ValueError, match="not a flexnpu-serving-export/2 directory"):
         export.load(str(tmp_path))
+
+
+def test_exported_shapes_cannot_be_overridden() -> None:
+    from flexnpu.serving.export import Artifacts
+
+    art = Artifacts(None, {}, None, "m", None, {"max_num_seqs": 2, "block_size": 16})
+    assert art.engine_config(layout="split").max_num_seqs == 2
+    with pytest.raises(ValueError, match=r"\['block_size'\] are fixed by the export"):
+        art.engine_config(block_size=8)

@@ -1,5 +1,6 @@
 """`python examples/serve.py` / `python -m flexnpu.serving.cli`: load a model, build the engine
-over `jax.devices()`, compile every bucket (progress bar) and serve the OpenAI-compatible API."""
+over all of `jax.devices()` (co-located, or split into prefill and decode devices), compile every
+step shape (progress bar) and serve the OpenAI-compatible API."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ import time
 
 from flexnpu.serving import logs
 from flexnpu.serving.gguf_loader import DEFAULT_MODEL
+
+# Engine shapes an export fixes (None here: take the export's, or the EngineConfig default).
+_SHAPE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_model_len": "--max-model-len",
+                "max_num_batched_tokens": "--max-num-batched-tokens",
+                "block_size": "--block-size", "num_kv_blocks": "--num-kv-blocks",
+                "chunk_buckets": "--chunk-buckets"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,26 +28,76 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0, help="weights of random:<preset> models")
-    p.add_argument("--max-model-len", type=int, default=1024, help="KV positions per request")
-    p.add_argument("--max-batch", type=int, default=8, help="batch slots per decode device")
-    p.add_argument("--buckets", default=None,
-                   help="prompt length buckets, e.g. 32,64,128,256 (default: powers of two "
-                        "from 32 to min(512, max-model-len - 1))")
-    p.add_argument("--devices", type=int, default=1,
-                   help="interleaved mode: devices that each prefill and decode")
-    p.add_argument("--prefill-devices", type=int, default=0,
-                   help="split mode: the first N of jax.devices() prefill ...")
-    p.add_argument("--decode-devices", type=int, default=0,
-                   help="... and the next M decode (KV handed over with jax.device_put)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--max-model-len", type=int, default=None,
+                   help="prompt + output tokens per request (default 1024); longer requests "
+                        "get a 400 that says so")
+    e.add_argument("--max-num-seqs", "--max-batch", dest="max_num_seqs", type=int,
+                   default=None, help="sequences per step on each device (decode batch, "
+                                      "default 8)")
+    e.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="token budget of a step = the largest prefill chunk (default 256)")
+    e.add_argument("--chunk-buckets", default=None,
+                   help="prefill chunk sizes compiled, e.g. 32,128,256 (default: powers of two "
+                        "from 16 to --max-num-batched-tokens)")
+    e.add_argument("--block-size", type=int, default=None, help="KV positions per block "
+                                                                "(default 16)")
+    e.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV blocks per device (default: --max-num-seqs full-length sequences); "
+                        "fewer blocks admit by KV usage and preempt (recompute) when they run out")
+    e.add_argument("--max-waiting", type=int, default=1024,
+                   help="waiting requests per device before new ones get a 503")
+    e.add_argument("--request-timeout", type=float, default=0,
+                   help="seconds a request may take (0: no limit); then it finishes 'timeout'")
+    e.add_argument("--layout", choices=["colocated", "split"], default=None,
+                   help="colocated (default): every device prefills and decodes, mixed steps; "
+                        "split: --prefill-devices prefill, the next --decode-devices decode, KV "
+                        "handed over with jax.device_put (default when --prefill-devices is set)")
+    e.add_argument("--devices", type=int, default=0,
+                   help="colocated: the first N of jax.devices() (default 0: all of them)")
+    e.add_argument("--prefill-devices", type=int, default=0,
+                   help="split: the first N of jax.devices() prefill ...")
+    e.add_argument("--decode-devices", type=int, default=0,
+                   help="... and the next M decode (default: all the others)")
     p.add_argument("--export", metavar="DIR", default=None,
-                   help="write the prefill/insert/decode steps as jax.export artifacts with "
-                        "the weights and the tokenizer to DIR, then exit")
+                   help="write the engine's steps as jax.export artifacts with the weights and "
+                        "the tokenizer to DIR, then exit")
     p.add_argument("--from-export", metavar="DIR", default=None,
-                   help="serve jax.export artifacts from DIR (no model code)")
+                   help="serve jax.export artifacts from DIR (no model code; the engine shapes "
+                        "are the export's)")
     p.add_argument("--no-warmup", action="store_true", help="compile lazily")
     p.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn) log level")
     logs.add_argument(p)
     return p
+
+
+def engine_config(args: argparse.Namespace, num_devices: int, exported: dict | None = None):
+    """The EngineConfig of the command line (shapes from `exported` when serving an export)."""
+    from flexnpu.serving.engine import EngineConfig
+
+    shapes = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
+    if isinstance(shapes.get("chunk_buckets"), str):
+        shapes["chunk_buckets"] = [int(b) for b in shapes["chunk_buckets"].split(",")]
+    if exported is not None:
+        clash = {k: v for k, v in shapes.items() if exported.get(k) != v}
+        if clash:
+            raise SystemExit(f"--from-export: {', '.join(_SHAPE_FLAGS[k] for k in clash)} "
+                             f"differ from the export's shapes {exported}; drop them")
+        shapes = dict(exported)
+    layout = args.layout or ("split" if args.prefill_devices else "colocated")
+    if layout == "split":
+        pre = args.prefill_devices or 1
+        dec = args.decode_devices or max(1, num_devices - pre)
+        layout_kw = dict(layout="split", prefill_devices=pre, decode_devices=dec)
+    else:
+        layout_kw = dict(layout="colocated", num_devices=args.devices)
+    ec = EngineConfig(**shapes, **layout_kw, max_waiting=args.max_waiting,
+                      request_timeout=args.request_timeout or None)
+    try:
+        ec.validate()
+    except ValueError as e:
+        raise SystemExit(f"bad engine options: {e}") from e
+    return ec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,25 +105,20 @@ def main(argv: list[str] | None = None) -> int:
     logs.set_backend_log_level(args.backend_log_level)  # before JAX loads the backend
     import jax
 
-    from flexnpu.serving.engine import Engine, EngineConfig, ModelSteps
+    from flexnpu.serving.engine import Engine
 
     devices = jax.devices()
     print(f"JAX platform {devices[0].platform}: {len(devices)} devices", flush=True)
-    buckets = [int(b) for b in args.buckets.split(",")] if args.buckets else None
-    if args.prefill_devices:
-        ec = EngineConfig(args.max_batch, args.max_model_len, buckets, args.prefill_devices,
-                          args.decode_devices or 1)
-    else:
-        ec = EngineConfig(args.max_batch, args.max_model_len, buckets, 0, args.devices)
     if args.from_export:
         from flexnpu.serving import export
 
         art = export.load(args.from_export)
         steps, params, tok, name = art.steps, art.params, art.tokenizer, art.name
-        ec.max_batch, ec.max_seq_len, ec.buckets = art.max_batch, art.max_seq_len, art.buckets
+        ec = engine_config(args, len(devices), art.engine)
     else:
         from flexnpu.serving.loading import load_model
 
+        ec = engine_config(args, len(devices))
         m = load_model(args.model, args.dtype, args.seed)
         if args.export:
             from flexnpu.serving import export
@@ -74,7 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             export.export(m, args.export, ec)
             print(f"wrote jax.export artifacts to {args.export}")
             return 0
-        steps, params, tok, name = ModelSteps(m.config), m.params, m.tokenizer, m.name
+        from flexnpu.serving.runner import ModelSteps
+
+        steps, params, tok, name = (ModelSteps(m.config, ec.block_size), m.params, m.tokenizer,
+                                    m.name)
     name = args.served_model_name or name
 
     from flexnpu.serving.metrics import ServingMetrics
@@ -82,11 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = ServingMetrics(name)
     engine = Engine(steps, params, ec, devices=devices, metrics=metrics,
                     eos_ids=getattr(tok, "eos_ids", None))
-    mode = (f"split: prefill on {[str(d) for d in engine.prefill_devs]}, decode on "
-            f"{[str(g.device) for g in engine.groups]}" if engine.split else
-            f"interleaved on {[str(g.device) for g in engine.groups]}")
-    print(f"engine: {mode}; {ec.max_batch} slots per decode device, context "
-          f"{ec.max_seq_len}, prompt buckets {engine.buckets}", flush=True)
+    print(f"engine: {describe(engine)}", flush=True)
     if not args.no_warmup:
         from tqdm import tqdm
 
@@ -108,6 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         engine.stop()
     return 0
+
+
+def describe(engine) -> str:
+    ec = engine.ec
+    where = ", ".join(f"{x.role.value} on {x.device}" for x in engine.instances)
+    return (f"{ec.layout}: {where}; {ec.max_num_seqs} sequences per step, context "
+            f"{ec.max_model_len}, step budget {ec.max_num_batched_tokens} tokens (chunks "
+            f"{list(ec.resolved_chunk_buckets())}), {ec.blocks_per_instance()} KV blocks of "
+            f"{ec.block_size} per device")
 
 
 if __name__ == "__main__":
