@@ -7,7 +7,8 @@ import argparse
 import importlib
 import sys
 
-_SUBCOMMANDS = ("flexnpu._cli_analyze", "flexnpu._cli_stats", "flexnpu._cli_simulate")
+_SUBCOMMANDS = ("flexnpu._cli_analyze", "flexnpu._cli_stats", "flexnpu._cli_simulate",
+                "flexnpu._cli_serve", "flexnpu._cli_export_tokenizer", "flexnpu._cli_devices")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,10 +37,7 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", seed: int = 0
                device=None, max_layers: int | None = None, log=print) -> LoadedModel:
     t0 = time.perf_counter()
     if model.startswith("random:"):
-        preset = model.split(":", 1)[1]
-        if preset not in RANDOM_PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; known: {sorted(RANDOM_PRESETS)}")
-        cfg = RANDOM_PRESETS[preset]
+        cfg = _preset(model)
         params = model_lib.random_params(cfg, seed, DTYPES[dtype], device)
         tok: tok_lib.Tokenizer = tok_lib.ByteTokenizer(cfg.bos_id, cfg.eos_id)
         loaded = LoadedModel(model, cfg, params, tok)
@@ -74,16 +71,31 @@ def tokenizer_from_gguf(g: GgufModel) -> tok_lib.HFTokenizer:
 def load_tokenizer(model: str = DEFAULT_MODEL) -> tok_lib.Tokenizer:
     """The tokenizer of a model (GGUF metadata only, no weights)."""
     if model.startswith("random:"):
-        cfg = RANDOM_PRESETS[model.split(":", 1)[1]]
+        cfg = _preset(model)
         return tok_lib.ByteTokenizer(cfg.bos_id, cfg.eos_id)
     return tokenizer_from_gguf(load_gguf(None if model == DEFAULT_MODEL else model,
                                          weights=False))
+
+
+def model_context_length(model: str = DEFAULT_MODEL) -> int:
+    """The context length the model was trained for (GGUF context_length)."""
+    if model.startswith("random:"):
+        return _preset(model).max_position
+    g = load_gguf(None if model == DEFAULT_MODEL else model, weights=False)
+    return g.config.max_position
 
 
 def chat_template(tokenizer: tok_lib.Tokenizer) -> ChatTemplate:
     """The model's chat template (FALLBACK_CHATML when it has none)."""
     return ChatTemplate(getattr(tokenizer, "chat_template", None),
                         getattr(tokenizer, "special_tokens", None))
+
+
+def _preset(model: str) -> LlamaConfig:
+    preset = model.split(":", 1)[1]
+    if preset not in RANDOM_PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {sorted(RANDOM_PRESETS)}")
+    return RANDOM_PRESETS[preset]
 
 
 def greedy_generate(m: LoadedModel, prompt_ids: list[int], max_new_tokens: int,

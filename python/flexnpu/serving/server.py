@@ -69,7 +69,7 @@ class ServerState:
     chat_template: ChatTemplate | str | None = None  # None: the tokenizer's (GGUF) template
     metrics: Any = None
     eos_ids: tuple[int, ...] | None = None  # None: engine.eos_ids, else the tokenizer's
-    request_timeout: float | None = None  # seconds per request; None: no limit
+    request_timeout: float | None = None  # seconds per request; None: the engine's (if any)
     _template: ChatTemplate = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -78,6 +78,9 @@ class ServerState:
         else:
             source = self.chat_template or getattr(self.tokenizer, "chat_template", None)
             self._template = ChatTemplate(source, getattr(self.tokenizer, "special_tokens", None))
+        if self.request_timeout is None:
+            self.request_timeout = getattr(getattr(self.engine, "ec", None), "request_timeout",
+                                           None)
         if self.eos_ids is None:
             ids = getattr(self.engine, "eos_ids", None) or getattr(self.tokenizer, "eos_ids",
                                                                      (self.tokenizer.eos_id,))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from typing import Protocol
 
 CHATML_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -81,8 +82,7 @@ class HFTokenizer:
     def token_text(self, token_id: int) -> str:
         return self._tok.decode([token_id], skip_special_tokens=False)
 
-    @property
-    def hf(self):
+    def hf_tokenizer(self):
         """The wrapped `tokenizers.Tokenizer`."""
         return self._tok
 
@@ -150,19 +150,32 @@ class ByteTokenizer:
         self.eos_id = eos_id
         self.eos_ids = (eos_id,)
         self.chat_template: str | None = None  # served with the ChatML fallback
-        self.special_tokens: dict[str, str | None] = {"eos_token": self.SPECIAL[1]}
+        self.special_tokens: dict[str, str | None] = {"bos_token": self.SPECIAL[0],
+                                                      "eos_token": self.SPECIAL[1]}
 
     def encode(self, text: str) -> list[int]:
+        # <|im_start|> / <|im_end|> map to bos / eos so ChatML prompts work on random models.
         ids: list[int] = []
-        rest = text
-        while rest:
-            # <|im_end|> maps to eos so ChatML prompts work on random models.
-            cut = rest.find(self.SPECIAL[1])
-            head, rest = (rest, "") if cut < 0 else (rest[:cut], rest[cut + len(self.SPECIAL[1]):])
-            ids.extend(head.encode("utf-8"))
-            if cut >= 0:
-                ids.append(self.eos_id)
+        special = {self.SPECIAL[0]: self.bos_id, self.SPECIAL[1]: self.eos_id}
+        for part in re.split("(" + "|".join(map(re.escape, self.SPECIAL)) + ")", text):
+            if part in special:
+                ids.append(special[part])
+            else:
+                ids.extend(part.encode("utf-8"))
         return ids
+
+    def hf_tokenizer(self):
+        """The same tokenizer as a `tokenizers.Tokenizer` (byte-level, no merges)."""
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+        vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+        vocab.update({self.SPECIAL[0]: self.bos_id, self.SPECIAL[1]: self.eos_id})
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t in self.SPECIAL])
+        return tok
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
@@ -185,6 +198,20 @@ class ByteTokenizer:
 
     def to_json(self) -> str:
         return json.dumps({"kind": "bytes", "bos_id": self.bos_id, "eos_id": self.eos_id})
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (what ByteLevel pre-tokenizes bytes into)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+          *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
 def tokenizer_from_json(text: str) -> Tokenizer:
@@ -237,3 +264,43 @@ class IncrementalDetokenizer:
             self.prefix, self.read = self.read, len(self.ids)
             return new_text[len(prefix_text):]
         return ""
+
+
+def save_hf_directory(tokenizer: Tokenizer, out_dir: str, model_max_length: int) -> list[str]:
+    """Writes `tokenizer` as a Hugging Face tokenizer directory (tokenizer.json,
+    tokenizer_config.json with the chat template and special tokens, special_tokens_map.json,
+    generation_config.json with every eos id) that `transformers.AutoTokenizer` loads offline,
+    so third-party clients count tokens as the server does. Returns the files written."""
+    import os
+
+    from flexnpu.serving.chat_template import FALLBACK_CHATML
+
+    hf = tokenizer.hf_tokenizer()  # type: ignore[attr-defined]
+    special = {k: v for k, v in getattr(tokenizer, "special_tokens", {}).items() if v}
+    added = {str(i): {
+        "content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip,
+        "normalized": t.normalized, "single_word": t.single_word, "special": t.special}
+        for i, t in hf.get_added_tokens_decoder().items()}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": model_max_length,
+        "add_bos_token": False, "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": getattr(tokenizer, "chat_template", None) or FALLBACK_CHATML,
+        "added_tokens_decoder": added,
+        **special,
+    }
+    eos_ids = list(getattr(tokenizer, "eos_ids", (tokenizer.eos_id,)))
+    files = {
+        "tokenizer.json": hf.to_str(),
+        "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False),
+        "special_tokens_map.json": json.dumps(special, indent=2, ensure_ascii=False),
+        "generation_config.json": json.dumps(
+            {"bos_token_id": tokenizer.bos_id,
+             "eos_token_id": eos_ids[0] if len(eos_ids) == 1 else eos_ids}, indent=2),
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    for name, text in files.items():
+        with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+            f.write(text)
+    return sorted(files)
