@@ -7,6 +7,7 @@ namespace flexnpu::python {
 // Each component registers its bindings from its own file in this folder.
 void RegisterAnalysis(nb::module_& m);
 void RegisterPlacement(nb::module_& m);
+void RegisterHardware(nb::module_& m);
 }  // namespace flexnpu::python
 
 NB_MODULE(_native, m) {
@@ -16,5 +17,8 @@ NB_MODULE(_native, m) {
 #endif
 #ifdef FLEXNPU_HAVE_PLACEMENT
   flexnpu::python::RegisterPlacement(m);
+#endif
+#ifdef FLEXNPU_HAVE_HARDWARE
+  flexnpu::python::RegisterHardware(m);
 #endif
 }
