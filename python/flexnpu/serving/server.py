@@ -13,7 +13,6 @@ like vLLM. A client that disconnects, streaming or not, has its request aborted 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import math
@@ -225,34 +224,6 @@ def _engine_error(e: BaseException) -> APIError | None:
     return None
 
 
-def _accepts_output(engine: Any) -> bool:
-    try:
-        return "output" in inspect.signature(engine.submit).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _submit(engine: Any, ids: list[int], sp: SamplingParams, out: TextOutput,
-            deadline: float | None) -> Any:
-    """engine.submit with the output processor (the contract), or, for an engine that still
-    takes a token sink, the processor driven from the sink."""
-    if _accepts_output(engine):
-        return engine.submit(ids, sp, out, deadline=deadline)
-    holder: dict[str, Any] = {}
-
-    def sink(tok: int | None, reason: str | None) -> None:
-        now = time.perf_counter()
-        if tok is not None and "stopped" not in holder:
-            if out.on_token(tok, None, now) is not None:
-                holder["stopped"] = True
-                engine.abort(holder["req"])
-        if reason is not None:
-            out.on_finish("stop" if holder.get("stopped") else reason, now)
-
-    holder["req"] = req = engine.submit(ids, sp, sink)
-    return req
-
-
 def _healthy(engine: Any) -> tuple[bool, str | None]:
     return bool(getattr(engine, "healthy", True)), getattr(engine, "error", None)
 
@@ -296,7 +267,7 @@ class _Run:
             for c in self.choices:
                 c.output = TextOutput(st.tokenizer, c.sampling, st.eos_ids, c.prompt_ids,
                                       self._emitter(c.index))
-                c.request = _submit(eng, c.prompt_ids, c.sampling, c.output, deadline)
+                c.request = eng.submit(c.prompt_ids, c.sampling, c.output, deadline=deadline)
         except Exception as e:
             self.abort()
             err = _engine_error(e)
