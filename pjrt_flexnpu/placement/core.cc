@@ -12,6 +12,7 @@ namespace flexnpu::placement {
 namespace {
 
 constexpr double kUnhealthy = 1e30;  // added to the cost of a quarantined device
+constexpr double kMaxExternal = 0.9;  // external load share at most (times at most 10x)
 
 struct TicketRecord {
   uint32_t generation = 0;
@@ -27,6 +28,8 @@ struct TicketRecord {
   double pred_finish = 0;
   double shift_at_place = 0;      // device shift when placed
   double c_ns = 0, m_ns = 0;      // compute / memory time (co-run horizons)
+  int64_t memory_bytes = 0;       // counted against the device's free memory
+  uint32_t memory_epoch = 0;      // the device's telemetry reading it was counted against
 };
 
 }  // namespace
@@ -62,6 +65,28 @@ struct Core::State {
   std::vector<int> overlap_devices;
   int64_t max_quarantine_until = INT64_MIN;
 
+  // Telemetry (UpdateTelemetry).
+  std::vector<int64_t> mem_free;      // reported free bytes; -1: unknown
+  std::vector<int64_t> mem_pending;   // memory_bytes placed on the device since that reading
+  std::vector<uint32_t> mem_epoch;    // readings so far
+  std::vector<double> ext_slow;       // 1 / (1 - external utilisation)
+  std::vector<int64_t> telemetry_ns;  // time of the last reading; INT64_MIN: none
+  std::vector<int64_t> own_busy_at_reading;
+  std::vector<int64_t> inflight_since;  // FlexNPU work outstanding since (when outstanding > 0)
+  bool any_memory_known = false;
+  int64_t need = 0;  // scratch: memory_bytes of the request being placed (0 outside Place)
+
+  // Too little free memory for the request being placed.
+  bool Short(int d) const {
+    return need > 0 && mem_free[d] >= 0 && mem_free[d] - mem_pending[d] < need;
+  }
+  int64_t OwnBusyNs(int d, int64_t now) const {
+    const int64_t running =
+        outstanding[d] > 0 ? std::max<int64_t>(0, now - std::max(inflight_since[d], busy_end[d]))
+                           : 0;
+    return dstats[d].busy_ns + running;
+  }
+
   // Virtual devices.
   std::vector<int> home, current, stream_device;
   std::vector<int64_t> moved_ns;
@@ -71,7 +96,7 @@ struct Core::State {
   std::vector<TicketRecord> tickets;
   std::vector<uint32_t> free_slots;
 
-  bool Healthy(int d, int64_t now) const { return now >= quarantine_until[d]; }
+  bool Healthy(int d, int64_t now) const { return now >= quarantine_until[d] && !Short(d); }
 
   // Predicted finish of work (c0 flop-units, m0 byte-units, mig_bytes) on d at `now`.
   double Finish(int d, double now, double c0, double m0, double mig_bytes, double* start,
@@ -120,7 +145,7 @@ struct Core::State {
     double start, c, m;
     double fin = Finish(d, static_cast<double>(now_i), c0, m0, located - on[d], &start, &c, &m);
     if (penalty) fin += Penalty(d, now_i, c, m);
-    if (now_i < quarantine_until[d]) fin += kUnhealthy;
+    if (now_i < quarantine_until[d] || Short(d)) fin += kUnhealthy;
     return fin;
   }
 
@@ -152,6 +177,11 @@ struct Core::State {
     if (now_i < max_quarantine_until) {
       for (int d = 0; d < n; ++d) {
         if (now_i < quarantine_until[d]) out[d] += kUnhealthy;
+      }
+    }
+    if (need > 0 && any_memory_known) {
+      for (int d = 0; d < n; ++d) {
+        if (Short(d)) out[d] += kUnhealthy;
       }
     }
     int best = 0;
@@ -261,6 +291,13 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   s->last_finish.assign(P, INT64_MIN);
   s->busy_end.assign(P, INT64_MIN);
   s->dstats.assign(P, DeviceStats{});
+  s->mem_free.assign(P, -1);
+  s->mem_pending.assign(P, 0);
+  s->mem_epoch.assign(P, 0);
+  s->ext_slow.assign(P, 1.0);
+  s->telemetry_ns.assign(P, INT64_MIN);
+  s->own_busy_at_reading.assign(P, 0);
+  s->inflight_since.assign(P, 0);
   s->on.assign(P, 0);
   s->cost.assign(P, 0);
   s->home.resize(s->V);
@@ -359,6 +396,12 @@ Status Core::Place(const Request& r, Decision* out) {
   const double loc = static_cast<double>(located);
   const int home = s.home[v];
   const int preferred = data_dev >= 0 ? data_dev : (s.current[v] >= 0 ? s.current[v] : home);
+  s.need = s.policy.kind == PolicyKind::kPassthrough ? 0 : std::max<int64_t>(0, r.profile->memory_bytes);
+  if (s.need > 0 && s.any_memory_known) {
+    for (int d = 0; d < s.P; ++d) {
+      if (s.Short(d)) ++s.dstats[d].memory_skips;
+    }
+  }
 
   int chosen = -1;
   Reason reason = Reason::kPassthrough;
@@ -470,8 +513,13 @@ Status Core::Place(const Request& r, Decision* out) {
     }
   }
 
+  s.need = 0;
+
   // Commit: the chosen device's queue, the ticket, the counters.
   const int d = chosen;
+  const int64_t memory_bytes = std::max<int64_t>(0, r.profile->memory_bytes);
+  s.mem_pending[d] += memory_bytes;
+  if (s.outstanding[d] == 0) s.inflight_since[d] = now;
   const int64_t mig_bytes = located - static_cast<int64_t>(s.on[d]);
   double start, c, m;
   const double fin = s.Finish(d, static_cast<double>(now), c0, m0,
@@ -521,6 +569,8 @@ Status Core::Place(const Request& r, Decision* out) {
   t.shift_at_place = s.shift[d];
   t.c_ns = c;
   t.m_ns = m;
+  t.memory_bytes = memory_bytes;
+  t.memory_epoch = s.mem_epoch[d];
 
   const int pi = static_cast<int>(phase);
   const int ri = static_cast<int>(reason);
@@ -602,6 +652,9 @@ Status Core::Cancel(uint64_t ticket) {
     s.shift[d] -= dur;
   }
   --s.vstats[t->virtual_device].queue_length;
+  if (t->memory_bytes > 0 && t->memory_epoch == s.mem_epoch[d]) {
+    s.mem_pending[d] = std::max<int64_t>(0, s.mem_pending[d] - t->memory_bytes);
+  }
   t->live = false;
   s.free_slots.push_back(static_cast<uint32_t>(t - s.tickets.data()));
   return Status::Ok();
@@ -624,6 +677,7 @@ Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
   if (s.outstanding[d] == 0) {
     s.avail[d] = s.avail_c[d] = s.avail_m[d] = now;
   } else {
+    s.inflight_since[d] = now_ns;  // the next one runs from here
     s.avail[d] = std::max(now, s.avail[d] + delta);
     s.avail_c[d] = std::max(now, s.avail_c[d] + delta);
     s.avail_m[d] = std::max(now, s.avail_m[d] + delta);
@@ -656,8 +710,8 @@ Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
       s.k_dev[d] *= 1.0 + s.tuning.device_alpha * (r - 1.0);
       s.k_dev[d] = std::clamp(s.k_dev[d], 1e-3, 1e3);
       *t->exec_factor = std::clamp(*t->exec_factor, 1e-6, 1e6);
-      s.ns_per_flop[d] = s.base_ns_per_flop[d] * s.k_dev[d];
-      s.ns_per_byte[d] = s.base_ns_per_byte[d] * s.k_dev[d];
+      s.ns_per_flop[d] = s.base_ns_per_flop[d] * s.k_dev[d] * s.ext_slow[d];
+      s.ns_per_byte[d] = s.base_ns_per_byte[d] * s.k_dev[d] * s.ext_slow[d];
     }
     s.consecutive_errors[d] = 0;
   } else {
@@ -668,6 +722,48 @@ Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
   }
   t->live = false;
   s.free_slots.push_back(static_cast<uint32_t>(t - s.tickets.data()));
+  return Status::Ok();
+}
+
+Status Core::UpdateTelemetry(int device, const DeviceTelemetry& telemetry, int64_t now_ns) {
+  State& s = *s_;
+  if (device < 0 || device >= s.P) {
+    return InvalidArgument("placement: telemetry for physical device " + std::to_string(device) +
+                           ", which does not exist (" + std::to_string(s.P) +
+                           " physical devices)");
+  }
+  if (std::isnan(telemetry.utilization) || telemetry.utilization > 1.0) {
+    return InvalidArgument("placement: telemetry utilization of physical device " +
+                           std::to_string(device) +
+                           " must be a fraction in [0, 1] (negative: unknown), got " +
+                           std::to_string(telemetry.utilization));
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  const int d = device;
+  s.mem_free[d] = telemetry.memory_free_bytes >= 0 ? telemetry.memory_free_bytes : -1;
+  s.mem_pending[d] = 0;  // the reading already shows what was placed before it
+  ++s.mem_epoch[d];
+  if (s.mem_free[d] >= 0) s.any_memory_known = true;
+
+  // External load: the reported busy fraction less FlexNPU's own over the same window.
+  const int64_t own_total = s.OwnBusyNs(d, now_ns);
+  double external = 0;
+  if (telemetry.utilization >= 0) {
+    double own = s.outstanding[d] > 0 ? 1.0 : 0.0;  // no window yet: is it running ours now?
+    if (s.telemetry_ns[d] != INT64_MIN && now_ns > s.telemetry_ns[d]) {
+      own = std::clamp(static_cast<double>(own_total - s.own_busy_at_reading[d]) /
+                           static_cast<double>(now_ns - s.telemetry_ns[d]),
+                       0.0, 1.0);
+    }
+    external = std::clamp(telemetry.utilization - own, 0.0, kMaxExternal);
+  }
+  s.telemetry_ns[d] = now_ns;
+  s.own_busy_at_reading[d] = own_total;
+  s.ext_slow[d] = 1.0 / (1.0 - external);
+  s.ns_per_flop[d] = s.base_ns_per_flop[d] * s.k_dev[d] * s.ext_slow[d];
+  s.ns_per_byte[d] = s.base_ns_per_byte[d] * s.k_dev[d] * s.ext_slow[d];
+  s.dstats[d].utilization = telemetry.utilization >= 0 ? telemetry.utilization : -1;
+  s.dstats[d].external_utilization = external;
   return Status::Ok();
 }
 
@@ -696,6 +792,8 @@ Stats Core::Snapshot(int64_t now_ns) const {
     ds.quarantined = now_ns < s.quarantine_until[d];
     ds.speed_factor = s.k_dev[d];
     ds.decode_streams = s.decode_streams[d];
+    ds.memory_free_bytes =
+        s.mem_free[d] >= 0 ? std::max<int64_t>(0, s.mem_free[d] - s.mem_pending[d]) : -1;
   }
   out.virtual_devices = s.vstats;
   for (int v = 0; v < s.V; ++v) {

@@ -107,6 +107,17 @@ struct Profile {
   Phase phase = Phase::kSmall;
   double flops = 0;
   double bytes = 0;
+  // Device memory an execution needs (its outputs + temporaries); 0: unknown / none. Devices
+  // whose reported free memory (UpdateTelemetry) is below it are skipped (not by passthrough).
+  int64_t memory_bytes = 0;
+};
+
+// One physical device as the hardware layer (AscendCL / NVML) last read it, off the dispatch
+// path. Negative: unknown.
+struct DeviceTelemetry {
+  int64_t memory_free_bytes = -1;
+  // Busy fraction [0, 1] over the vendor's last sampling window, every process included.
+  double utilization = -1;
 };
 
 // One physical device's roofline. Fill from xla_passes::DeviceSpec (peak_flops, mem_bandwidth,
@@ -142,7 +153,7 @@ enum class Reason : uint8_t {
   kPool,             // static-pd: earliest finish inside the phase's pool
   kIdleSteal,        // decode/small moved off a busy device onto an idle one
   kReturnHome,       // went back home after the burst that displaced it passed
-  kAvoidFailed,      // the preferred device is quarantined after errors
+  kAvoidFailed,      // the preferred device is quarantined after errors, or short of memory
   kFallback,         // every candidate is quarantined: the preferred one anyway
 };
 inline constexpr int kNumReasons = 8;
@@ -215,6 +226,11 @@ struct DeviceStats {
   bool quarantined = false;
   double speed_factor = 1;        // k_dev: measured / modeled time
   int decode_streams = 0;         // virtual devices whose decode lives here
+  // Telemetry (UpdateTelemetry); -1: none received.
+  int64_t memory_free_bytes = -1;     // as reported, minus what was placed here since
+  double utilization = -1;            // as reported
+  double external_utilization = 0;    // the part not explained by FlexNPU's own executions
+  uint64_t memory_skips = 0;          // placements that passed over this device for memory
 };
 
 struct VirtualStats {
@@ -256,6 +272,14 @@ class Core {
   Status OnFinish(uint64_t ticket, int64_t now_ns, bool ok);
   // The placed execution was never launched: forget it without measuring anything.
   Status Cancel(uint64_t ticket);
+  // Telemetry of physical `device` read at `now_ns` (see DeviceTelemetry). Memory: every
+  // policy but passthrough skips a device whose free memory, less the memory_bytes of what was
+  // placed there since this reading, is below the request's memory_bytes (all short: the
+  // preferred device anyway, kFallback). External load: external = utilization - FlexNPU's own
+  // busy fraction on the device since the previous reading, clamped to [0, 0.9]; the device's
+  // predicted execution times are divided by (1 - external), as it gets that share of it.
+  // InvalidArgument for a device out of range or a utilization above 1.
+  Status UpdateTelemetry(int device, const DeviceTelemetry& telemetry, int64_t now_ns);
 
   Status SetPolicy(std::string_view spec);
   Status SetPolicy(const PolicySpec& spec);

@@ -68,6 +68,10 @@ std::string Stats::ToJson() const {
     Bool(o, "quarantined", s.quarantined);
     Num(o, "speed_factor", s.speed_factor);
     Int(o, "decode_streams", s.decode_streams);
+    Int(o, "memory_free_bytes", s.memory_free_bytes);
+    Num(o, "utilization", s.utilization);
+    Num(o, "external_utilization", s.external_utilization);
+    Int(o, "memory_skips", static_cast<long long>(s.memory_skips));
     Close(o, '}');
   }
   Close(o, ']');
