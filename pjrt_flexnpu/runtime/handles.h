@@ -1,11 +1,19 @@
-// Every handle FlexNPU gives JAX starts with a tag, so a pointer that is not FlexNPU's (or
-// an object already destroyed) is reported as an error instead of being dereferenced as one.
+// Every handle FlexNPU gives JAX is registered while it lives and starts with a tag: a pointer
+// that is not FlexNPU's, or an object already destroyed, is reported as an error without being
+// read (only live handles are dereferenced), and a live handle of another type by its tag.
 #ifndef FLEXNPU_RUNTIME_HANDLES_H_
 #define FLEXNPU_RUNTIME_HANDLES_H_
 
 #include <cstdint>
 
 namespace flexnpu {
+
+// The set of live handle addresses (sharded, allocation-free on the common path).
+namespace live_handles {
+void Insert(const void* object);
+void Erase(const void* object);
+bool Contains(const void* object);
+}  // namespace live_handles
 
 enum class Tag : uint32_t {
   kDead = 0xDEADF1E0,
@@ -24,8 +32,11 @@ enum class Tag : uint32_t {
 // at offset 0).
 class Tagged {
  public:
-  explicit Tagged(Tag tag) : tag_(tag) {}
-  ~Tagged() { tag_ = Tag::kDead; }
+  explicit Tagged(Tag tag) : tag_(tag) { live_handles::Insert(this); }
+  ~Tagged() {
+    live_handles::Erase(this);
+    tag_ = Tag::kDead;
+  }
   Tagged(const Tagged&) = delete;
   Tagged& operator=(const Tagged&) = delete;
   Tag tag() const { return tag_; }
@@ -34,10 +45,10 @@ class Tagged {
   volatile Tag tag_;
 };
 
-// Returns `handle` as a T when it carries T's tag, else nullptr.
+// Returns `handle` as a T when it is a live FlexNPU object carrying T's tag, else nullptr.
 template <typename T, typename Handle>
 T* FromHandle(Handle* handle) {
-  if (handle == nullptr) return nullptr;
+  if (handle == nullptr || !live_handles::Contains(handle)) return nullptr;
   auto* tagged = reinterpret_cast<Tagged*>(handle);
   return tagged->tag() == T::kTag ? static_cast<T*>(tagged) : nullptr;
 }

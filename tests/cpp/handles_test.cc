@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <vector>
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/runtime/device.h"
@@ -21,10 +22,42 @@ TEST(HandlesTest, RoundTripAndWrongTypeIsRejected) {
   EXPECT_EQ(FromHandle<DeviceDescription>(static_cast<PJRT_DeviceDescription*>(nullptr)), nullptr);
 }
 
-TEST(HandlesTest, ForeignMemoryIsRejected) {
-  uint64_t foreign[4] = {0x1234, 0, 0, 0};
+TEST(HandlesTest, ForeignMemoryWithAValidTagIsRejected) {
+  // Not a FlexNPU object, although it starts with exactly the tag one would carry.
+  uint32_t foreign[8] = {static_cast<uint32_t>(Tag::kDeviceDescription)};
   EXPECT_EQ(FromHandle<DeviceDescription>(reinterpret_cast<PJRT_DeviceDescription*>(foreign)),
             nullptr);
+}
+
+TEST(HandlesTest, DestroyedHandlesAreRejectedWithoutBeingRead) {
+  auto* description = new DeviceDescription(1, 0, "cpu");
+  PJRT_DeviceDescription* handle = ToHandle<PJRT_DeviceDescription>(description);
+  EXPECT_EQ(FromHandle<DeviceDescription>(handle), description);
+  delete description;
+  // Under AddressSanitizer, reading the freed object's tag would be a heap-use-after-free.
+  EXPECT_EQ(FromHandle<DeviceDescription>(handle), nullptr);
+}
+
+TEST(HandlesTest, LiveSetSurvivesChurn) {
+  std::vector<std::unique_ptr<Event>> events;
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 500; ++i) events.emplace_back(Event::Ready(Status::Ok()));
+    std::vector<PJRT_Event*> gone;
+    for (size_t i = 0; i < events.size(); i += 2) gone.push_back(ToHandle<PJRT_Event>(events[i].get()));
+    std::vector<std::unique_ptr<Event>> kept;
+    for (size_t i = 1; i < events.size(); i += 2) kept.push_back(std::move(events[i]));
+    events = std::move(kept);  // the even ones are destroyed here
+    for (const auto& event : events) {
+      ASSERT_EQ(FromHandle<Event>(ToHandle<PJRT_Event>(event.get())), event.get());
+    }
+    for (PJRT_Event* handle : gone) {
+      // The address may have been reused by a live event of this round: then it resolves.
+      Event* found = FromHandle<Event>(handle);
+      bool reused = false;
+      for (const auto& event : events) reused |= ToHandle<PJRT_Event>(event.get()) == handle;
+      ASSERT_EQ(found != nullptr, reused);
+    }
+  }
 }
 
 TEST(HandlesTest, DescriptionSaysVirtualAndNamesItsPhysicalDevice) {
