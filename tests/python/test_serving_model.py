@@ -1,5 +1,7 @@
 """The JAX Llama model on real SmolLM2-135M-Instruct weights (GGUF, all 30 layers) against an
-independent NumPy reference, and a greedy chat smoke test."""
+independent NumPy reference, a greedy chat smoke test, and the serving engine (paged KV, chunked
+prefill, on-device sampling): a 1,500-token prompt at max_model_len 2048 against the reference,
+and golden greedy token ids of a hand-checked set of chat prompts."""
 
 from __future__ import annotations
 
@@ -83,3 +85,82 @@ def test_greedy_chat_knows_the_capital_of_france(smollm2) -> None:
     print(repr(text))
     assert "Paris" in text
     assert out[-1] == m.config.eos_id
+
+
+@pytest.fixture(scope="module")
+def smollm2_engine(smollm2):
+    """The engine on one virtual NPU with a 2048-token context, prompts chunked by 512."""
+    import jax
+
+    from flexnpu.serving.engine import Engine, EngineConfig
+
+    g, m = smollm2
+    ec = EngineConfig(max_num_seqs=4, max_model_len=2048, max_num_batched_tokens=512,
+                      chunk_buckets=[64, 512], num_devices=1)
+    eng = Engine(None, m.params, ec, devices=jax.devices("flexnpu")[:1], model_config=m.config,
+                 eos_ids=m.tokenizer.eos_ids)
+    eng.warmup()
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def test_served_1500_token_prompt_matches_numpy_reference(smollm2, smollm2_engine) -> None:
+    from flexnpu.serving import reference
+    from flexnpu.serving.output import IdsOutput
+    from flexnpu.serving.sampling import SamplingParams
+
+    g, m = smollm2
+    ids = np.random.default_rng(3).integers(100, 49000, 1500).tolist()
+    sp = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=5)
+    out = IdsOutput(sp, ())
+    smollm2_engine.submit(ids, sp, out)
+    assert out.done.wait(600) and out.finish_reason == "length"
+    ref = reference.forward(g.weights, m.config, ids + out.ids[:2])  # [1502, V] float64
+    ref_lp = ref - ref.max(-1, keepdims=True)
+    ref_lp -= np.log(np.exp(ref_lp).sum(-1, keepdims=True))
+    for j, (tok, lp) in enumerate(zip(out.ids, out.logprobs, strict=True)):
+        row = ref_lp[1499 + j]
+        assert tok == int(np.argmax(row))
+        assert lp.logprob == pytest.approx(row[tok], abs=2 * LOGIT_ATOL)
+        top = np.argsort(-row)[:5]
+        assert [t for t, _ in lp.top] == top.tolist()
+        assert np.allclose([p for _, p in lp.top], row[top], atol=2 * LOGIT_ATOL)
+
+
+# Greedy SmolLM2-135M-Instruct (Q4_1 GGUF, float32) answers, read and checked by hand: the text is
+# fluent and on topic (the sum is wrong; a 135M model's answer, pinned as it is).
+GOLDEN = {
+    "What is the capital of France?": (
+        "stop", [504, 3575, 282, 4649, 314, 7042, 30], "The capital of France is Paris."),
+    "Name three primary colours.": (
+        "length", [33, 30, 3950, 731, 378, 768, 1273, 3003, 7302, 28, 527, 314, 260, 8964, 282,
+                   260, 1296, 3003, 14797, 42, 2382, 365, 66, 643],
+        "1. Red - The most common primary colour, which is the union of the three primary "
+        "colours: red (R),"),
+    "Write a haiku about the sea.": (
+        "stop", [504, 3426, 314, 253, 11558, 338, 9404, 260, 8664, 30],
+        "The sea is a mirror that reflects the soul."),
+    "What is 12 plus 7?": (
+        "length", [33, 34, 1232, 216, 39, 446, 216, 40, 198, 198, 1348, 314, 253, 8170, 1183,
+                   282, 253, 2232, 20270, 4953, 338, 416, 325, 4940],
+        "12 + 7 = 8\n\nThis is a classic example of a simple arithmetic operation that can be "
+        "performed"),
+}
+
+
+def test_golden_greedy_token_ids(smollm2, smollm2_engine) -> None:
+    from flexnpu.serving.output import IdsOutput
+    from flexnpu.serving.sampling import SamplingParams
+
+    _, m = smollm2
+    sp = SamplingParams(max_tokens=24, temperature=0)
+    outs = {}
+    for q in GOLDEN:  # all at once: batched together in the engine
+        ids = m.tokenizer.encode(f"<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n")
+        outs[q] = IdsOutput(sp, smollm2_engine.eos_ids)
+        smollm2_engine.submit(ids, sp, outs[q])
+    for q, (reason, ids, text) in GOLDEN.items():
+        assert outs[q].done.wait(300)
+        assert (outs[q].finish_reason, outs[q].ids) == (reason, ids), q
+        assert m.tokenizer.decode(ids) == text
