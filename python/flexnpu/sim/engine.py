@@ -216,7 +216,10 @@ class Simulation:
             max_model_len=ic.max_model_len,
             max_waiting=ic.max_waiting,
             chunked_prefill=self.layout.chunked,
-            mixed_batches=self.layout.mixed,
+            # A decode instance joins handed-off sequences to the running batch (continuous
+            # batching); with mixed_batches=False the scheduler would give them steps of
+            # their own and stall the running decodes.
+            mixed_batches=self.layout.mixed or role is Role.DECODE,
             role=role,
         )
 
@@ -328,7 +331,10 @@ class Simulation:
         entries = [(e.start, e.num_tokens, e.samples) for e in plan.scheduled]
         timer = self.timer
         flops, nbytes = timer.flops_bytes(timer.features(entries))
-        phase = timer.phase(flops, nbytes)
+        # The engine's program decides the phase (a step with prompt tokens is its prefill
+        # program), not the roofline: on a 910C group a short DeepSeek prefill is bandwidth-
+        # bound (it reads every touched expert) and would be classed "decode".
+        phase = "decode" if plan.scheduled and plan.scheduled[-1].is_decode else "prefill"
         kv_bytes = 0
         if inst.role is not Role.PREFILL:
             used = sched.config.num_blocks - sched.num_free_blocks
