@@ -130,6 +130,9 @@ StatusOr<std::unique_ptr<TelemetrySource>> OpenNvml(const SourceOptions& options
 struct OpenedSource {
   std::unique_ptr<TelemetrySource> source;  // nullptr: no telemetry
   std::string fallback;                     // auto only: why nothing (or what was skipped)
+  // auto only: no vendor library could be loaded at all (a host without Ascend / NVIDIA
+  // software: the ordinary case, not worth a log line).
+  bool nothing_installed = false;
 };
 StatusOr<OpenedSource> OpenTelemetry(const SourceOptions& options);
 

@@ -136,7 +136,9 @@ StatusOr<OpenedSource> OpenTelemetry(const SourceOptions& options) {
       break;
   }
   std::string why;
+  bool absent = true;  // every library missing (NotFound), rather than one that failed
   auto acl = OpenAscendCl(options);
+  absent = !acl.ok() && acl.status().code() == Code::kNotFound;
   if (acl.ok() && (*acl)->device_count() > 0) {
     out.source = std::move(*acl);
     return out;
@@ -150,8 +152,10 @@ StatusOr<OpenedSource> OpenTelemetry(const SourceOptions& options) {
       return out;
     }
     why += "; " + (nvml.ok() ? std::string("NVML sees no devices") : nvml.status().message());
+    absent = absent && !nvml.ok() && nvml.status().code() == Code::kNotFound;
   }
   out.fallback = "telemetry auto: none (" + why + ")";
+  out.nothing_installed = absent;
   return out;
 }
 

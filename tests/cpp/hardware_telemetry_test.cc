@@ -81,6 +81,7 @@ TEST(OpenTelemetryTest, AutoFallsBackToNvmlOnlyForCudaBackends) {
                                "loaded"),
             std::string::npos)
       << cpu->fallback;
+  EXPECT_TRUE(cpu->nothing_installed);  // no library at all: the quiet case
   options.backend_is_cuda = true;
   auto cuda = OpenTelemetry(options);
   ASSERT_TRUE(cuda.ok());
@@ -102,6 +103,7 @@ TEST(OpenTelemetryTest, AutoSkipsAnAscendClWithoutDevicesOrThatFails) {
   EXPECT_NE(init->fallback.find("aclInit failed with ACL error 500002: EH0001"),
             std::string::npos)  // ... and says why, once
       << init->fallback;
+  EXPECT_FALSE(init->nothing_installed);  // a library that failed: worth a log line
 }
 
 TEST(OpenTelemetryTest, ExplicitSourceFailureIsTheError) {
