@@ -185,3 +185,15 @@ def test_unsupported_models_are_refused_by_name(tmp_path, kwargs, match) -> None
         load_model(path, log=lambda *_: None)
     with pytest.raises(ValueError, match=match):
         load_tokenizer(path)
+
+
+def test_llama3_pre_tokenizer_splits_like_the_llama3_regex() -> None:
+    require("tokenizers")
+    from flexnpu.serving.tokenizer import _bytes_to_unicode, from_gguf
+
+    tok = from_gguf(list(_bytes_to_unicode().values()), [1] * 256, [], 0, 1, "llama-bpe")
+    pieces = tok.hf_tokenizer().pre_tokenizer.pre_tokenize_str("1234567 don't  Hello\n\nworld!!")
+    # Digits in groups of three, contractions apart, "\n\n" one piece (GPT-2's regex differs
+    # on the first and the last).
+    assert [p for p, _ in pieces] == ["123", "456", "7", "Ġdon", "'t", "Ġ", "ĠHello", "ĊĊ",
+                                      "world", "!!"]
