@@ -101,7 +101,11 @@ def engine_config(args: argparse.Namespace, num_devices: int, exported: dict | N
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return serve(build_parser().parse_args(argv))
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Runs the server from parsed options (`python -m flexnpu serve` parses them itself)."""
     logs.set_backend_log_level(args.backend_log_level)  # before JAX loads the backend
     import jax
 
