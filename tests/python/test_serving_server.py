@@ -363,7 +363,7 @@ class _FakeEngine:
 
         self.cfg = SimpleNamespace(vocab_size=512, eos_id=257)
         self.eos_ids = (257,)
-        self.max_model_len = 64
+        self.max_model_len = 4096
         self.healthy, self.error = True, None
         self.text, self.mode = text, "ok"
         self.aborted: list = []
@@ -376,16 +376,20 @@ class _FakeEngine:
             raise QueueFullError("64 requests waiting (max_waiting 64)")
         req = {"output": output, "done": False}
         self.live.append(req)
-        if self.mode == "ok":
+        if self.mode in ("ok", "slow"):
             threading.Thread(target=self._run, args=(req, sampling), daemon=True).start()
         elif self.mode == "fail":
             output.on_finish("error: step failed: device lost", time.perf_counter())
         return req
 
     def _run(self, req, sampling) -> None:
-        for b in self.text.encode()[:sampling.max_tokens]:
+        slow = self.mode == "slow"  # a token every 10 ms, for as long as max_tokens says
+        data = self.text.encode() * (sampling.max_tokens if slow else 1)
+        for b in data[:sampling.max_tokens]:
             if req["done"]:
                 return
+            if slow:
+                time.sleep(0.01)
             if req["output"].on_token(b, None, time.perf_counter()) is not None:
                 break
         req["done"] = True
@@ -488,3 +492,17 @@ def test_non_streaming_disconnect_aborts(fake) -> None:
     while not eng.aborted and time.time() < deadline:
         time.sleep(0.05)
     assert len(eng.aborted) == 1 and eng.aborted[0] is eng.live[0]
+
+
+def test_non_streaming_disconnect_aborts_while_tokens_flow(fake) -> None:
+    import httpx
+
+    _, eng = fake
+    eng.mode = "slow"  # 1000 tokens would take 10 s; the client leaves after 0.5 s
+    t0 = time.time()
+    with pytest.raises(httpx.ReadTimeout):
+        with _http(fake) as h:
+            h.post("/v1/completions", json={"prompt": "q", "max_tokens": 1000}, timeout=0.5)
+    while not eng.aborted and time.time() < t0 + 8:
+        time.sleep(0.05)
+    assert len(eng.aborted) == 1 and eng.live[0]["done"]

@@ -296,16 +296,22 @@ class _Run:
         (request_timeout plus a grace period) passes."""
         timeout = self.state.request_timeout
         guard = time.perf_counter() + timeout + TIMEOUT_GRACE_S if timeout else None
+        checked = time.perf_counter()
         try:
             while self.pending():
                 try:
                     first = await asyncio.wait_for(self.queue.get(), DISCONNECT_POLL_S)
                 except TimeoutError:
+                    first = None
+                now = time.perf_counter()
+                if first is None or now - checked >= DISCONNECT_POLL_S:
+                    checked = now  # also while tokens flow: a plain request's client may go
                     if await request.is_disconnected():
                         return
-                    if guard is not None and time.perf_counter() > guard:
+                    if guard is not None and now > guard:
                         raise APIError(f"The request did not finish within the server's "
                                        f"request timeout of {timeout:g}s", 504) from None
+                if first is None:
                     continue
                 items = [first]
                 while not self.queue.empty():  # merge what is there (e.g. last token + finish)
