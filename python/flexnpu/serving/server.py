@@ -29,11 +29,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flexnpu.serving.chat_template import ChatTemplate, ChatTemplateError
 from flexnpu.serving.output import Delta, TextOutput, TokenLogprobs
-from flexnpu.serving.sampling import SamplingParams
+from flexnpu.serving.sampling import NUM_TOP_LOGPROBS, SamplingParams
 from flexnpu.serving.tokenizer import Tokenizer
 
 MAX_CHOICES = 64  # prompts x n per request
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = NUM_TOP_LOGPROBS  # what the device step returns
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 TIMEOUT_GRACE_S = 5.0  # past its deadline, a request the engine has not finished is ended here
 
