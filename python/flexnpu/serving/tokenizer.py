@@ -77,7 +77,10 @@ class HFTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
     def decode_stream(self, prompt_ids: list[int]) -> TextStream:
-        return _HFStream(self._tok, prompt_ids)
+        try:
+            return _HFStream(self._tok, prompt_ids)
+        except ImportError:  # a `tokenizers` without DecodeStream (< 0.21)
+            return IncrementalDetokenizer(self, prompt_ids)
 
     def token_text(self, token_id: int) -> str:
         return self._tok.decode([token_id], skip_special_tokens=False)
@@ -255,6 +258,9 @@ class IncrementalDetokenizer:
         self.ids: list[int] = list(prompt_ids[-4:]) if prompt_ids else []
         self.prefix = len(self.ids)
         self.read = len(self.ids)
+
+    def step(self, token_id: int) -> str:
+        return self.add(token_id)
 
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)
