@@ -344,3 +344,53 @@ def test_device_sampler_filters() -> None:
     assert np.allclose(np.asarray(chosen), np.log(0.5), atol=1e-5)
     assert np.asarray(top_ids)[0, :4].tolist() == [0, 1, 2, 3]
     assert np.allclose(np.asarray(top_lp)[0, :4], np.log([0.5, 0.3, 0.15, 0.05]), atol=1e-5)
+
+
+# ---- under the placement policies (fresh interpreters) -----------------------------------------
+
+POLICY_RUN = """
+import json
+import jax
+import flexnpu.stats
+from flexnpu.serving.engine import Engine, EngineConfig
+from flexnpu.serving.loading import load_model
+from flexnpu.serving.sampling import SamplingParams
+m = load_model("random:tiny", seed=1, log=lambda *_: None)
+out = {{}}
+for layout in ({layout!r},):
+    ec = EngineConfig(max_num_seqs=4, max_model_len={max_len}, max_num_batched_tokens=32,
+                      block_size=8, layout=layout, prefill_devices=2, decode_devices=2)
+    eng = Engine(None, m.params, ec, model_config=m.config)
+    eng.start()
+    outs = [[] for _ in {prompts!r}]
+    reqs = []
+    from flexnpu.serving.output import IdsOutput
+    for p, n in zip({prompts!r}, {lengths!r}):
+        sp = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        o = IdsOutput(sp, ())
+        eng.submit(p, sp, o)
+        reqs.append(o)
+    for o in reqs:
+        assert o.done.wait(120), "request hangs"
+    out[layout] = [o.ids for o in reqs]
+    eng.stop()
+phys = flexnpu.stats.clients()[0]["placement"]["physical"]
+out["executions"] = [sum(d["executions"].values()) for d in phys]
+print("RESULT", json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize(("policy", "layout"), [("static-pd:prefill=0,1;decode=2,3", "split"),
+                                                ("dynamic", "colocated")])
+def test_serving_under_placement_policies_matches_the_backend(policy, layout, direct) -> None:
+    import json
+
+    from _subprocess import run_python
+
+    code = POLICY_RUN.format(max_len=MAX_LEN, prompts=PROMPTS, lengths=LENGTHS, layout=layout)
+    proc = run_python(code, env={"JAX_PLATFORMS": "flexnpu", "FLEXNPU_POLICY": policy},
+                      timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
+    assert got[layout] == direct
+    assert sum(e > 0 for e in got["executions"]) >= 2, got["executions"]  # the placer spread it
