@@ -197,3 +197,17 @@ def test_llama3_pre_tokenizer_splits_like_the_llama3_regex() -> None:
     # on the first and the last).
     assert [p for p, _ in pieces] == ["123", "456", "7", "Ġdon", "'t", "Ġ", "ĠHello", "ĊĊ",
                                       "world", "!!"]
+
+
+def test_smollm2_gguf_metadata() -> None:
+    from _serving import require_smollm2
+
+    require_smollm2()
+    from flexnpu.serving.gguf_loader import load_gguf
+
+    g = load_gguf(weights=False)
+    assert g.weights == {} and g.config.num_layers == 30
+    assert g.config.rope_scaling == "none" and g.config.rope_freq_factors is None
+    assert g.eos_ids == (2,) and g.tokens[2] == "<|im_end|>"
+    assert g.chat_template.startswith("{% for message in messages %}")
+    assert g.metadata["bos_token"] == "<|im_start|>" and g.metadata["tokenizer_model"] == "gpt2"
