@@ -22,23 +22,31 @@ std::map<std::string, std::shared_ptr<const PhysicalBackend>>& LoadedBackends() 
 }  // namespace
 
 Status PhysicalBackend::ConsumeError(PJRT_Error* error, const char* where) const {
+  // The inner error is destroyed whatever happens below (building the message may throw).
+  struct Destroy {
+    const PJRT_Api* api;
+    PJRT_Error* error;
+    ~Destroy() {
+      PJRT_Error_Destroy_Args destroy_args{};
+      destroy_args.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
+      destroy_args.error = error;
+      api->PJRT_Error_Destroy(&destroy_args);
+    }
+  } destroy{api_, error};
+
   PJRT_Error_Message_Args message_args{};
   message_args.struct_size = PJRT_Error_Message_Args_STRUCT_SIZE;
   message_args.error = error;
   api_->PJRT_Error_Message(&message_args);
-  std::string message(message_args.message, message_args.message_size);
 
   PJRT_Error_GetCode_Args code_args{};
   code_args.struct_size = PJRT_Error_GetCode_Args_STRUCT_SIZE;
   code_args.error = error;
   Code code = Code::kUnknown;
   if (api_->PJRT_Error_GetCode(&code_args) == nullptr) code = static_cast<Code>(code_args.code);
-
-  PJRT_Error_Destroy_Args destroy_args{};
-  destroy_args.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
-  destroy_args.error = error;
-  api_->PJRT_Error_Destroy(&destroy_args);
-  return Status(code, "physical backend: " + std::string(where) + ": " + message);
+  std::string message = "physical backend: " + std::string(where) + ": ";
+  if (message_args.message != nullptr) message.append(message_args.message, message_args.message_size);
+  return Status(code, std::move(message));
 }
 
 StatusOr<std::shared_ptr<const PhysicalBackend>> PhysicalBackend::Load(const std::string& path) {

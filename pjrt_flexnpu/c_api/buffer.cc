@@ -27,13 +27,60 @@ void WrapEvent(const PhysicalBackend& backend, PJRT_Event** slot) {
 
 }  // namespace
 
-FLEXNPU_FORWARD_BUFFER(UnpaddedDimensions, buffer, num_dims)
-FLEXNPU_FORWARD_BUFFER(DynamicDimensionIndices, buffer, num_dynamic_dims)
-FLEXNPU_FORWARD_BUFFER(GetMemoryLayout, buffer, layout)
+// Only for results that are plain values: anything returned by pointer into the inner buffer
+// goes through VirtualBuffer, which keeps what it points into alive.
 FLEXNPU_FORWARD_BUFFER(IsOnCpu, buffer, is_on_cpu)
-FLEXNPU_FORWARD_BUFFER(UnsafePointer, buffer, buffer_pointer)
-FLEXNPU_FORWARD_BUFFER(OpaqueDeviceMemoryDataPointer, buffer, device_memory_ptr)
 #undef FLEXNPU_FORWARD_BUFFER
+
+PJRT_Error* Buffer_UnpaddedDimensions(PJRT_Buffer_UnpaddedDimensions_Args* args) {
+  return Guard("PJRT_Buffer_UnpaddedDimensions", [&]() -> Status {
+    FLEXNPU_CHECK_ARGS(PJRT_Buffer_UnpaddedDimensions, num_dims);
+    FLEXNPU_RESOLVE(buffer, VirtualBuffer, args->buffer, PJRT_Buffer_UnpaddedDimensions,
+                    "buffer");
+    return buffer->UnpaddedDimensions(&args->unpadded_dims, &args->num_dims);
+  });
+}
+
+PJRT_Error* Buffer_DynamicDimensionIndices(PJRT_Buffer_DynamicDimensionIndices_Args* args) {
+  return Guard("PJRT_Buffer_DynamicDimensionIndices", [&]() -> Status {
+    FLEXNPU_CHECK_ARGS(PJRT_Buffer_DynamicDimensionIndices, num_dynamic_dims);
+    FLEXNPU_RESOLVE(buffer, VirtualBuffer, args->buffer, PJRT_Buffer_DynamicDimensionIndices,
+                    "buffer");
+    return buffer->DynamicDimensionIndices(&args->dynamic_dim_indices, &args->num_dynamic_dims);
+  });
+}
+
+PJRT_Error* Buffer_GetMemoryLayout(PJRT_Buffer_GetMemoryLayout_Args* args) {
+  return Guard("PJRT_Buffer_GetMemoryLayout", [&]() -> Status {
+    FLEXNPU_CHECK_ARGS(PJRT_Buffer_GetMemoryLayout, layout);
+    FLEXNPU_RESOLVE(buffer, VirtualBuffer, args->buffer, PJRT_Buffer_GetMemoryLayout, "buffer");
+    return buffer->MemoryLayout(&args->layout);
+  });
+}
+
+PJRT_Error* Buffer_UnsafePointer(PJRT_Buffer_UnsafePointer_Args* args) {
+  return Guard("PJRT_Buffer_UnsafePointer", [&]() -> Status {
+    FLEXNPU_CHECK_ARGS(PJRT_Buffer_UnsafePointer, buffer_pointer);
+    FLEXNPU_RESOLVE(buffer, VirtualBuffer, args->buffer, PJRT_Buffer_UnsafePointer, "buffer");
+    auto pointer = buffer->UnsafePointer();
+    if (!pointer.ok()) return pointer.status();
+    args->buffer_pointer = *pointer;
+    return Status::Ok();
+  });
+}
+
+PJRT_Error* Buffer_OpaqueDeviceMemoryDataPointer(
+    PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args* args) {
+  return Guard("PJRT_Buffer_OpaqueDeviceMemoryDataPointer", [&]() -> Status {
+    FLEXNPU_CHECK_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer, device_memory_ptr);
+    FLEXNPU_RESOLVE(buffer, VirtualBuffer, args->buffer,
+                    PJRT_Buffer_OpaqueDeviceMemoryDataPointer, "buffer");
+    auto pointer = buffer->OpaqueDeviceMemoryDataPointer();
+    if (!pointer.ok()) return pointer.status();
+    args->device_memory_ptr = *pointer;
+    return Status::Ok();
+  });
+}
 
 PJRT_Error* Buffer_Destroy(PJRT_Buffer_Destroy_Args* args) {
   return Guard("PJRT_Buffer_Destroy", [&]() -> Status {

@@ -14,9 +14,8 @@ constexpr char kPlatformName[] = "flexnpu";
 struct ClientRegistry {
   std::mutex mu;
   std::set<VirtualClient*> clients;
-  // The backend of the newest client answers PJRT_Plugin_Attributes (its StableHLO versions
-  // are what the programs JAX sends must deserialize on).
-  std::shared_ptr<const PhysicalBackend> newest_backend;
+  // The backend of the first client, for PJRT_Plugin_Attributes.
+  std::shared_ptr<const PhysicalBackend> first_backend;
   // Set by FlexNpu_SetTracing: clients created while it is on record from the start.
   bool tracing = false;
 };
@@ -30,7 +29,18 @@ StatusOr<std::vector<NamedOption>> ToNamedOptions(const PJRT_NamedValue* values,
   std::vector<NamedOption> out;
   for (size_t i = 0; i < n; ++i) {
     const PJRT_NamedValue& v = values[i];
+    const std::string which = "PJRT_Client_Create: create option " + std::to_string(i);
+    if (v.struct_size < offsetof(PJRT_NamedValue, value_size) + sizeof(v.value_size)) {
+      return InvalidArgument(which + " has struct_size " + std::to_string(v.struct_size) +
+                             ", too small for a PJRT_NamedValue");
+    }
+    if (v.name == nullptr || v.name_size == 0) {
+      return InvalidArgument(which + " has no name (null or empty)");
+    }
     std::string name(v.name, v.name_size);
+    if (v.type == PJRT_NamedValue_kString && v.string_value == nullptr && v.value_size > 0) {
+      return InvalidArgument("FlexNPU create option '" + name + "' has a null string value");
+    }
     switch (v.type) {
       case PJRT_NamedValue_kString:
         out.push_back({name, std::string(v.string_value, v.value_size)});
@@ -71,7 +81,7 @@ PJRT_Error* Client_Create(PJRT_Client_Create_Args* args) {
       auto& registry = Registry();
       std::lock_guard<std::mutex> lock(registry.mu);
       registry.clients.insert(raw);
-      registry.newest_backend = raw->shared_backend();
+      if (registry.first_backend == nullptr) registry.first_backend = raw->shared_backend();
       if (registry.tracing) raw->trace()->Start();
     }
     args->client = ToHandle<PJRT_Client>(raw);
@@ -93,25 +103,103 @@ PJRT_Error* Client_Destroy(PJRT_Client_Destroy_Args* args) {
   });
 }
 
+namespace {
+
+// What PJRT_Plugin_Attributes answers: FlexNPU's own attributes, plus the physical backend's
+// program-format versions (the programs JAX sends are deserialized by the backend). Nothing
+// else of the backend's is advertised: FlexNPU offers its own set of features.
+struct PluginAttributes {
+  std::mutex mu;
+  bool from_backend = false;
+  std::vector<PJRT_NamedValue> values;
+  std::vector<std::string> strings;
+  std::vector<std::vector<int64_t>> lists;
+};
+
+constexpr const char* kForwardedAttributes[] = {"xla_version", "stablehlo_current_version",
+                                                "stablehlo_minimum_version"};
+
+// The backend whose versions count: the first client's, else the one the environment names.
+std::shared_ptr<const PhysicalBackend> AttributesBackend() {
+  {
+    auto& registry = Registry();
+    std::lock_guard<std::mutex> lock(registry.mu);
+    if (registry.first_backend != nullptr) return registry.first_backend;
+  }
+  auto options = ParseOptions({}, ProcessEnv());
+  if (!options.ok()) return nullptr;
+  auto path = BackendPath(*options);
+  if (!path.ok()) return nullptr;
+  auto backend = PhysicalBackend::Load(*path);
+  return backend.ok() ? *backend : nullptr;
+}
+
+// Fills `attributes` once from `backend` (never changed afterwards: callers keep pointers).
+Status FillAttributes(PluginAttributes& attributes, const PhysicalBackend* backend) {
+  if (backend == nullptr || !backend->HasSlot(offsetof(PJRT_Api, PJRT_Plugin_Attributes))) {
+    return Status::Ok();
+  }
+  PJRT_Plugin_Attributes_Args inner{};
+  inner.struct_size = PJRT_Plugin_Attributes_Args_STRUCT_SIZE;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend, PJRT_Plugin_Attributes, &inner));
+  std::vector<const PJRT_NamedValue*> kept;
+  for (size_t i = 0; i < inner.num_attributes; ++i) {
+    const PJRT_NamedValue& v = inner.attributes[i];
+    if (v.name == nullptr) continue;
+    const std::string name(v.name, v.name_size);
+    for (const char* allowed : kForwardedAttributes) {
+      if (name == allowed) kept.push_back(&v);
+    }
+  }
+  // Reserve first: values point into these vectors.
+  attributes.strings.reserve(kept.size() * 2);
+  attributes.lists.reserve(kept.size());
+  for (const PJRT_NamedValue* v : kept) {
+    PJRT_NamedValue out{};
+    out.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    attributes.strings.emplace_back(v->name, v->name_size);
+    out.name = attributes.strings.back().c_str();
+    out.name_size = attributes.strings.back().size();
+    out.type = v->type;
+    out.value_size = v->value_size;
+    switch (v->type) {
+      case PJRT_NamedValue_kString:
+        attributes.strings.emplace_back(v->string_value, v->value_size);
+        out.string_value = attributes.strings.back().c_str();
+        break;
+      case PJRT_NamedValue_kInt64:
+        out.int64_value = v->int64_value;
+        break;
+      case PJRT_NamedValue_kInt64List:
+        attributes.lists.emplace_back(v->int64_array_value, v->int64_array_value + v->value_size);
+        out.int64_array_value = attributes.lists.back().data();
+        break;
+      case PJRT_NamedValue_kFloat:
+        out.float_value = v->float_value;
+        break;
+      case PJRT_NamedValue_kBool:
+        out.bool_value = v->bool_value;
+        break;
+    }
+    attributes.values.push_back(out);
+  }
+  attributes.from_backend = true;
+  return Status::Ok();
+}
+
+}  // namespace
+
 PJRT_Error* Plugin_Attributes(PJRT_Plugin_Attributes_Args* args) {
   return Guard("PJRT_Plugin_Attributes", [&]() -> Status {
     FLEXNPU_CHECK_ARGS(PJRT_Plugin_Attributes, num_attributes);
-    args->attributes = nullptr;
-    args->num_attributes = 0;
-    std::shared_ptr<const PhysicalBackend> backend;
-    {
-      auto& registry = Registry();
-      std::lock_guard<std::mutex> lock(registry.mu);
-      backend = registry.newest_backend;
+    static auto* attributes = new PluginAttributes();
+    std::lock_guard<std::mutex> lock(attributes->mu);
+    if (!attributes->from_backend) {
+      std::shared_ptr<const PhysicalBackend> backend = AttributesBackend();
+      FLEXNPU_RETURN_IF_ERROR(FillAttributes(*attributes, backend.get()));
     }
-    if (backend == nullptr || !backend->HasSlot(offsetof(PJRT_Api, PJRT_Plugin_Attributes))) {
-      return Status::Ok();
-    }
-    PJRT_Plugin_Attributes_Args inner{};
-    inner.struct_size = PJRT_Plugin_Attributes_Args_STRUCT_SIZE;
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend, PJRT_Plugin_Attributes, &inner));
-    args->attributes = inner.attributes;  // process lifetime: plugins are never unloaded
-    args->num_attributes = inner.num_attributes;
+    args->attributes = attributes->values.data();
+    args->num_attributes = attributes->values.size();
     return Status::Ok();
   });
 }
@@ -266,8 +354,17 @@ PJRT_Error* Client_Compile(PJRT_Client_Compile_Args* args) {
   return Guard("PJRT_Client_Compile", [&]() -> Status {
     FLEXNPU_CHECK_ARGS(PJRT_Client_Compile, executable);
     FLEXNPU_RESOLVE(client, VirtualClient, args->client, PJRT_Client_Compile, "client");
-    if (args->program == nullptr || args->program->code == nullptr) {
+    const PJRT_Program* program = args->program;
+    if (program == nullptr || program->code == nullptr || program->code_size == 0) {
       return InvalidArgument("PJRT_Client_Compile: program is null or empty");
+    }
+    if (program->struct_size < offsetof(PJRT_Program, format_size) + sizeof(size_t)) {
+      return InvalidArgument("PJRT_Client_Compile: program struct_size " +
+                             std::to_string(program->struct_size) + " is too small");
+    }
+    if (program->format == nullptr || program->format_size == 0) {
+      return InvalidArgument("PJRT_Client_Compile: program format is null or empty (expected "
+                             "'mlir' or 'hlo')");
     }
     if (args->compile_options == nullptr && args->compile_options_size > 0) {
       return InvalidArgument("PJRT_Client_Compile: compile_options is null");
@@ -318,6 +415,17 @@ PJRT_Error* Client_BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* a
     }
     if (args->num_dims > 0 && args->dims == nullptr) {
       return InvalidArgument("PJRT_Client_BufferFromHostBuffer: dims is null");
+    }
+    int64_t elements = 1;
+    for (size_t i = 0; i < args->num_dims; ++i) elements *= args->dims[i];
+    if (args->data == nullptr && elements != 0) {
+      return InvalidArgument("PJRT_Client_BufferFromHostBuffer: data is null for " +
+                             std::to_string(elements) + " elements");
+    }
+    if (args->byte_strides != nullptr && args->num_byte_strides != args->num_dims) {
+      return InvalidArgument("PJRT_Client_BufferFromHostBuffer: " +
+                             std::to_string(args->num_byte_strides) + " byte_strides for " +
+                             std::to_string(args->num_dims) + " dims");
     }
     auto buffer = client->BufferFromHostBuffer(args, memory);
     if (!buffer.ok()) return buffer.status();

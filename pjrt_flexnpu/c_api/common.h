@@ -41,6 +41,11 @@ PJRT_Error* Guard(const char* where, Body&& body) {
     }                                                                                       \
   } while (0)
 
+// True when the caller's `args` (of type Fn##_Args) is large enough to hold `field`: write
+// optional outputs only then.
+#define FLEXNPU_HAS_FIELD(Fn, field) \
+  (args->struct_size >= offsetof(Fn##_Args, field) + sizeof(args->field))
+
 // Declares `var` as the FlexNPU object behind `handle`, or returns INVALID_ARGUMENT.
 #define FLEXNPU_RESOLVE(var, Type, handle, Fn, what)                                          \
   Type* var = ::flexnpu::FromHandle<Type>(handle);                                            \

@@ -124,12 +124,14 @@ PJRT_Error* Device_MemoryStats(PJRT_Device_MemoryStats_Args* args) {
     args->largest_alloc_size = stats.largest_alloc_size();
     args->largest_alloc_size_is_set = true;
     // Virtual devices that share a physical device share its memory: each may use all of it.
+    // Written only into callers whose struct has the fields (older headers end earlier).
     const int64_t limit = device->client()->physical(device->home_physical()).bytes_limit;
     if (limit > 0) {
-      args->bytes_limit = limit;
-      args->bytes_limit_is_set = true;
-      if (args->struct_size >= offsetof(PJRT_Device_MemoryStats_Args, bytes_reservable_limit_is_set) +
-                                   sizeof(bool)) {
+      if (FLEXNPU_HAS_FIELD(PJRT_Device_MemoryStats, bytes_limit_is_set)) {
+        args->bytes_limit = limit;
+        args->bytes_limit_is_set = true;
+      }
+      if (FLEXNPU_HAS_FIELD(PJRT_Device_MemoryStats, bytes_reservable_limit_is_set)) {
         args->bytes_reservable_limit = limit;
         args->bytes_reservable_limit_is_set = true;
       }

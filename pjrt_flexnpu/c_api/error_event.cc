@@ -11,15 +11,18 @@ void Error_Destroy(PJRT_Error_Destroy_Args* args) {
 }
 
 void Error_Message(PJRT_Error_Message_Args* args) {
-  if (args == nullptr || args->struct_size < PJRT_Error_Message_Args_STRUCT_SIZE) return;
-  if (args->error == nullptr) {
-    args->message = "";
-    args->message_size = 0;
-    return;
-  }
-  const std::string& message = args->error->status.message();
-  args->message = message.c_str();
-  args->message_size = message.size();
+  // No error can be returned: write whatever output fields the caller's struct has, so it
+  // never reads an unset pointer.
+  if (args == nullptr) return;
+  const bool has_message = FLEXNPU_HAS_FIELD(PJRT_Error_Message, message);
+  const bool has_size = FLEXNPU_HAS_FIELD(PJRT_Error_Message, message_size);
+  const std::string* message =
+      args->struct_size >= offsetof(PJRT_Error_Message_Args, error) + sizeof(args->error) &&
+              args->error != nullptr
+          ? &args->error->status.message()
+          : nullptr;
+  if (has_message) args->message = message != nullptr ? message->c_str() : "";
+  if (has_size) args->message_size = message != nullptr ? message->size() : 0;
 }
 
 PJRT_Error* Error_GetCode(PJRT_Error_GetCode_Args* args) {

@@ -25,6 +25,19 @@ StatusOr<BufferMetadata> QueryBufferMetadata(const PhysicalBackend& b, PJRT_Buff
   return metadata;
 }
 
+namespace {
+
+std::shared_ptr<PhysicalBuffer> MakePhysical(InnerBuffer handle, int physical_device,
+                                             bool from_move) {
+  auto physical = std::make_shared<PhysicalBuffer>();
+  physical->handle = std::move(handle);
+  physical->physical_device = physical_device;
+  physical->from_move = from_move;
+  return physical;
+}
+
+}  // namespace
+
 StatusOr<VirtualBuffer*> VirtualBuffer::Wrap(VirtualMemory* memory, InnerBuffer inner,
                                              int physical_device) {
   auto metadata = QueryBufferMetadata(memory->device()->client()->backend(), inner.get());
@@ -34,8 +47,8 @@ StatusOr<VirtualBuffer*> VirtualBuffer::Wrap(VirtualMemory* memory, InnerBuffer 
 
 VirtualBuffer* VirtualBuffer::WrapKnown(VirtualMemory* memory, InnerBuffer inner,
                                         int physical_device, const BufferMetadata& metadata) {
-  auto* buffer = new VirtualBuffer(
-      memory, std::make_shared<PhysicalBuffer>(PhysicalBuffer{std::move(inner), physical_device}));
+  auto* buffer =
+      new VirtualBuffer(memory, MakePhysical(std::move(inner), physical_device, false));
   buffer->element_type_ = metadata.element_type;
   buffer->dims_ = metadata.dims;
   buffer->on_device_size_ = metadata.on_device_size;
@@ -54,7 +67,21 @@ VirtualBuffer::VirtualBuffer(VirtualMemory* memory, std::shared_ptr<PhysicalBuff
       memory_(memory),
       physical_(std::move(physical)) {}
 
-VirtualBuffer::~VirtualBuffer() { StopCounting(); }
+VirtualBuffer::~VirtualBuffer() {
+  StopCounting();
+  // External references JAX never released: give them back to the inner buffer before it
+  // goes, so the backend does not keep its memory forever.
+  while (external_references_ > 0 && pinned_ != nullptr) {
+    PJRT_Buffer_DecreaseExternalReferenceCount_Args args{};
+    args.struct_size = PJRT_Buffer_DecreaseExternalReferenceCount_Args_STRUCT_SIZE;
+    args.buffer = pinned_->handle.get();
+    if (!FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_DecreaseExternalReferenceCount, &args)
+             .ok()) {
+      break;
+    }
+    --external_references_;
+  }
+}
 
 VirtualDevice* VirtualBuffer::device() const { return memory_->device(); }
 
@@ -69,9 +96,9 @@ std::shared_ptr<PhysicalBuffer> VirtualBuffer::physical() const {
   return physical_;
 }
 
-Status VirtualBuffer::MoveTo(int physical_device) {
+StatusOr<std::shared_ptr<PhysicalBuffer>> VirtualBuffer::OnDevice(int physical_device) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (physical_->physical_device == physical_device) return Status::Ok();
+  if (physical_->physical_device == physical_device) return physical_;
   const PhysicalBackend& b = client_->backend();
   PJRT_Memory* target = client_->PhysicalMemory(physical_device, memory_->kind_index());
   if (target == nullptr) {
@@ -96,11 +123,12 @@ Status VirtualBuffer::MoveTo(int physical_device) {
     event.bytes = on_device_size_;
     client_->trace()->Record(event);
   }
-  physical_ = std::make_shared<PhysicalBuffer>(
-      PhysicalBuffer{Own(b, args.dst_buffer), physical_device});
+  // Publish the copy; the previous physical buffer lives on in whoever still holds it
+  // (executions in flight, external references, handed-out addresses).
+  physical_ = MakePhysical(Own(b, args.dst_buffer), physical_device, true);
   client_->counters().migrations.fetch_add(1, std::memory_order_relaxed);
   client_->counters().bytes_migrated.fetch_add(on_device_size_, std::memory_order_relaxed);
-  return Status::Ok();
+  return physical_;
 }
 
 Status VirtualBuffer::Delete() {
@@ -128,29 +156,169 @@ void VirtualBuffer::NoteMaybeDonated() {
   if (deleted.ok() && *deleted) StopCounting();
 }
 
-Status VirtualBuffer::IncreaseExternalReferenceCount() {
-  std::lock_guard<std::mutex> lock(mu_);
-  PJRT_Buffer_IncreaseExternalReferenceCount_Args args{};
-  args.struct_size = PJRT_Buffer_IncreaseExternalReferenceCount_Args_STRUCT_SIZE;
-  args.buffer = physical_->handle.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(client_->backend(),
-                                             PJRT_Buffer_IncreaseExternalReferenceCount, &args));
-  externally_referenced_.push_back(physical_);
+Status VirtualBuffer::AwaitComplete(PhysicalBuffer* physical) {
+  if (!physical->from_move || physical->known_ready.load(std::memory_order_acquire)) {
+    return Status::Ok();
+  }
+  const PhysicalBackend& b = client_->backend();
+  PJRT_Buffer_ReadyEvent_Args ready{};
+  ready.struct_size = PJRT_Buffer_ReadyEvent_Args_STRUCT_SIZE;
+  ready.buffer = physical->handle.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_ReadyEvent, &ready));
+  InnerEvent event = Own(b, ready.event);
+  PJRT_Event_Await_Args await{};
+  await.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+  await.event = event.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Event_Await, &await));
+  physical->known_ready.store(true, std::memory_order_release);
   return Status::Ok();
+}
+
+Status VirtualBuffer::IncreaseExternalReferenceCount() {
+  std::shared_ptr<PhysicalBuffer> pinned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pinned_ == nullptr) pinned_ = physical_;
+    pinned = pinned_;
+    PJRT_Buffer_IncreaseExternalReferenceCount_Args args{};
+    args.struct_size = PJRT_Buffer_IncreaseExternalReferenceCount_Args_STRUCT_SIZE;
+    args.buffer = pinned->handle.get();
+    Status status = FLEXNPU_INNER_CALL(client_->backend(),
+                                       PJRT_Buffer_IncreaseExternalReferenceCount, &args);
+    if (!status.ok()) {
+      if (external_references_ == 0) pinned_.reset();
+      return status;
+    }
+    ++external_references_;
+  }
+  // The caller reads the memory as soon as this returns: a copy still in flight must land
+  // first (outside the lock: executions keep resolving the buffer meanwhile).
+  return AwaitComplete(pinned.get());
 }
 
 Status VirtualBuffer::DecreaseExternalReferenceCount() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (externally_referenced_.empty()) {
+  if (external_references_ == 0) {
     return FailedPrecondition(
         "PJRT_Buffer_DecreaseExternalReferenceCount without a matching increase");
   }
   PJRT_Buffer_DecreaseExternalReferenceCount_Args args{};
   args.struct_size = PJRT_Buffer_DecreaseExternalReferenceCount_Args_STRUCT_SIZE;
-  args.buffer = externally_referenced_.back()->handle.get();
+  args.buffer = pinned_->handle.get();
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(client_->backend(),
                                              PJRT_Buffer_DecreaseExternalReferenceCount, &args));
-  externally_referenced_.pop_back();
+  if (--external_references_ == 0) pinned_.reset();
+  return Status::Ok();
+}
+
+void VirtualBuffer::RetainAddressed(const std::shared_ptr<PhysicalBuffer>& physical) {
+  for (const auto& kept : addressed_) {
+    if (kept == physical) return;
+  }
+  addressed_.push_back(physical);
+}
+
+StatusOr<void*> VirtualBuffer::OpaqueDeviceMemoryDataPointer() {
+  std::shared_ptr<PhysicalBuffer> physical;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    physical = pinned_ != nullptr ? pinned_ : physical_;
+    if (pinned_ == nullptr) RetainAddressed(physical);
+  }
+  PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args args{};
+  args.struct_size = PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args_STRUCT_SIZE;
+  args.buffer = physical->handle.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(client_->backend(),
+                                             PJRT_Buffer_OpaqueDeviceMemoryDataPointer, &args));
+  return args.device_memory_ptr;
+}
+
+StatusOr<uintptr_t> VirtualBuffer::UnsafePointer() {
+  std::shared_ptr<PhysicalBuffer> physical;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    physical = pinned_ != nullptr ? pinned_ : physical_;
+    if (pinned_ == nullptr) RetainAddressed(physical);
+  }
+  PJRT_Buffer_UnsafePointer_Args args{};
+  args.struct_size = PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE;
+  args.buffer = physical->handle.get();
+  FLEXNPU_RETURN_IF_ERROR(
+      FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_UnsafePointer, &args));
+  return args.buffer_pointer;
+}
+
+Status VirtualBuffer::UnpaddedDimensions(const int64_t** dims, size_t* num_dims) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!forwarded_.has_unpadded_dims) {
+    PJRT_Buffer_UnpaddedDimensions_Args args{};
+    args.struct_size = PJRT_Buffer_UnpaddedDimensions_Args_STRUCT_SIZE;
+    args.buffer = physical_->handle.get();
+    FLEXNPU_RETURN_IF_ERROR(
+        FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_UnpaddedDimensions, &args));
+    forwarded_.unpadded_dims.assign(args.unpadded_dims, args.unpadded_dims + args.num_dims);
+    forwarded_.has_unpadded_dims = true;
+  }
+  *dims = forwarded_.unpadded_dims.data();
+  *num_dims = forwarded_.unpadded_dims.size();
+  return Status::Ok();
+}
+
+Status VirtualBuffer::DynamicDimensionIndices(const size_t** indices, size_t* num_indices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!forwarded_.has_dynamic_dims) {
+    PJRT_Buffer_DynamicDimensionIndices_Args args{};
+    args.struct_size = PJRT_Buffer_DynamicDimensionIndices_Args_STRUCT_SIZE;
+    args.buffer = physical_->handle.get();
+    FLEXNPU_RETURN_IF_ERROR(
+        FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_DynamicDimensionIndices, &args));
+    forwarded_.dynamic_dim_indices.assign(args.dynamic_dim_indices,
+                                          args.dynamic_dim_indices + args.num_dynamic_dims);
+    forwarded_.has_dynamic_dims = true;
+  }
+  *indices = forwarded_.dynamic_dim_indices.data();
+  *num_indices = forwarded_.dynamic_dim_indices.size();
+  return Status::Ok();
+}
+
+Status VirtualBuffer::MemoryLayout(PJRT_Buffer_MemoryLayout* layout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ForwardedMetadata& f = forwarded_;
+  if (!f.has_layout) {
+    PJRT_Buffer_GetMemoryLayout_Args args{};
+    args.struct_size = PJRT_Buffer_GetMemoryLayout_Args_STRUCT_SIZE;
+    args.buffer = physical_->handle.get();
+    FLEXNPU_RETURN_IF_ERROR(
+        FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_GetMemoryLayout, &args));
+    const PJRT_Buffer_MemoryLayout& inner = args.layout;
+    f.layout = PJRT_Buffer_MemoryLayout{};
+    f.layout.struct_size = PJRT_Buffer_MemoryLayout_STRUCT_SIZE;
+    f.layout.type = inner.type;
+    if (inner.type == PJRT_Buffer_MemoryLayout_Type_Tiled) {
+      const PJRT_Buffer_MemoryLayout_Tiled& t = inner.tiled;
+      size_t num_tile_dims = 0;
+      for (size_t i = 0; i < t.num_tiles; ++i) num_tile_dims += t.tile_dim_sizes[i];
+      f.layout_ints.assign(t.minor_to_major, t.minor_to_major + t.minor_to_major_size);
+      if (num_tile_dims > 0) {
+        f.layout_ints.insert(f.layout_ints.end(), t.tile_dims, t.tile_dims + num_tile_dims);
+      }
+      if (t.num_tiles > 0) f.tile_dim_sizes.assign(t.tile_dim_sizes, t.tile_dim_sizes + t.num_tiles);
+      f.layout.tiled.struct_size = PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE;
+      f.layout.tiled.minor_to_major = f.layout_ints.data();
+      f.layout.tiled.minor_to_major_size = t.minor_to_major_size;
+      f.layout.tiled.tile_dims = f.layout_ints.data() + t.minor_to_major_size;
+      f.layout.tiled.tile_dim_sizes = f.tile_dim_sizes.data();
+      f.layout.tiled.num_tiles = t.num_tiles;
+    } else {
+      const PJRT_Buffer_MemoryLayout_Strides& st = inner.strides;
+      f.layout_ints.assign(st.byte_strides, st.byte_strides + st.num_byte_strides);
+      f.layout.strides.struct_size = PJRT_Buffer_MemoryLayout_Strides_STRUCT_SIZE;
+      f.layout.strides.byte_strides = f.layout_ints.data();
+      f.layout.strides.num_byte_strides = f.layout_ints.size();
+    }
+    f.has_layout = true;
+  }
+  *layout = f.layout;
   return Status::Ok();
 }
 

@@ -20,9 +20,15 @@ class VirtualClient;
 class VirtualDevice;
 class VirtualMemory;
 
+// One physical incarnation of a virtual buffer. Shared: whoever uses its inner handle or an
+// address inside it holds a reference, so a move that publishes a successor never frees memory
+// still in use.
 struct PhysicalBuffer {
   InnerBuffer handle;
   int physical_device;
+  // Made by a move (an asynchronous copy): host readers of its memory must wait for it first.
+  bool from_move = false;
+  std::atomic<bool> known_ready{false};
 };
 
 // What JAX asks of a buffer, read once from the backend.
@@ -56,9 +62,11 @@ class VirtualBuffer : public Tagged {
   // The physical buffer now behind this one; holding the pointer keeps it alive.
   std::shared_ptr<PhysicalBuffer> physical() const;
 
-  // Makes the buffer live on `physical_device` (a copy through the backend, then the old
-  // physical buffer is released). A no-op when it is there already.
-  Status MoveTo(int physical_device);
+  // The physical buffer on `physical_device`, moving this buffer there first if needed (a copy
+  // through the backend published as the new physical buffer; the old one goes when its last
+  // holder does). Returns the one it published or found, even if another thread moves the
+  // buffer again right after.
+  StatusOr<std::shared_ptr<PhysicalBuffer>> OnDevice(int physical_device);
 
   // Deletes the device memory; the handle stays valid and answers IsDeleted.
   Status Delete();
@@ -67,8 +75,21 @@ class VirtualBuffer : public Tagged {
   // once the backend reports it consumed.
   void NoteMaybeDonated();
 
+  // External references (zero-copy host views) pin one physical buffer: while any is held, the
+  // data pointers below name that buffer's memory, which stays alive and unmoved however often
+  // the virtual buffer moves. The first reference waits until a moved-in copy is complete.
   Status IncreaseExternalReferenceCount();
   Status DecreaseExternalReferenceCount();
+  // Addresses of device memory. Without an external reference, the physical buffer they point
+  // into is kept until this virtual buffer is destroyed, so the address stays valid.
+  StatusOr<void*> OpaqueDeviceMemoryDataPointer();
+  StatusOr<uintptr_t> UnsafePointer();
+
+  // Inner metadata that PJRT returns by pointer, copied into this buffer on first use so the
+  // pointers stay valid for the buffer's lifetime, however often it moves.
+  Status UnpaddedDimensions(const int64_t** dims, size_t* num_dims);
+  Status DynamicDimensionIndices(const size_t** indices, size_t* num_indices);
+  Status MemoryLayout(PJRT_Buffer_MemoryLayout* layout);
 
  private:
   VirtualBuffer(VirtualMemory* memory, std::shared_ptr<PhysicalBuffer> physical);
@@ -82,11 +103,31 @@ class VirtualBuffer : public Tagged {
   int64_t on_device_size_ = 0;
   std::atomic<bool> counted_{false};
 
+  // The pinned physical buffer for external references, waiting for it to be complete first
+  // when it came from a move.
+  Status AwaitComplete(PhysicalBuffer* physical);
+  // Keeps `physical` alive until destruction: an address inside it was handed out.
+  void RetainAddressed(const std::shared_ptr<PhysicalBuffer>& physical);
+
   mutable std::mutex mu_;
   std::shared_ptr<PhysicalBuffer> physical_;
-  // Physical buffers whose memory JAX aliases (external references): kept alive even if the
-  // virtual buffer moves, until the matching decrease.
-  std::vector<std::shared_ptr<PhysicalBuffer>> externally_referenced_;
+  // What external references pin (null when there are none) and how many there are.
+  std::shared_ptr<PhysicalBuffer> pinned_;
+  int64_t external_references_ = 0;
+  // Physical buffers whose addresses were handed out without an external reference.
+  std::vector<std::shared_ptr<PhysicalBuffer>> addressed_;
+  // Copies of inner metadata (see UnpaddedDimensions); filled once each, under mu_.
+  struct ForwardedMetadata {
+    bool has_unpadded_dims = false;
+    std::vector<int64_t> unpadded_dims;
+    bool has_dynamic_dims = false;
+    std::vector<size_t> dynamic_dim_indices;
+    bool has_layout = false;
+    PJRT_Buffer_MemoryLayout layout{};
+    std::vector<int64_t> layout_ints;  // minor_to_major then tile_dims, or byte_strides
+    std::vector<size_t> tile_dim_sizes;
+  };
+  ForwardedMetadata forwarded_;
 };
 
 }  // namespace flexnpu

@@ -13,16 +13,6 @@
 namespace flexnpu {
 namespace {
 
-std::string ResolveBackendPath(const Options& options, Status* status) {
-  if (options.backend != "cpu") return options.backend;
-  if (options.cpu_plugin_path.empty()) {
-    *status = InvalidArgument(
-        "backend 'cpu' needs the path of the xla-cpu-pjrt plugin: the flexnpu Python package "
-        "passes it as create option 'cpu_plugin_path'; set it or FLEXNPU_CPU_PLUGIN_PATH");
-  }
-  return options.cpu_plugin_path;
-}
-
 // Named values for the inner client; `storage` keeps the strings alive.
 std::vector<PJRT_NamedValue> ToNamedValues(const std::vector<NamedOption>& options) {
   std::vector<PJRT_NamedValue> out;
@@ -79,13 +69,21 @@ StatusOr<std::unique_ptr<VirtualClient>> VirtualClient::Create(const Options& op
 VirtualClient::~VirtualClient() = default;
 
 Status VirtualClient::Init() {
-  Status status;
-  const std::string path = ResolveBackendPath(options_, &status);
-  FLEXNPU_RETURN_IF_ERROR(status);
+  auto backend_path = BackendPath(options_);
+  if (!backend_path.ok()) return backend_path.status();
+  const std::string& path = *backend_path;
   auto backend = PhysicalBackend::Load(path);
   if (!backend.ok()) return backend.status();
   backend_ = *backend;
   const PhysicalBackend& b = *backend_;
+  if (b.minor_version() > PJRT_API_MINOR && !options_.allow_newer_backend) {
+    return FailedPrecondition(
+        "physical backend '" + path + "' has PJRT C API 0." + std::to_string(b.minor_version()) +
+        ", newer than FlexNPU's 0." + std::to_string(PJRT_API_MINOR) +
+        ": FlexNPU passes its own struct sizes and a newer plugin may write output fields past "
+        "them. Rebuild FlexNPU against that plugin's header, or accept the risk with create "
+        "option allow_newer_backend=true (FLEXNPU_ALLOW_NEWER_BACKEND=1)");
+  }
 
   // The owners of `backend_options` strings outlive the create call.
   const std::vector<NamedOption> inner_options = EffectiveBackendOptions(options_);
@@ -197,11 +195,28 @@ Status VirtualClient::Init() {
   const int num_virtual =
       options_.num_virtual_devices > 0 ? options_.num_virtual_devices : num_physical();
   std::vector<placement::DeviceModel> models(num_physical(), DeviceModelFor(roofline_));
+  // Telemetry (pjrt_flexnpu/hardware): binds the physical devices to AscendCL / NVML devices;
+  // an accelerator its library names gets that preset's roofline (a CPU backend keeps its own).
+  std::vector<PJRT_Device*> physical_devices;
+  std::vector<int64_t> physical_ids;
+  for (const PhysicalDevice& d : physical_) {
+    physical_devices.push_back(d.device);
+    physical_ids.push_back(d.id);
+  }
+  auto telemetry =
+      PhysicalTelemetry::Open(options_, b, physical_devices, physical_ids, backend_platform_);
+  if (!telemetry.ok()) return telemetry.status();
+  telemetry_ = std::move(*telemetry);
+  for (int p = 0; p < num_physical() && backend_platform_ != "cpu"; ++p) {
+    auto spec = xla_passes::FindDevice(telemetry_->PresetOf(p));
+    if (!telemetry_->PresetOf(p).empty() && spec.ok()) models[p] = DeviceModelFor(spec.value());
+  }
   auto placer = Placer::Create(EffectivePolicy(options_), std::move(models), num_virtual);
   if (!placer.ok()) {
     return Status(placer.status().code(), "FlexNPU placement policy: " + placer.status().message());
   }
   placer_ = std::move(*placer);
+  FLEXNPU_RETURN_IF_ERROR(telemetry_->Start(placer_->core()));
   for (int v = 0; v < num_virtual; ++v) {
     const int home = placer_->HomeOf(v);
     auto device = std::make_unique<VirtualDevice>(this, v, home, backend_platform_);
@@ -249,7 +264,16 @@ StatusOr<VirtualBuffer*> VirtualClient::BufferFromHostBuffer(
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend_, PJRT_Client_BufferFromHostBuffer, &inner));
   InnerEvent done = Own(*backend_, inner.done_with_host_buffer);
   auto buffer = VirtualBuffer::Wrap(memory, Own(*backend_, inner.buffer), physical_device);
-  if (!buffer.ok()) return buffer.status();
+  if (!buffer.ok()) {
+    // The caller frees its host data once this fails: the inner transfer must be done with it.
+    if (done) {
+      PJRT_Event_Await_Args await{};
+      await.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+      await.event = done.get();
+      (void)FLEXNPU_INNER_CALL(*backend_, PJRT_Event_Await, &await);
+    }
+    return buffer.status();
+  }
   args->done_with_host_buffer =
       done ? ToHandle<PJRT_Event>(Event::Wrap(*backend_, done.release())) : nullptr;
   return buffer;
@@ -303,7 +327,8 @@ std::string VirtualClient::StatsJson() const {
         << ",\"peak_bytes_in_use\":" << d->stats().peak_bytes_in_use()
         << ",\"num_allocs\":" << d->stats().num_allocs() << "}";
   }
-  out << "],\"placement\":" << placer_->SnapshotJson() << "}";
+  out << "],\"placement\":" << placer_->SnapshotJson() << ",\"telemetry\":" << telemetry_->Json()
+      << "}";
   return out.str();
 }
 

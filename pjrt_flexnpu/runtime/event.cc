@@ -1,5 +1,7 @@
 #include "pjrt_flexnpu/runtime/event.h"
 
+#include <memory>
+
 #include "pjrt_flexnpu/runtime/error.h"
 
 namespace flexnpu {
@@ -11,11 +13,21 @@ struct OnReadyContext {
   void* user_arg;
 };
 
-void InnerOnReady(PJRT_Error* inner_error, void* arg) {
-  auto* context = static_cast<OnReadyContext*>(arg);
-  Status status = context->backend->Consume(inner_error, "PJRT_Event");
-  context->callback(ToPjrtError(std::move(status)), context->user_arg);
-  delete context;
+// Runs on a backend thread: nothing may escape (an exception there is std::terminate), and
+// the caller's callback runs exactly once, with an error if the inner one cannot be converted.
+void InnerOnReady(PJRT_Error* inner_error, void* arg) noexcept {
+  std::unique_ptr<OnReadyContext> context(static_cast<OnReadyContext*>(arg));
+  PJRT_Error* error = nullptr;
+  try {
+    error = ToPjrtError(context->backend->Consume(inner_error, "PJRT_Event"));
+  } catch (...) {
+    try {
+      error = ToPjrtError(Internal("PJRT_Event: converting the backend's error failed"));
+    } catch (...) {
+      error = nullptr;  // out of memory: nothing can be allocated to report it
+    }
+  }
+  context->callback(error, context->user_arg);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "pjrt_flexnpu/runtime/executable.h"
 
+#include <chrono>
 #include <cstddef>
 
 #include "pjrt_flexnpu/backend/compile_options.h"
@@ -26,16 +27,27 @@ struct FinishContext {
   TraceEvent event;
 };
 
-void OnExecutionDone(PJRT_Error* error, void* arg) {
+// Runs on a backend thread: nothing may escape (an exception there is std::terminate).
+void OnExecutionDone(PJRT_Error* error, void* arg) noexcept {
   std::unique_ptr<FinishContext> context(static_cast<FinishContext*>(arg));
   const bool ok = error == nullptr;
-  if (!ok) (void)context->backend->Consume(error, "execution");
-  const int64_t now = Placer::NowNs();
-  if (context->ticket != 0) (void)context->core->OnFinish(context->ticket, now, ok);
-  if (context->trace != nullptr) {
-    context->event.end_ns = now;
-    context->event.ok = ok;
-    context->trace->Record(context->event);
+  try {
+    if (!ok) (void)context->backend->Consume(error, "execution");
+  } catch (...) {
+    // The inner error is released by Consume before it builds any message.
+  }
+  try {
+    const int64_t now = Placer::NowNs();
+    // No OnStart at dispatch: the core then takes max(placed, previous finish on the device)
+    // as the start, so time queued behind earlier work is not counted as this execution's.
+    if (context->ticket != 0) (void)context->core->OnFinish(context->ticket, now, ok);
+    if (context->trace != nullptr) {
+      context->event.end_ns = now;
+      context->event.ok = ok;
+      context->trace->Record(context->event);
+    }
+  } catch (...) {
+    // Losing one measurement or trace event is better than terminating the process.
   }
 }
 
@@ -97,13 +109,6 @@ StatusOr<VirtualBuffer*> ArgumentBuffer(VirtualClient* client, PJRT_Buffer* hand
   return buffer;
 }
 
-// The inner buffer of `buffer` on `physical_device`, moving it there first if needed.
-StatusOr<std::shared_ptr<PhysicalBuffer>> OnPhysical(VirtualBuffer* buffer, int physical_device) {
-  std::shared_ptr<PhysicalBuffer> physical = buffer->physical();
-  if (physical->physical_device == physical_device) return physical;
-  FLEXNPU_RETURN_IF_ERROR(buffer->MoveTo(physical_device));
-  return buffer->physical();
-}
 
 }  // namespace
 
@@ -188,7 +193,6 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   auto compiled = exe->CompileFor(mapping);
   if (!compiled.ok()) return compiled.status();
   exe->initial_ = *compiled;
-  if (!exe->portable_) exe->by_mapping_.emplace(mapping, exe->initial_);
 
   const PhysicalBackend& b = client->backend();
   PJRT_LoadedExecutable_GetExecutable_Args get_args{};
@@ -266,22 +270,67 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
 
 StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>>
 VirtualLoadedExecutable::CompiledFor(const std::vector<int>& physical) {
+  if (!portable_ && physical == initial_->physical) return initial_;
+  std::promise<CompiledResult> promise;
+  std::shared_future<CompiledResult> future;
+  bool compile_here = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_mapping_.find(physical);
+    if (it != by_mapping_.end()) {
+      it->second.last_use = ++use_clock_;
+      future = it->second.compiled;
+    } else {
+      future = promise.get_future().share();
+      by_mapping_.emplace(physical, CacheEntry{future, ++use_clock_});
+      EvictLocked();
+      compile_here = true;
+    }
+  }
+  if (compile_here) {
+    // Outside mu_: executions of mappings already compiled go on meanwhile; those wanting this
+    // one wait on the future.
+    CompiledResult compiled = CompileFor(physical);
+    if (!compiled.ok()) {
+      // Failures are not cached: a later execution may try again.
+      std::lock_guard<std::mutex> lock(mu_);
+      by_mapping_.erase(physical);
+    }
+    promise.set_value(std::move(compiled));
+  }
+  return future.get();
+}
+
+void VirtualLoadedExecutable::EvictLocked() {
+  while (by_mapping_.size() > kMaxCachedMappings) {
+    auto victim = by_mapping_.end();
+    for (auto it = by_mapping_.begin(); it != by_mapping_.end(); ++it) {
+      // Compiles in progress stay (their compiler thread erases or fills them).
+      if (it->second.compiled.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        continue;
+      }
+      if (victim == by_mapping_.end() || it->second.last_use < victim->second.last_use) {
+        victim = it;
+      }
+    }
+    if (victim == by_mapping_.end()) return;
+    by_mapping_.erase(victim);
+  }
+}
+
+size_t VirtualLoadedExecutable::num_cached_mappings() {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = by_mapping_.find(physical);
-  if (it != by_mapping_.end()) return it->second;
-  auto compiled = CompileFor(physical);
-  if (!compiled.ok()) return compiled.status();
-  by_mapping_.emplace(physical, *compiled);
-  return compiled;
+  return by_mapping_.size() + (portable_ ? 0 : 1);
 }
 
 Status VirtualLoadedExecutable::Execute(PJRT_LoadedExecutable_Execute_Args* args) {
   if (IsDeleted()) {
     return FailedPrecondition("PJRT_LoadedExecutable_Execute: the executable has been deleted");
   }
+  VirtualDevice* execute_device = nullptr;
   if (args->execute_device != nullptr) {
-    VirtualDevice* device = FromHandle<VirtualDevice>(args->execute_device);
-    if (device == nullptr || device->client() != client_) {
+    execute_device = FromHandle<VirtualDevice>(args->execute_device);
+    if (execute_device == nullptr || execute_device->client() != client_) {
       return InvalidArgument("PJRT_LoadedExecutable_Execute: execute_device is not a device of "
                              "this FlexNPU client");
     }
@@ -289,18 +338,29 @@ Status VirtualLoadedExecutable::Execute(PJRT_LoadedExecutable_Execute_Args* args
       return InvalidArgument("PJRT_LoadedExecutable_Execute: execute_device is only valid for a "
                              "single-device program run on one device");
     }
-    return ExecuteSingle(args, device);
-  }
-  if (args->num_devices != devices_.size()) {
+  } else if (args->num_devices != devices_.size()) {
     return InvalidArgument("PJRT_LoadedExecutable_Execute: the program was compiled for " +
                            std::to_string(devices_.size()) + " devices, got arguments for " +
                            std::to_string(args->num_devices));
   }
+  // Every list the call reads must be there (argument lists may be absent without arguments).
+  for (size_t d = 0; d < args->num_devices; ++d) {
+    if (args->num_args > 0 && args->argument_lists[d] == nullptr) {
+      return InvalidArgument("PJRT_LoadedExecutable_Execute: argument_lists[" +
+                             std::to_string(d) + "] is null");
+    }
+    if (num_outputs_ > 0 && args->output_lists[d] == nullptr) {
+      return InvalidArgument("PJRT_LoadedExecutable_Execute: output_lists[" + std::to_string(d) +
+                             "] is null");
+    }
+  }
+  if (execute_device != nullptr) return ExecuteSingle(args, execute_device);
   if (single_device_) return ExecuteSingle(args, devices_[0]);
   return ExecuteSpmd(args);
 }
 
-Status VirtualLoadedExecutable::PlaceSingle(VirtualDevice* device, PJRT_Buffer* const* arguments,
+Status VirtualLoadedExecutable::PlaceSingle(VirtualDevice* device,
+                                            VirtualBuffer* const* arguments,
                                             size_t num_args, int* physical_device,
                                             uint64_t* ticket) {
   Placer& placer = client_->placer();
@@ -311,8 +371,7 @@ Status VirtualLoadedExecutable::PlaceSingle(VirtualDevice* device, PJRT_Buffer* 
   }
   SmallVector<placement::Input, kInlineArgs> inputs(num_args);
   for (size_t a = 0; a < num_args; ++a) {
-    VirtualBuffer* buffer = FromHandle<VirtualBuffer>(arguments[a]);
-    if (buffer == nullptr) continue;  // reported when the arguments are resolved
+    VirtualBuffer* buffer = arguments[a];
     inputs[a].physical_device = buffer->physical()->physical_device;
     inputs[a].bytes = buffer->on_device_size();
   }
@@ -332,10 +391,19 @@ Status VirtualLoadedExecutable::PlaceSingle(VirtualDevice* device, PJRT_Buffer* 
 
 Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args* args,
                                               VirtualDevice* device) {
+  // argument_lists may be null when there are no arguments.
+  PJRT_Buffer* const* arguments = args->num_args > 0 ? args->argument_lists[0] : nullptr;
+  const size_t num_args = args->num_args;
+  SmallVector<VirtualBuffer*, kInlineArgs> buffers(num_args);
+  for (size_t a = 0; a < num_args; ++a) {
+    auto buffer = ArgumentBuffer(client_, arguments[a], 0, a);
+    if (!buffer.ok()) return buffer.status();
+    buffers[a] = *buffer;
+  }
   int physical_device = 0;
   uint64_t ticket = 0;
   FLEXNPU_RETURN_IF_ERROR(
-      PlaceSingle(device, args->argument_lists[0], args->num_args, &physical_device, &ticket));
+      PlaceSingle(device, buffers.data(), num_args, &physical_device, &ticket));
   Placer& placer = client_->placer();
   // Any failure before the launch: the placed execution never happens.
   struct CancelUnlaunched {
@@ -355,15 +423,10 @@ Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args
     compiled = other.get();
   }
 
-  const size_t num_args = args->num_args;
   SmallVector<std::shared_ptr<PhysicalBuffer>, kInlineArgs> holds(num_args);
   SmallVector<PJRT_Buffer*, kInlineArgs> inner_args(num_args);
-  SmallVector<VirtualBuffer*, kInlineArgs> buffers(num_args);
   for (size_t a = 0; a < num_args; ++a) {
-    auto buffer = ArgumentBuffer(client_, args->argument_lists[0][a], 0, a);
-    if (!buffer.ok()) return buffer.status();
-    buffers[a] = *buffer;
-    auto physical = OnPhysical(*buffer, physical_device);
+    auto physical = buffers[a]->OnDevice(physical_device);
     if (!physical.ok()) return physical.status();
     holds[a] = std::move(*physical);
     inner_args[a] = holds[a]->handle.get();
@@ -390,8 +453,7 @@ Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args
       (args->device_complete_events != nullptr || tracked) ? &inner_event : nullptr;
   // A pinned executable runs where it was compiled for; a portable one where it is told.
   inner.execute_device = portable_ ? client_->physical(physical_device).device : nullptr;
-  const int64_t start_ns = tracked ? Placer::NowNs() : 0;
-  if (ticket != 0) placer.OnStart(ticket, start_ns);
+  const int64_t start_ns = tracing ? Placer::NowNs() : 0;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
   cancel.launched = true;
   client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
@@ -422,11 +484,14 @@ Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args
   if (may_donate_) {
     for (size_t a = 0; a < num_args; ++a) buffers[a]->NoteMaybeDonated();
   }
+  InnerEvent event = Own(b, inner_event);
+  Status status = WrapOutputs(device, physical_device, inner_outputs.data(), args->output_lists[0]);
+  // On failure the caller takes nothing: the event goes with `event`.
   if (args->device_complete_events != nullptr) {
     args->device_complete_events[0] =
-        inner_event ? ToHandle<PJRT_Event>(Event::Wrap(b, inner_event)) : nullptr;
+        status.ok() && event ? ToHandle<PJRT_Event>(Event::Wrap(b, event.release())) : nullptr;
   }
-  return WrapOutputs(device, physical_device, inner_outputs.data(), args->output_lists[0]);
+  return status;
 }
 
 Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* args) {
@@ -453,7 +518,7 @@ Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* 
       auto buffer = ArgumentBuffer(client_, args->argument_lists[d][a], d, a);
       if (!buffer.ok()) return buffer.status();
       buffers[d * num_args + a] = *buffer;
-      auto physical = OnPhysical(*buffer, c.physical[d]);
+      auto physical = (*buffer)->OnDevice(c.physical[d]);
       if (!physical.ok()) return physical.status();
       holds[d * num_args + a] = std::move(*physical);
       inner_args[position * num_args + a] = holds[d * num_args + a]->handle.get();
@@ -481,19 +546,35 @@ Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* 
   if (may_donate_) {
     for (VirtualBuffer* buffer : buffers) buffer->NoteMaybeDonated();
   }
+  std::vector<InnerEvent> events;
+  events.reserve(n);
+  for (PJRT_Event* e : inner_events) events.push_back(Own(b, e));
   Status status;
   for (size_t d = 0; d < n; ++d) {
     const size_t position = c.inner_position[d];
-    if (args->device_complete_events != nullptr) {
-      PJRT_Event* e = inner_events[position];
-      args->device_complete_events[d] = e ? ToHandle<PJRT_Event>(Event::Wrap(b, e)) : nullptr;
-    }
     if (!status.ok()) {
       for (size_t i = 0; i < num_outputs_; ++i) Own(b, output_lists[position][i]);
       continue;
     }
     status = WrapOutputs(devices_[d], c.physical[d], output_lists[position],
                          args->output_lists[d]);
+    if (!status.ok()) {
+      // Outputs of earlier devices were handed out already: take them back.
+      for (size_t e = 0; e < d; ++e) {
+        for (size_t i = 0; i < num_outputs_; ++i) {
+          delete FromHandle<VirtualBuffer>(args->output_lists[e][i]);
+          args->output_lists[e][i] = nullptr;
+        }
+      }
+    }
+  }
+  // Events only with outputs: on failure the caller takes nothing, and they go with `events`.
+  if (args->device_complete_events != nullptr) {
+    for (size_t d = 0; d < n; ++d) {
+      InnerEvent& e = events[c.inner_position[d]];
+      args->device_complete_events[d] =
+          status.ok() && e ? ToHandle<PJRT_Event>(Event::Wrap(b, e.release())) : nullptr;
+    }
   }
   return status;
 }
@@ -509,6 +590,12 @@ Status VirtualLoadedExecutable::LearnOutputs(PJRT_Buffer** inner_outputs) {
     memory_args.buffer = inner_outputs[i];
     FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_Memory, &memory_args));
     outputs[i] = OutputInfo{std::move(*metadata), client_->KindIndexOf(memory_args.memory)};
+    PJRT_Buffer_DynamicDimensionIndices_Args dynamic_args{};
+    dynamic_args.struct_size = PJRT_Buffer_DynamicDimensionIndices_Args_STRUCT_SIZE;
+    dynamic_args.buffer = inner_outputs[i];
+    if (FLEXNPU_INNER_CALL(b, PJRT_Buffer_DynamicDimensionIndices, &dynamic_args).ok()) {
+      outputs[i].varies = dynamic_args.num_dynamic_dims > 0;
+    }
   }
   std::lock_guard<std::mutex> lock(outputs_mu_);
   if (!outputs_known_.load(std::memory_order_acquire)) {
@@ -527,30 +614,46 @@ Status VirtualLoadedExecutable::WrapOutputs(VirtualDevice* device, int physical_
   for (size_t i = 0; i < num_outputs_; ++i) {
     InnerBuffer inner = Own(b, inner_outputs[i]);
     inner_outputs[i] = nullptr;
-    if (!status.ok()) {
-      outputs[i] = nullptr;
-      continue;
-    }
+    outputs[i] = nullptr;
+    if (!status.ok()) continue;
     const OutputInfo& info = outputs_[i];
     VirtualMemory* memory = info.kind_index >= 0 ? device->memory_of_kind(info.kind_index) : nullptr;
     if (memory == nullptr) memory = device->default_memory();
-    outputs[i] = ToHandle<PJRT_Buffer>(
-        VirtualBuffer::WrapKnown(memory, std::move(inner), physical_device, info.metadata));
+    if (!info.varies) {
+      outputs[i] = ToHandle<PJRT_Buffer>(
+          VirtualBuffer::WrapKnown(memory, std::move(inner), physical_device, info.metadata));
+      continue;
+    }
+    auto wrapped = VirtualBuffer::Wrap(memory, std::move(inner), physical_device);
+    if (!wrapped.ok()) {
+      status = wrapped.status();
+      for (size_t j = 0; j < i; ++j) {
+        delete FromHandle<VirtualBuffer>(outputs[j]);
+        outputs[j] = nullptr;
+      }
+      continue;
+    }
+    outputs[i] = ToHandle<PJRT_Buffer>(*wrapped);
   }
   return status;
 }
 
 Status VirtualLoadedExecutable::Delete() {
   deleted_.store(true, std::memory_order_release);
-  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::shared_ptr<Compiled>> compiled{initial_};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [mapping, entry] : by_mapping_) {
+      if (entry.compiled.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+      const CompiledResult& result = entry.compiled.get();
+      if (result.ok() && *result != initial_) compiled.push_back(*result);
+    }
+  }
   const PhysicalBackend& b = client_->backend();
   PJRT_LoadedExecutable_Delete_Args args{};
   args.struct_size = PJRT_LoadedExecutable_Delete_Args_STRUCT_SIZE;
-  args.executable = initial_->executable.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Delete, &args));
-  for (auto& [mapping, compiled] : by_mapping_) {
-    if (compiled == initial_) continue;
-    args.executable = compiled->executable.get();
+  for (const auto& c : compiled) {
+    args.executable = c->executable.get();
     FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Delete, &args));
   }
   return Status::Ok();

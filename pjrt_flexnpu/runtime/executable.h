@@ -6,6 +6,7 @@
 #define FLEXNPU_RUNTIME_EXECUTABLE_H_
 
 #include <atomic>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -68,6 +69,8 @@ class VirtualLoadedExecutable : public Tagged {
   const placement::Profile& profile() const { return profile_; }
   Status Delete();
   bool IsDeleted() const { return deleted_.load(std::memory_order_acquire); }
+  // Mappings with a compiled variant in the cache (for tests and stats).
+  size_t num_cached_mappings();
 
  private:
   struct Compiled {
@@ -81,14 +84,24 @@ class VirtualLoadedExecutable : public Tagged {
   struct OutputInfo {
     BufferMetadata metadata;
     int kind_index;
+    // Dynamically shaped (bounded) output: dims and size can differ per execution, so they
+    // are asked of the backend every time.
+    bool varies = false;
+  };
+  using CompiledResult = StatusOr<std::shared_ptr<Compiled>>;
+  // One mapping's compile: shared by every execution that wants it while it runs.
+  struct CacheEntry {
+    std::shared_future<CompiledResult> compiled;
+    uint64_t last_use = 0;
   };
 
   VirtualLoadedExecutable(VirtualClient* client) : Tagged(kTag), client_(client) {}
   StatusOr<std::shared_ptr<Compiled>> CompileFor(const std::vector<int>& physical);
   StatusOr<std::shared_ptr<Compiled>> CompiledFor(const std::vector<int>& physical);
+  void EvictLocked();
   Status ExecuteSingle(PJRT_LoadedExecutable_Execute_Args* args, VirtualDevice* device);
   // The physical device for a single-device execution and the placer's ticket (0: untracked).
-  Status PlaceSingle(VirtualDevice* device, PJRT_Buffer* const* arguments, size_t num_args,
+  Status PlaceSingle(VirtualDevice* device, VirtualBuffer* const* arguments, size_t num_args,
                      int* physical_device, uint64_t* ticket);
   Status ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* args);
   // Wraps one device's inner outputs as buffers of `device`; takes ownership of them.
@@ -118,8 +131,12 @@ class VirtualLoadedExecutable : public Tagged {
   std::string compile_options_;  // rewritten: portable, or the assignment to replace
 
   std::shared_ptr<Compiled> initial_;
+  // Compiles for further mappings, least recently used evicted beyond kMaxCachedMappings
+  // (the initial one stays). Compiles run outside mu_; executions in flight keep what they use.
+  static constexpr size_t kMaxCachedMappings = 16;
   std::mutex mu_;
-  std::map<std::vector<int>, std::shared_ptr<Compiled>> by_mapping_;
+  std::map<std::vector<int>, CacheEntry> by_mapping_;
+  uint64_t use_clock_ = 0;
   std::atomic<bool> deleted_{false};
 };
 

@@ -4,12 +4,15 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "pjrt_flexnpu/hardware/hardware.h"
+
 namespace flexnpu {
 namespace {
 
 constexpr const char* kKnownOptions =
-    "backend, backend_options, cpu_plugin_path, decode_devices, num_virtual_devices, policy, "
-    "prefill_devices, single_device_compile";
+    "allow_newer_backend, backend, backend_options, cpu_plugin_path, decode_devices, "
+    "num_virtual_devices, policy, prefill_devices, single_device_compile, telemetry, telemetry_period_ms, "
+    "ascendcl_library, nvml_library";
 
 std::string Trim(std::string_view s) {
   const auto begin = s.find_first_not_of(" \t\n");
@@ -47,6 +50,19 @@ OptionValue TypedValue(const std::string& text) {
 StatusOr<std::string> AsString(const NamedOption& option) {
   if (const auto* s = std::get_if<std::string>(&option.value)) return *s;
   return InvalidArgument("FlexNPU option '" + option.name + "' must be a string");
+}
+
+StatusOr<bool> AsBool(const NamedOption& option) {
+  if (const auto* b = std::get_if<bool>(&option.value)) return *b;
+  if (const auto* i = std::get_if<int64_t>(&option.value)) {
+    if (*i == 0 || *i == 1) return *i == 1;
+  }
+  if (const auto* s = std::get_if<std::string>(&option.value)) {
+    const std::string v = Trim(*s);
+    if (v == "1" || v == "true" || v == "True") return true;
+    if (v == "0" || v == "false" || v == "False" || v.empty()) return false;
+  }
+  return InvalidArgument("FlexNPU option '" + option.name + "' must be a boolean (true/false)");
 }
 
 StatusOr<int64_t> AsInt(const NamedOption& option) {
@@ -106,6 +122,11 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
       {"single_device_compile", "FLEXNPU_SINGLE_DEVICE_COMPILE"},
       {"prefill_devices", "FLEXNPU_PREFILL_DEVICES"},
       {"decode_devices", "FLEXNPU_DECODE_DEVICES"},
+      {"telemetry", "FLEXNPU_TELEMETRY"},
+      {"telemetry_period_ms", "FLEXNPU_TELEMETRY_PERIOD_MS"},
+      {"ascendcl_library", "FLEXNPU_ASCENDCL_LIBRARY"},
+      {"nvml_library", "FLEXNPU_NVML_LIBRARY"},
+      {"allow_newer_backend", "FLEXNPU_ALLOW_NEWER_BACKEND"},
   };
   for (const auto& [name, env_name] : env_names) {
     if (auto v = env(env_name)) merged.push_back({name, *v});
@@ -164,6 +185,29 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
                                "or 'portable', got '" + *v + "'");
       }
       options.single_device_compile = *v;
+    } else if (option.name == "allow_newer_backend") {
+      auto v = AsBool(option);
+      if (!v.ok()) return v.status();
+      options.allow_newer_backend = *v;
+    } else if (option.name == "telemetry") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      auto mode = hardware::ParseTelemetryMode(*v);
+      if (!mode.ok()) return InvalidArgument("FlexNPU option 'telemetry': " + mode.status().message());
+      options.telemetry = Trim(*v);
+    } else if (option.name == "telemetry_period_ms") {
+      auto v = AsInt(option);
+      if (!v.ok()) return v.status();
+      if (*v < 1 || *v > 3'600'000) {
+        return InvalidArgument("FlexNPU option 'telemetry_period_ms' must be in [1, 3600000], got " +
+                               std::to_string(*v));
+      }
+      options.telemetry_period_ms = *v;
+    } else if (option.name == "ascendcl_library" || option.name == "nvml_library") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      (option.name == "ascendcl_library" ? options.ascendcl_library : options.nvml_library) =
+          Trim(*v);
     } else {
       return InvalidArgument("unknown FlexNPU create option '" + option.name +
                              "' (known: " + kKnownOptions +
@@ -171,6 +215,16 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
     }
   }
   return options;
+}
+
+StatusOr<std::string> BackendPath(const Options& options) {
+  if (options.backend != "cpu") return options.backend;
+  if (options.cpu_plugin_path.empty()) {
+    return InvalidArgument(
+        "backend 'cpu' needs the path of the xla-cpu-pjrt plugin: the flexnpu Python package "
+        "passes it as create option 'cpu_plugin_path'; set it or FLEXNPU_CPU_PLUGIN_PATH");
+  }
+  return options.cpu_plugin_path;
 }
 
 std::string EffectivePolicy(const Options& options) {

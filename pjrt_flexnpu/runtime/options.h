@@ -42,7 +42,23 @@ struct Options {
   // physical device; the CPU plugin's portable execute path costs ~3-8 us more per call) or
   // "auto" (pinned under passthrough, where executions never move; portable otherwise).
   std::string single_device_compile = "auto";
+  // Telemetry of the physical devices (pjrt_flexnpu/hardware): "auto" (AscendCL when its
+  // library loads; NVML when the backend is CUDA and NVML loads; else none), "ascendcl",
+  // "nvml" or "none". An explicit source that fails is an error naming library and call.
+  std::string telemetry = "auto";
+  // "": $ASCEND_HOME_PATH/lib64, $ASCEND_TOOLKIT_HOME/lib64, then the loader path.
+  std::string ascendcl_library;
+  std::string nvml_library;  // "": libnvidia-ml.so.1 through the loader
+  // How often the background thread reads memory and utilisation.
+  int64_t telemetry_period_ms = 500;
+  // Accept a physical backend whose PJRT C API minor version is newer than FlexNPU's header.
+  // Off by default: FlexNPU passes its own (smaller) struct sizes, and a newer plugin that
+  // writes newer output fields without checking struct_size would write past them.
+  bool allow_newer_backend = false;
 };
+
+// The physical backend library `options` name, or an error saying which option to set.
+StatusOr<std::string> BackendPath(const Options& options);
 
 // Looks up an environment variable; returns nullopt when unset.
 using EnvLookup = std::function<std::optional<std::string>(const char*)>;

@@ -1,0 +1,47 @@
+// A fake physical backend for the C-API tests: the real CPU plugin (FLEXNPU_FAKE_INNER_PLUGIN)
+// behind a copy of its PJRT_Api table, altered per build:
+//   FLEXNPU_FAKE_MISSING_SLOTS  some slots left empty, as an older or partial plugin has them;
+//   FLEXNPU_FAKE_NEWER_MINOR    a minor version one above the header FlexNPU is built with.
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "pjrt_c_api.h"
+
+namespace {
+
+PJRT_Api fake_api;
+
+const PJRT_Api* MakeFakeApi() {
+  const char* path = std::getenv("FLEXNPU_FAKE_INNER_PLUGIN");
+  if (path == nullptr) {
+    std::fprintf(stderr, "fake backend: set FLEXNPU_FAKE_INNER_PLUGIN\n");
+    return nullptr;
+  }
+  void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) return nullptr;
+  auto get_api = reinterpret_cast<const PJRT_Api* (*)()>(dlsym(library, "GetPjrtApi"));
+  if (get_api == nullptr) return nullptr;
+  const PJRT_Api* inner = get_api();
+  if (inner == nullptr) return nullptr;
+  std::memcpy(&fake_api, inner, sizeof(fake_api));
+  fake_api.struct_size = sizeof(fake_api);
+#ifdef FLEXNPU_FAKE_MISSING_SLOTS
+  fake_api.PJRT_Buffer_UnpaddedDimensions = nullptr;
+  fake_api.PJRT_Executable_Fingerprint = nullptr;
+  fake_api.PJRT_LoadedExecutable_Fingerprint = nullptr;
+#endif
+#ifdef FLEXNPU_FAKE_NEWER_MINOR
+  fake_api.pjrt_api_version.minor_version = PJRT_API_MINOR + 1;
+#endif
+  return &fake_api;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const PJRT_Api* GetPjrtApi() {
+  static const PJRT_Api* api = MakeFakeApi();
+  return api;
+}
