@@ -1,6 +1,8 @@
 // The placement core: device state, the cost model and the policies (see placement.h).
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <list>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -20,7 +22,7 @@ struct TicketRecord {
   int device = -1;
   int virtual_device = -1;
   Phase phase = Phase::kSmall;
-  double* exec_factor = nullptr;  // node of the executable map (stable)
+  uint64_t executable_id = 0;     // keys the correction (it may be forgotten meanwhile)
   int64_t placed_ns = 0;
   int64_t start_ns = -1;          // from OnStart
   double mig_ns = 0;
@@ -33,6 +35,56 @@ struct TicketRecord {
 };
 
 }  // namespace
+
+// Executable corrections, least recently placed last; bounded (Tuning::max_executables). Nodes
+// are recycled on eviction, so a full table allocates only for the map's new key.
+class ExecFactors {
+ public:
+  explicit ExecFactors(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {
+    index_.reserve(std::min<size_t>(capacity_, 1024));
+  }
+  // The correction of `id`, created at 1 (evicting the least recent one when full).
+  double* Touch(uint64_t id) {
+    auto it = index_.find(id);
+    if (it != index_.end()) {
+      order_.splice(order_.begin(), order_, it->second);
+      return &it->second->factor;
+    }
+    if (index_.size() >= capacity_) {
+      auto last = std::prev(order_.end());
+      index_.erase(last->id);
+      order_.splice(order_.begin(), order_, last);
+    } else {
+      order_.emplace_front();
+    }
+    Entry& e = order_.front();
+    e.id = id;
+    e.factor = 1.0;
+    index_.emplace(id, order_.begin());
+    return &e.factor;
+  }
+  double* Find(uint64_t id) {
+    auto it = index_.find(id);
+    return it == index_.end() ? nullptr : &it->second->factor;
+  }
+  bool Forget(uint64_t id) {
+    auto it = index_.find(id);
+    if (it == index_.end()) return false;
+    order_.erase(it->second);
+    index_.erase(it);
+    return true;
+  }
+  size_t size() const { return index_.size(); }
+
+ private:
+  struct Entry {
+    uint64_t id = 0;
+    double factor = 1.0;
+  };
+  size_t capacity_;
+  std::list<Entry> order_;
+  std::unordered_map<uint64_t, std::list<Entry>::iterator> index_;
+};
 
 struct Core::State {
   std::mutex mu;
@@ -64,6 +116,8 @@ struct Core::State {
   std::vector<double> cost;  // scratch: ScanAll's per-device cost
   std::vector<int> overlap_devices;
   int64_t max_quarantine_until = INT64_MIN;
+  double move_penalty_ns = 0;  // ScanAll: per active decode stream on a device (decode moves)
+  int move_except = -1;        // ... except on the moving stream's current device
 
   // Telemetry (UpdateTelemetry).
   std::vector<int64_t> mem_free;      // reported free bytes; -1: unknown
@@ -92,7 +146,7 @@ struct Core::State {
   std::vector<int64_t> moved_ns;
   std::vector<VirtualStats> vstats;
 
-  std::unordered_map<uint64_t, double> exec_factor;
+  std::unique_ptr<ExecFactors> exec_factor;
   std::vector<TicketRecord> tickets;
   std::vector<uint32_t> free_slots;
 
@@ -120,13 +174,13 @@ struct Core::State {
   // The O(P) scan: the candidate with the lowest predicted finish (+ prefill interference
   // penalty), quarantined devices last. Ties: first candidate. Returns its cost in *best_cost.
   int Scan(const int* cands, int n, int64_t now_i, double c0, double m0, double located,
-           bool prefill_penalty, double* best_cost) {
-    if (cands == nullptr) return ScanAll(now_i, c0, m0, located, prefill_penalty, best_cost);
+           double penalty, double* best_cost) {
+    if (cands == nullptr) return ScanAll(now_i, c0, m0, located, penalty, best_cost);
     int best = -1;
     double best_v = 0;
     for (int i = 0; i < n; ++i) {
       const int d = cands[i];
-      const double fin = Cost(d, now_i, c0, m0, located, prefill_penalty);
+      const double fin = Cost(d, now_i, c0, m0, located, penalty);
       if (best < 0 || fin < best_v) {
         best = d;
         best_v = fin;
@@ -136,22 +190,24 @@ struct Core::State {
     return best;
   }
 
-  double Penalty(int d, int64_t now_i, double c, double m) const {
+  // Interference of work (c, m) placed on d with the decode streams active there, times
+  // `weight` (1 for prefill, move_weight for a decode moving in, 0: none).
+  double Penalty(int d, int64_t now_i, double c, double m, double weight) const {
     if (decode_streams[d] == 0 || last_decode_ns[d] <= now_i - tuning.decode_active_ns) return 0;
-    return tuning.tpot_weight * decode_streams[d] * (overlap[d] ? m : std::max(c, m));
+    return weight * tuning.tpot_weight * decode_streams[d] * (overlap[d] ? m : std::max(c, m));
   }
 
-  double Cost(int d, int64_t now_i, double c0, double m0, double located, bool penalty) const {
+  double Cost(int d, int64_t now_i, double c0, double m0, double located, double penalty) const {
     double start, c, m;
     double fin = Finish(d, static_cast<double>(now_i), c0, m0, located - on[d], &start, &c, &m);
-    if (penalty) fin += Penalty(d, now_i, c, m);
+    if (penalty > 0) fin += Penalty(d, now_i, c, m, penalty);
     if (now_i < quarantine_until[d] || Short(d)) fin += kUnhealthy;
     return fin;
   }
 
   // All devices: one branch-free (vectorizable) pass for the FIFO model into cost[], fix-ups
   // for the few overlapping / decode-hosting / quarantined devices, then the argmin.
-  int ScanAll(int64_t now_i, double c0, double m0, double located, bool prefill_penalty,
+  int ScanAll(int64_t now_i, double c0, double m0, double located, double penalty,
               double* best_cost) {
     const double now = static_cast<double>(now_i);
     const int n = P;
@@ -168,10 +224,18 @@ struct Core::State {
       const double m = m0 * pb[d];
       out[d] = (av[d] > ready ? av[d] : ready) + (c > m ? c : m) + la[d];
     }
-    for (int d : overlap_devices) out[d] = Cost(d, now_i, c0, m0, located, false);
-    if (prefill_penalty) {
+    for (int d : overlap_devices) out[d] = Cost(d, now_i, c0, m0, located, 0);
+    if (penalty > 0) {
       for (int d = 0; d < n; ++d) {
-        if (decode_streams[d] != 0) out[d] += Penalty(d, now_i, c0 * pf[d], m0 * pb[d]);
+        if (decode_streams[d] != 0) out[d] += Penalty(d, now_i, c0 * pf[d], m0 * pb[d], penalty);
+      }
+    }
+    if (move_penalty_ns > 0) {
+      for (int d = 0; d < n; ++d) {
+        if (d != move_except && decode_streams[d] != 0 &&
+            last_decode_ns[d] > now_i - tuning.decode_active_ns) {
+          out[d] += move_penalty_ns * tuning.tpot_weight * decode_streams[d];
+        }
       }
     }
     if (now_i < max_quarantine_until) {
@@ -197,7 +261,7 @@ struct Core::State {
   }
 
   double CostOf(int d, int64_t now, double c0, double m0, double located) const {
-    return Cost(d, now, c0, m0, located, false);
+    return Cost(d, now, c0, m0, located, 0);
   }
 };
 
@@ -236,6 +300,8 @@ Status CheckTuning(const Tuning& t) {
   }
   if (!(t.return_max_steps >= 0 && Finite(t.return_max_steps))) return bad("return_max_steps < 0");
   if (!(t.tpot_weight >= 0 && Finite(t.tpot_weight))) return bad("tpot_weight < 0");
+  if (t.max_executables < 1) return bad("max_executables < 1");
+  if (!(t.move_weight >= 0 && Finite(t.move_weight))) return bad("move_weight < 0");
   if (!(t.ewma_alpha >= 0 && t.ewma_alpha <= 1)) return bad("ewma_alpha outside [0, 1]");
   if (!(t.device_alpha >= 0 && t.device_alpha <= 1)) return bad("device_alpha outside [0, 1]");
   return Status::Ok();
@@ -306,7 +372,8 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   s->stream_device.assign(s->V, -1);
   s->moved_ns.assign(s->V, INT64_MIN / 2);
   s->vstats.assign(s->V, VirtualStats{});
-  s->exec_factor.reserve(1024);
+  s->exec_factor =
+      std::make_unique<ExecFactors>(static_cast<size_t>(config.tuning.max_executables));
   s->tickets.reserve(256);
   s->free_slots.reserve(256);
   std::unique_ptr<Core> core(new Core(std::move(s)));
@@ -371,9 +438,7 @@ Status Core::Place(const Request& r, Decision* out) {
   }
   const int v = r.virtual_device;
   const Phase phase = r.profile->phase;
-  auto it = s.exec_factor.find(r.executable_id);
-  if (it == s.exec_factor.end()) it = s.exec_factor.emplace(r.executable_id, 1.0).first;
-  double* kexec = &it->second;
+  const double* kexec = s.exec_factor->Touch(r.executable_id);
   const double c0 = std::max(0.0, r.profile->flops) * *kexec;
   const double m0 = std::max(0.0, r.profile->bytes) * *kexec;
 
@@ -425,12 +490,12 @@ Status Core::Place(const Request& r, Decision* out) {
         }
       }
       if (pool == nullptr) {
-        chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, false, &best_cost);
+        chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, 0, &best_cost);
         reason = best_cost >= kUnhealthy ? Reason::kFallback : Reason::kAvoidFailed;
         if (best_cost >= kUnhealthy) chosen = preferred;
         break;
       }
-      chosen = s.Scan(pool->data(), static_cast<int>(pool->size()), now, c0, m0, loc, false,
+      chosen = s.Scan(pool->data(), static_cast<int>(pool->size()), now, c0, m0, loc, 0,
                       &best_cost);
       reason = Reason::kPool;
       if (best_cost >= kUnhealthy) {
@@ -446,7 +511,7 @@ Status Core::Place(const Request& r, Decision* out) {
         reason = Reason::kAffinity;
         break;
       }
-      chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, false, &best_cost);
+      chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, 0, &best_cost);
       if (best_cost >= kUnhealthy) {
         chosen = preferred;
         reason = Reason::kFallback;
@@ -458,7 +523,7 @@ Status Core::Place(const Request& r, Decision* out) {
       break;
     case PolicyKind::kDynamic: {
       if (phase == Phase::kPrefill) {
-        chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, true, &best_cost);
+        chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, 1.0, &best_cost);
         if (best_cost >= kUnhealthy) {
           chosen = preferred;
           reason = Reason::kFallback;
@@ -470,8 +535,15 @@ Status Core::Place(const Request& r, Decision* out) {
         break;
       }
       const int cur = preferred;
-      const int best = s.Scan(nullptr, s.P, now, c0, m0, loc, false, &best_cost);
       const double cur_cost = s.CostOf(cur, now, c0, m0, loc);
+      // A decode moving in delays the streams already there by about what it escapes (FIFO
+      // is work-conserving: it only shifts the wait onto them, and pays the KV migration).
+      s.move_penalty_ns = phase == Phase::kDecode
+                              ? s.tuning.move_weight * (cur_cost - static_cast<double>(now))
+                              : 0;
+      s.move_except = cur;
+      const int best = s.Scan(nullptr, s.P, now, c0, m0, loc, 0, &best_cost);
+      s.move_penalty_ns = 0;
       double start, c, m;
       s.Finish(cur, static_cast<double>(now), c0, m0, 0, &start, &c, &m);
       const double exec_cur = std::max(c, m) + s.launch_ns[cur];
@@ -560,7 +632,7 @@ Status Core::Place(const Request& r, Decision* out) {
   t.device = d;
   t.virtual_device = v;
   t.phase = phase;
-  t.exec_factor = kexec;
+  t.executable_id = r.executable_id;
   t.placed_ns = now;
   t.start_ns = -1;
   t.mig_ns = static_cast<double>(mig_bytes) * s.ns_per_link_byte[d];
@@ -706,10 +778,11 @@ Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
     const double predicted = t->pred_finish - t->pred_start;
     if (predicted > 0 && measured > 0) {
       const double r = std::clamp(static_cast<double>(measured) / predicted, 0.125, 8.0);
-      *t->exec_factor *= 1.0 + s.tuning.ewma_alpha * (r - 1.0);
+      if (double* kexec = s.exec_factor->Find(t->executable_id)) {
+        *kexec = std::clamp(*kexec * (1.0 + s.tuning.ewma_alpha * (r - 1.0)), 1e-6, 1e6);
+      }
       s.k_dev[d] *= 1.0 + s.tuning.device_alpha * (r - 1.0);
       s.k_dev[d] = std::clamp(s.k_dev[d], 1e-3, 1e3);
-      *t->exec_factor = std::clamp(*t->exec_factor, 1e-6, 1e6);
       s.ns_per_flop[d] = s.base_ns_per_flop[d] * s.k_dev[d] * s.ext_slow[d];
       s.ns_per_byte[d] = s.base_ns_per_byte[d] * s.k_dev[d] * s.ext_slow[d];
     }
@@ -767,6 +840,15 @@ Status Core::UpdateTelemetry(int device, const DeviceTelemetry& telemetry, int64
   return Status::Ok();
 }
 
+Status Core::ForgetExecutable(uint64_t executable_id) {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  if (!s_->exec_factor->Forget(executable_id)) {
+    return NotFound("placement: executable " + std::to_string(executable_id) +
+                    " has no correction to forget");
+  }
+  return Status::Ok();
+}
+
 Stats Core::Snapshot(int64_t now_ns) const {
   const State& s = *s_;
   std::lock_guard<std::mutex> lock(s_->mu);
@@ -778,6 +860,7 @@ Stats Core::Snapshot(int64_t now_ns) const {
   out.elapsed_ns = s.have_created ? std::max<int64_t>(0, now_ns - s.created_ns) : 0;
   out.decisions = s.decisions;
   out.policy_switches = s.policy_switches;
+  out.executables = s.exec_factor->size();
   const double elapsed = static_cast<double>(out.elapsed_ns);
   out.physical = s.dstats;
   for (int d = 0; d < s.P; ++d) {

@@ -42,7 +42,9 @@
 //   from OnStart or else max(placed, previous finish on that device)) is compared with the
 //   predicted one; r = measured/predicted (clamped to [1/8, 8]) moves the executable's factor
 //   k_exec by ewma_alpha*(r-1) (relative) and the device's factor k_dev by device_alpha*(r-1):
-//   executables learn fast, a slow device is learnt slowly from all its work.
+//   executables learn fast, a slow device is learnt slowly from all its work. The corrections
+//   of at most max_executables executables are kept (an LRU: every compile of a new bucket or
+//   program adds one; the least recently placed is forgotten and starts again from 1).
 //
 // Co-run model (can_overlap=true: the backend runs several executions on one device at once,
 // e.g. CUDA streams): the outstanding work of a device is kept as two drain horizons, compute
@@ -62,7 +64,10 @@
 //       hysteresis_frac * exec(current) + hysteresis_ns (+ mig(r,target) unless the target is
 //       home: leaving home is a round trip, the way back costs about the way there).
 //     Moving to an idle device is kIdleSteal ("moves decode off devices that a prefill burst has
-//     taken"), to a busy one kLeastLoaded.
+//     taken"), to a busy one kLeastLoaded. A decode moving onto a device whose other decode
+//     streams are active pays move_weight * tpot_weight * streams * (its finish at the current
+//     device - now): on a FIFO device the move only shifts its wait onto them (and moves its KV
+//     cache twice), so with move_weight >= 1 streams move to devices without active streams.
 //   * Return home (kReturnHome): a virtual device whose decode runs away from home goes back when
 //     it has stayed at least min_dwell_ns, home is healthy, has no prefill outstanding and its
 //     queue drains within quiet_ns, and the move costs at most return_max_steps * exec. Together
@@ -201,6 +206,11 @@ struct Tuning {
   double return_max_steps = 4.0;     // return home only if it costs <= this many exec times
   double tpot_weight = 1.0;          // prefill penalty per decode stream it would block
   int64_t decode_active_ns = 100'000'000;
+  double move_weight = 1.0;          // a decode moving onto a device with other active decode
+                                     // streams pays move_weight * tpot_weight * streams * the
+                                     // time it escapes (1: it never moves onto one; 0: free)
+  int64_t max_executables = 4096;    // executables whose correction is kept (least recently
+                                     // placed ones are forgotten beyond; >= 1)
   double ewma_alpha = 0.25;          // executable correction
   double device_alpha = 0.02;        // device correction
   int64_t error_quarantine_ns = 1'000'000'000;
@@ -251,6 +261,7 @@ struct Stats {
   int64_t elapsed_ns = 0;
   uint64_t decisions = 0;
   uint64_t policy_switches = 0;
+  uint64_t executables = 0;  // executables with a learnt correction (<= max_executables)
   std::vector<DeviceStats> physical;
   std::vector<VirtualStats> virtual_devices;
   std::string ToJson() const;  // one JSON object, keys as the fields above
@@ -272,6 +283,9 @@ class Core {
   Status OnFinish(uint64_t ticket, int64_t now_ns, bool ok);
   // The placed execution was never launched: forget it without measuring anything.
   Status Cancel(uint64_t ticket);
+  // The executable is gone (unloaded): drop its learnt correction. Outstanding tickets of it
+  // stay valid (their finish then corrects only the device). NotFound if it is not tracked.
+  Status ForgetExecutable(uint64_t executable_id);
   // Telemetry of physical `device` read at `now_ns` (see DeviceTelemetry). Memory: every
   // policy but passthrough skips a device whose free memory, less the memory_bytes of what was
   // placed there since this reading, is below the request's memory_bytes (all short: the

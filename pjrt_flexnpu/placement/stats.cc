@@ -51,6 +51,7 @@ std::string Stats::ToJson() const {
   Int(o, "elapsed_ns", elapsed_ns);
   Int(o, "decisions_total", static_cast<long long>(decisions));
   Int(o, "policy_switches", static_cast<long long>(policy_switches));
+  Int(o, "executables", static_cast<long long>(executables));
   o += "\"physical\":[";
   for (size_t d = 0; d < physical.size(); ++d) {
     const DeviceStats& s = physical[d];

@@ -135,8 +135,8 @@ class Core:
     """The placement core over `devices` (DeviceModels, or a count of `preset` devices).
 
     Tuning keywords (see placement.h `Tuning`): hysteresis_frac, hysteresis_ns, min_dwell_ns,
-    quiet_ns, return_max_steps, tpot_weight, decode_active_ns, ewma_alpha, device_alpha,
-    error_quarantine_ns.
+    quiet_ns, return_max_steps, tpot_weight, decode_active_ns, move_weight, max_executables,
+    ewma_alpha, device_alpha, error_quarantine_ns.
     """
 
     def __init__(
@@ -200,6 +200,10 @@ class Core:
 
     def cancel(self, ticket: int) -> None:
         self._core.cancel(ticket)
+
+    def forget_executable(self, executable_id: int) -> None:
+        """Drop an unloaded executable's learnt correction. KeyError if it has none."""
+        self._core.forget_executable(executable_id)
 
     def stats(self, now_ns: int) -> dict[str, Any]:
         """Observability counters per physical and virtual device (see Stats in placement.h)."""

@@ -78,6 +78,8 @@ placement::Tuning TuningFromDict(const nb::dict& d) {
     else if (k == "ewma_alpha") t.ewma_alpha = nb::cast<double>(value);
     else if (k == "device_alpha") t.device_alpha = nb::cast<double>(value);
     else if (k == "error_quarantine_ns") t.error_quarantine_ns = nb::cast<int64_t>(value);
+    else if (k == "move_weight") t.move_weight = nb::cast<double>(value);
+    else if (k == "max_executables") t.max_executables = nb::cast<int64_t>(value);
     else throw nb::value_error(("unknown placement tuning option '" + k + "'").c_str());
   }
   return t;
@@ -229,6 +231,9 @@ void RegisterPlacement(nb::module_& m) {
            nb::arg("ticket"), nb::arg("now_ns"), nb::arg("ok") = true)
       .def("cancel", [](PyCore& c, uint64_t ticket) { Check(c.core().Cancel(ticket)); },
            nb::arg("ticket"))
+      .def("forget_executable",
+           [](PyCore& c, uint64_t id) { Check(c.core().ForgetExecutable(id)); },
+           nb::arg("executable_id"))
       .def("set_policy", [](PyCore& c, const std::string& spec) { Check(c.core().SetPolicy(spec)); },
            nb::arg("spec"))
       .def_prop_ro("policy", [](PyCore& c) { return c.core().policy().ToString(); })

@@ -412,5 +412,86 @@ TEST(PlacementCoreTest, DecisionsAreDeterministic) {
   EXPECT_EQ(run(), run());
 }
 
+// Every compile of a new bucket or program is a new executable id: the learnt corrections are
+// an LRU of max_executables entries, not a table that grows forever.
+TEST(PlacementCoreTest, ExecutableCorrectionsAreBoundedLeastRecentFirst) {
+  Tuning tuning;
+  tuning.max_executables = 4;
+  auto core = MakeCore("dynamic", 2, 0, false, tuning);
+  int64_t now = 0;
+  auto predicted = [&](uint64_t exec) {
+    const Decision d = PlaceOne(*core, 0, kDecode, {}, now, exec);
+    EXPECT_TRUE(core->Cancel(d.ticket).ok());
+    return d.predicted_finish_ns - d.predicted_start_ns;
+  };
+  auto train = [&](uint64_t exec) {  // really 3x slower than the roofline
+    for (int i = 0; i < 40; ++i) {
+      const Decision d = PlaceOne(*core, 0, kDecode, {}, now, exec);
+      ASSERT_TRUE(core->OnStart(d.ticket, now).ok());
+      now += 3 * kDecodeNs;
+      ASSERT_TRUE(core->OnFinish(d.ticket, now, true).ok());
+    }
+  };
+  train(1);
+  EXPECT_NEAR(static_cast<double>(predicted(1)), 3.0 * kDecodeNs, 0.1 * kDecodeNs);
+  // 1000 other executables: the table stays at 4 and executable 1 is forgotten.
+  for (uint64_t e = 100; e < 1100; ++e) {
+    const Decision d = PlaceOne(*core, 0, kDecode, {}, now, e);
+    now += kDecodeNs;
+    ASSERT_TRUE(core->OnFinish(d.ticket, now, true).ok());
+  }
+  EXPECT_EQ(core->Snapshot(now).executables, 4u);
+  EXPECT_LT(predicted(1), 2 * kDecodeNs);  // starts again from the (device-corrected) roofline
+  // Least recently placed goes first: 1 is trained, 2..4 fill the table, 1 is placed again,
+  // a fifth executable evicts 2, not 1.
+  train(1);
+  for (uint64_t e : {2, 3, 4}) predicted(e);
+  predicted(1);
+  predicted(5);
+  EXPECT_NEAR(static_cast<double>(predicted(1)), 3.0 * kDecodeNs, 0.1 * kDecodeNs);
+  EXPECT_EQ(core->Snapshot(now).executables, 4u);
+  // An outstanding ticket of a forgotten executable still finishes (only the device learns).
+  const Decision pending = PlaceOne(*core, 0, kDecode, {}, now, 1);
+  ASSERT_TRUE(core->ForgetExecutable(1).ok());
+  EXPECT_EQ(core->Snapshot(now).executables, 3u);
+  EXPECT_TRUE(core->OnFinish(pending.ticket, now + kDecodeNs, true).ok());
+  const Status again = core->ForgetExecutable(1);
+  EXPECT_EQ(again.code(), Code::kNotFound);
+  EXPECT_NE(again.message().find("executable 1 has no correction"), std::string::npos);
+  Config c;
+  c.policy = "dynamic";
+  c.devices.assign(1, Model());
+  c.tuning.max_executables = 0;
+  EXPECT_NE(Core::Create(c).status().message().find("max_executables"), std::string::npos);
+}
+
+// Two devices, each with its own decode stream; a prefill burst lands on device 0. Moving
+// stream 0 onto device 1 only shifts its wait onto stream 1 (FIFO) and moves its KV cache
+// twice: with move_weight 1 it stays; with move_weight 0 (the old policy) it moves.
+TEST(PlacementCoreTest, DynamicDecodeDoesNotMoveOntoAnotherActiveStream) {
+  for (double weight : {1.0, 0.0}) {
+    Tuning tuning;
+    tuning.move_weight = weight;
+    auto core = MakeCore("dynamic", 2, 0, false, tuning);
+    Sim sim(*core, kLink);
+    const int s0 = sim.AddStream(0, 100, kDecode, kKvBytes, 0, kDecodeNs);
+    sim.AddStream(1, 101, kDecode, kKvBytes, 1, kDecodeNs);
+    sim.RunUntil(20 * kMs);
+    const int64_t burst_at = sim.now();
+    for (int i = 0; i < 4; ++i) {
+      const Decision d = sim.Submit(0, 200, kPrefill, {{0, int64_t{4} << 30}}, kPrefillNs);
+      EXPECT_EQ(d.physical_device, 0);  // its 4 GB input is there
+    }
+    sim.RunUntil(burst_at + 4 * kPrefillNs + 100 * kMs);
+    std::set<int> devices;
+    for (const Placed& p : sim.StreamLog(s0)) devices.insert(p.decision.physical_device);
+    if (weight > 0) {
+      EXPECT_EQ(devices, std::set<int>{0}) << "stream 0 moved onto stream 1's device";
+    } else {
+      EXPECT_EQ(devices, (std::set<int>{0, 1})) << "the old policy moves it";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flexnpu::placement
