@@ -17,6 +17,7 @@
 #include "pjrt_flexnpu/runtime/handles.h"
 #include "pjrt_flexnpu/runtime/options.h"
 #include "pjrt_flexnpu/runtime/placer.h"
+#include "pjrt_flexnpu/runtime/telemetry.h"
 #include "xla_passes/roofline.h"
 #include "pjrt_flexnpu/runtime/status.h"
 #include "pjrt_flexnpu/runtime/trace.h"
@@ -106,6 +107,8 @@ class VirtualClient : public Tagged {
   Topology topology_;
   xla_passes::DeviceSpec roofline_;
   std::unique_ptr<Placer> placer_;
+  // After placer_: destroyed first, stopping the sampler that feeds the placer.
+  std::unique_ptr<PhysicalTelemetry> telemetry_;
   ClientCounters counters_;
   std::shared_ptr<Trace> trace_ = std::make_shared<Trace>();
 };

@@ -78,6 +78,15 @@ StatusOr<placement::Profile> ProfileExecutable(const PhysicalBackend& backend,
   }
   out.flops = classified.value().flops;
   out.bytes = classified.value().bytes;
+  // Device memory an execution needs, by the compiler: outputs + temporaries (placement skips
+  // devices whose telemetry reports less free). Plugins without the call: 0, unknown.
+  PJRT_Executable_GetCompiledMemoryStats_Args memory{};
+  memory.struct_size = PJRT_Executable_GetCompiledMemoryStats_Args_STRUCT_SIZE;
+  memory.executable = executable;
+  if (FLEXNPU_INNER_CALL(backend, PJRT_Executable_GetCompiledMemoryStats, &memory).ok()) {
+    out.memory_bytes = std::max<int64_t>(0, memory.output_size_in_bytes) +
+                       std::max<int64_t>(0, memory.temp_size_in_bytes);
+  }
   return out;
 }
 
