@@ -1,6 +1,7 @@
 """Prometheus exposition of FlexNPU's runtime state (prometheus-client conventions, `flexnpu_`
 prefix): per physical device queue length, busy fraction, executions by phase, placement
-decisions by reason, bytes migrated in; per virtual device bytes held; the policy and pools.
+decisions by reason, bytes migrated in; per virtual device bytes held; the policy and pools;
+telemetry of the physical devices (AscendCL / NVML): free memory and utilisation by kind.
 
     from prometheus_client import REGISTRY, start_http_server
     flexnpu.metrics.register(REGISTRY); start_http_server(9400)
@@ -61,6 +62,17 @@ class FlexNpuCollector(Collector):
         total_executions = CounterMetricFamily(
             "flexnpu_executions", "Executions dispatched by FlexNPU", labels=["client"]
         )
+        memory_free = GaugeMetricFamily(
+            "flexnpu_physical_memory_free_bytes",
+            "Free device memory as AscendCL / NVML last reported it",
+            labels=["client", "device", "source"],
+        )
+        utilization = GaugeMetricFamily(
+            "flexnpu_physical_utilization_ratio",
+            "Device utilisation as AscendCL / NVML last reported it (compute, memory), and the "
+            "part of compute not caused by FlexNPU's executions (external)",
+            labels=["client", "device", "kind"],
+        )
         for index, client in enumerate(clients):
             c = str(index)
             placement = client["placement"]
@@ -85,7 +97,28 @@ class FlexNpuCollector(Collector):
                     decisions.add_metric([c, d, reason], count)
             for device in client["virtual_devices"]:
                 in_use.add_metric([c, str(device["id"])], device["bytes_in_use"])
+            _telemetry(c, client, memory_free, utilization)
         yield from (info, queue, busy, executions, decisions, migrated, in_use, total_executions)
+        yield from (memory_free, utilization)
+
+
+def _telemetry(
+    c: str, client: dict[str, Any], memory_free: GaugeMetricFamily, utilization: GaugeMetricFamily
+) -> None:
+    """Bound telemetry devices, labelled by the FlexNPU physical device they are bound to."""
+    physical = client["placement"]["physical"]
+    for device in client.get("telemetry", {}).get("devices", []):
+        p = device.get("physical_device")
+        if p is None:
+            continue
+        d = str(p)
+        if device["memory_free_bytes"] is not None:
+            memory_free.add_metric([c, d, device["source"]], device["memory_free_bytes"])
+        for kind, percent in device["utilization"].items():
+            if percent is not None:
+                utilization.add_metric([c, d, kind], percent / 100)
+        if physical[p].get("utilization", -1) >= 0:
+            utilization.add_metric([c, d, "external"], physical[p]["external_utilization"])
 
 
 def register(registry: CollectorRegistry) -> FlexNpuCollector:

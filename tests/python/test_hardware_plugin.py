@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _fakes import build_fakes
 
 FOUR_NPUS = (
@@ -35,6 +34,12 @@ for round in range(int(sys.argv[1])):
     for d in devices:
         out = f(jax.device_put(a, d), jax.device_put(a, d))
         np.testing.assert_allclose(np.asarray(out), np.tanh(a @ a) + 1.0, rtol=1e-5)
+if os.environ.get("PRINT_PROMETHEUS"):
+    from prometheus_client import CollectorRegistry, generate_latest
+    from flexnpu import metrics
+    registry = CollectorRegistry()
+    metrics.register(registry)
+    print(generate_latest(registry).decode())
 print(json.dumps(stats.clients()[0]))
 """
 
@@ -169,3 +174,20 @@ def test_cli_devices_through_the_client(fakes: dict[str, Path], tmp_path: Path) 
         "utilization": {"compute": None, "memory": None},
         "pjrt_device": 3,
     }
+
+
+def test_prometheus_exposes_telemetry(fakes: dict[str, Path], tmp_path: Path) -> None:
+    script = tmp_path / "acl.txt"
+    script.write_text(FOUR_NPUS + "memory_free.3=1234\ncube.2=85\n")
+    proc = _run(fakes, script, {"PRINT_PROMETHEUS": "1"}, rounds=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert (
+        'flexnpu_physical_memory_free_bytes{client="0",device="3",source="ascendcl"} 1234.0'
+        in lines
+    )
+    assert 'flexnpu_physical_utilization_ratio{client="0",device="2",kind="compute"} 0.85' in lines
+    assert 'flexnpu_physical_utilization_ratio{client="0",device="2",kind="memory"} 0.1' in lines
+    external = [x for x in lines if x.startswith('flexnpu_physical_utilization_ratio{client="0",'
+                                                 'device="2",kind="external"}')]  # fmt: skip
+    assert len(external) == 1 and 0.5 < float(external[0].split()[-1]) <= 0.85
