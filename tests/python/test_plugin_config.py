@@ -98,14 +98,18 @@ def test_portable_single_device_compile() -> None:
     assert info["result_device"] == 5
 
 
-def test_lammps_plugin_with_newer_c_api() -> None:
+def test_lammps_plugin_with_newer_c_api_needs_an_opt_in() -> None:
+    # PJRT C API 0.115 against FlexNPU's 0.81 header: FlexNPU passes its own struct sizes, so a
+    # newer plugin is refused unless the user accepts that (issue 13, item 14).
     lammps = pytest.importorskip("lammps_jax_pjrt_cpu")
     from pathlib import Path
 
     path = Path(lammps.__file__).parent / "pjrt_c_api_cpu_plugin.so"
-    info = _describe(
-        {"FLEXNPU_BACKEND": str(path), "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=2"}
-    )
+    env = {"FLEXNPU_BACKEND": str(path), "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=2"}
+    stderr = _error(env)
+    assert "has PJRT C API 0.115, newer than FlexNPU's 0." in stderr
+    assert "allow_newer_backend=true (FLEXNPU_ALLOW_NEWER_BACKEND=1)" in stderr
+    info = _describe({**env, "FLEXNPU_ALLOW_NEWER_BACKEND": "1"})
     assert info["n"] == 2
     assert info["result"] == [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]
 
