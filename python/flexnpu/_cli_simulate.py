@@ -109,6 +109,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     i.add_argument("--max-num-batched-tokens", type=int, default=0, help="token budget per step")
     i.add_argument("--block-size", type=int, default=0, help="KV block size")
     i.add_argument("--max-model-len", type=int, default=0, help="prompt + output limit")
+    i.add_argument("--prefill-inflight", type=int, default=2,
+                   help="steps a prefill instance keeps in flight (async dispatch; the placer "
+                   "may run them on different units; default 2)")
     o = p.add_argument_group("output")
     o.add_argument("--json", help="write the results here")
     o.add_argument("--plot", help="write PNG plots into this directory")
@@ -138,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
             slos=tuple(parse_slos(args.slo)), prefill_units=args.prefill_units,
             search_duration=args.search_duration, dynamic_layout=args.dynamic_layout,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-            block_size=args.block_size, max_model_len=args.max_model_len, drain_s=args.drain,
+            block_size=args.block_size, max_model_len=args.max_model_len,
+            prefill_inflight=args.prefill_inflight, drain_s=args.drain,
             goodput_search=args.goodput_search, timeline_window=window,
             core_tuning=_tuning(args.core_tuning),
         ).resolved()

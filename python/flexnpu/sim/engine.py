@@ -62,6 +62,10 @@ class InstanceConfig:
     max_model_len: int
     max_waiting: int = 100_000
     prefill_max_num_seqs: int = 64
+    # Steps a PREFILL instance keeps in flight (JAX dispatches asynchronously: the engine's
+    # prefill loop issues the next prompts before the last ones finished; the placer may run
+    # them on different units). Decode and mixed instances run one step at a time.
+    prefill_inflight: int = 1
 
 
 @dataclass
@@ -112,14 +116,16 @@ class _Request:
 
 
 class _Instance:
-    __slots__ = ("idx", "sched", "role", "kv_unit", "busy", "steps")
+    __slots__ = ("idx", "sched", "role", "kv_unit", "inflight", "max_inflight", "steps")
 
-    def __init__(self, idx: int, sched: Scheduler, role: Role, kv_unit: int) -> None:
+    def __init__(self, idx: int, sched: Scheduler, role: Role, kv_unit: int,
+                 max_inflight: int) -> None:
         self.idx = idx
         self.sched = sched
         self.role = role
         self.kv_unit = kv_unit  # where its KV pool lives now (home at first)
-        self.busy = False
+        self.inflight = 0  # steps dispatched, not finished
+        self.max_inflight = max_inflight
         self.steps = 0
 
 
@@ -175,7 +181,8 @@ class Simulation:
                             num_virtual_devices=v, **(core_tuning or {}))
         self.link_bw = self.link.bytes_per_s * parallel
         self.instances = [
-            _Instance(i, Scheduler(self._sched_config(r, instance, roles)), r, i % self.units)
+            _Instance(i, Scheduler(self._sched_config(r, instance, roles)), r, i % self.units,
+                      instance.prefill_inflight if r is Role.PREFILL else 1)
             for i, r in enumerate(roles)
         ]
         self.front = [x for x in self.instances if x.role is not Role.DECODE]
@@ -307,7 +314,7 @@ class Simulation:
         except RequestTooLongError:
             req.dropped = "too_long"
             return
-        if not inst.busy:
+        if inst.inflight < inst.max_inflight:
             self._start_step(inst, now)
 
     def _on_kv(self, inst: _Instance, seq: Sequence, now: float) -> None:
@@ -316,18 +323,22 @@ class Simulation:
         except RequestTooLongError:
             seq.payload.dropped = "too_long"
             return
-        if not inst.busy:
+        if inst.inflight < inst.max_inflight:
             self._start_step(inst, now)
 
     def _start_step(self, inst: _Instance, now: float) -> None:
+        while inst.inflight < inst.max_inflight and inst.sched.has_work:
+            if not self._dispatch(inst, now):
+                return
+
+    def _dispatch(self, inst: _Instance, now: float) -> bool:
+        """Schedules and places one step of `inst`; False if there was nothing to run."""
         sched = inst.sched
-        if not sched.has_work:
-            return
         plan = sched.schedule(now)
         if plan.preempted:
             self._preempted += len(plan.preempted)
         if plan.is_empty:
-            return  # woken by the next add / handoff
+            return False  # woken by the next add / handoff / finished step
         entries = [(e.start, e.num_tokens, e.samples) for e in plan.scheduled]
         timer = self.timer
         flops, nbytes = timer.flops_bytes(timer.features(entries))
@@ -371,7 +382,7 @@ class Simulation:
         self._busy[u] += max(0.0, end - max(start, self._busy_until[u]))
         self._busy_until[u] = max(self._busy_until[u], end)
         inst.kv_unit = u
-        inst.busy = True
+        inst.inflight += 1
         inst.steps += 1
         self._steps += 1
         if start > now:
@@ -382,11 +393,12 @@ class Simulation:
         if w is not None and start < w[1] and end > w[0]:
             self._timeline.append((u, start, end, phase))
         self._push(end, _DONE, inst, plan, d.ticket, u)
+        return True
 
     def _on_done(self, inst: _Instance, plan, ticket: int, unit: int, now: float) -> None:
         self.core.on_finish(ticket, int(now * 1e9))
         self._inflight[unit] -= 1
-        inst.busy = False
+        inst.inflight -= 1
         sampled = len(plan.scheduled)
         for e in reversed(plan.scheduled):  # decodes first, then prompt chunks
             if e.is_decode:

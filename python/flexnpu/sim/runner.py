@@ -77,6 +77,7 @@ class SimSpec:
     max_num_batched_tokens: int = 0
     block_size: int = 0
     max_model_len: int = 0
+    prefill_inflight: int = 2
     drain_s: float = 600.0
     goodput_search: bool = False
     timeline_window: tuple[float, float] | None = None
@@ -116,6 +117,8 @@ class SimSpec:
                              f"--parallel {d['parallel']} = {units}")
         if self.prefill_units and pd and not 1 <= self.prefill_units < units:
             raise ValueError(f"--prefill-units must be in [1, {units - 1}]")
+        if self.prefill_inflight < 1:
+            raise ValueError(f"--prefill-inflight must be >= 1, got {self.prefill_inflight}")
         if self.seeds < 1:
             raise ValueError(f"--seeds must be >= 1, got {self.seeds}")
         if d["link"] not in LINKS:
@@ -138,7 +141,8 @@ def simulate_once(spec: SimSpec, policy: str, seed: int, *, rate: float | None =
                        duration if duration is not None else s.duration, seed,
                        max_prompt=s.max_prompt, max_output=s.max_output,
                        burstiness=s.burstiness, length_scale=s.length_scale, trace=s.trace)
-    ic = InstanceConfig(s.max_num_seqs, s.max_num_batched_tokens, s.block_size, s.max_model_len)
+    ic = InstanceConfig(s.max_num_seqs, s.max_num_batched_tokens, s.block_size, s.max_model_len,
+                        prefill_inflight=s.prefill_inflight)
     sim = Simulation(model=model, preset=preset, devices=s.devices, parallel=s.parallel,
                      policy=policy, instance=ic, num_prefill=prefill_units,
                      dynamic_layout=s.dynamic_layout, link=LINKS[s.link], co_run=s.co_run,
