@@ -1,21 +1,26 @@
-"""Placement policies side by side: the same seeded serving workload against `examples/serve.py`
-on `flexnpu` with each placer policy and on the plain backend, in one run.
+"""Placement policies side by side: the same seeded serving workloads against `examples/serve.py`
+on `flexnpu` with each placer policy, on the xla-cpu-pjrt plugin directly (the very XLA build
+FlexNPU forwards to, loaded by JAX as its own platform) and on jaxlib's cpu, in one run.
 
-    python bench/policies.py --num-prompts 16 --request-rate 0.5 --out-dir /tmp/policies
+    python bench/policies.py --num-prompts 16 --request-rate 0.5 --seeds 0,1,2 --out-dir /tmp/p
 
-For each configuration (flexnpu + passthrough, static-pd prefill=0,1 decode=2,3,
-static-colocate, dynamic; plain `JAX_PLATFORMS=cpu` with 4 CPU devices) a server is started on
-a free loopback port with the same model and flags, a few unmeasured warm-up requests are sent,
-then the workload of bench/serving.py (same seed, so the same prompts, lengths and arrival
-times) is run through its functions, and the server is stopped (SIGINT, by PID). Prints one
-table (rows = configurations) and a placement table; writes a JSON (summaries, per-request
-TTFT/TPOT, placement stats) and a PNG with the TTFT and TPOT CDFs.
+For each configuration (xla-cpu-pjrt direct with 4 devices; flexnpu + passthrough, static-pd
+prefill=0,1 decode=2,3, static-colocate, dynamic; plain `JAX_PLATFORMS=cpu` with 4 CPU devices) a
+server is started on a free loopback port with the same model and flags, a few unmeasured warm-up
+requests are sent, then the workload of bench/serving.py is run once per seed (same seed, same
+prompts, lengths and arrival times in every configuration), then a fixed set of greedy prompts is
+sent one at a time and their tokens (completions logprobs' `tokens`) are kept, and the server is
+stopped (SIGINT, by PID). Prints one table (rows = configurations; metrics averaged over the
+seeds, with the ratio of mean TTFT/TPOT to the direct plugin), the greedy comparison (tokens of
+every prompt identical to the direct plugin's, token by token) and a placement table; writes a
+JSON (per-seed summaries, per-request TTFT/TPOT, greedy tokens, placement stats) and a PNG with
+the TTFT and TPOT CDFs (all seeds pooled).
 
-Engine mode: interleaved over all 4 virtual devices (`--devices 4`): every virtual device both
-prefills and decodes, so the policy alone decides where each execution runs (passthrough keeps
-virtual i on physical i; static-pd sends prefills to 0,1 and decodes to 2,3, moving the KV;
-static-colocate balances prefills; dynamic uses the cost model). A split engine would already
-separate the phases by virtual device and leave little to the placer.
+Engine mode: co-located over all 4 devices (the serving CLI's default): every virtual device both
+prefills and decodes (mixed steps), so the policy alone decides where each execution runs
+(passthrough keeps virtual i on physical i; static-pd sends prefills to 0,1 and decodes to 2,3,
+moving the KV; static-colocate balances prefills; dynamic uses the cost model). A split engine
+(`--layout split`) would already separate the phases by virtual device.
 
 Placement stats: the server's /metrics carries the serving metrics only, so the server is run
 through a thin wrapper (`_serve` below, the unchanged serving CLI in the same process) that
@@ -62,10 +67,12 @@ class Config:
         return self.env.get("JAX_PLATFORMS") == "flexnpu"
 
 
+DIRECT = "xla-cpu-pjrt (direct)"
 CONFIGS = [
+    Config(DIRECT, {"FLEXNPU_BENCH_DIRECT_PLUGIN": "4"}),
     Config("flexnpu/passthrough", {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_POLICY": "passthrough"}),
     Config("flexnpu/static-pd", {"JAX_PLATFORMS": "flexnpu",
-                                 "FLEXNPU_POLICY": "static-pd:prefill=0,1|decode=2,3"}),
+                                 "FLEXNPU_POLICY": "static-pd:prefill=0,1;decode=2,3"}),
     Config("flexnpu/static-colocate",
            {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_POLICY": "static-colocate"}),
     Config("flexnpu/dynamic", {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_POLICY": "dynamic"}),
@@ -76,8 +83,10 @@ CONFIGS = [
 @dataclass
 class Outcome:
     config: str
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # averaged over the seeds
+    per_seed: dict[int, dict[str, Any]] = field(default_factory=dict)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    greedy_tokens: list[list[str]] = field(default_factory=list)
     placement: dict[str, Any] | None = None
     startup_s: float = 0.0
     error: str = ""
@@ -87,7 +96,19 @@ class Outcome:
 
 
 def _serve(stats_port: int, argv: list[str]) -> int:
-    """Runs examples/serve.py in this process; on flexnpu also serves the placement state."""
+    """Runs examples/serve.py in this process; on flexnpu also serves the placement state;
+    with FLEXNPU_BENCH_DIRECT_PLUGIN=N it serves on the xla-cpu-pjrt plugin loaded directly
+    (N devices) instead."""
+    direct = os.environ.pop("FLEXNPU_BENCH_DIRECT_PLUGIN", "")
+    if direct:
+        import jax
+        from jax._src import xla_bridge
+
+        import flexnpu
+
+        xla_bridge.register_plugin("xlacpu", library_path=str(flexnpu.cpu_plugin_path()),
+                                   options={"cpu_device_count": int(direct)})
+        jax.config.update("jax_platforms", "xlacpu")
     if os.environ.get("JAX_PLATFORMS") == "flexnpu" and stats_port:
         from flexnpu import stats
 
@@ -213,6 +234,62 @@ def placement_delta(before: list[dict[str, Any]], after: list[dict[str, Any]]) -
                                                 "compiles")}}
 
 
+def average_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mean over seeds of every number (nested dicts too) of bench/serving.py's summary."""
+    first = summaries[0]
+    out: dict[str, Any] = {}
+    for k, v in first.items():
+        if isinstance(v, dict):
+            out[k] = average_summaries([s[k] for s in summaries])
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            out[k] = float(np.mean([s[k] for s in summaries]))
+        else:
+            out[k] = v
+    return out
+
+
+GREEDY_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,",
+                  "The three primary colours are", "Water boils at", "import numpy as np\n",
+                  "A haiku about the sea:", "The largest planet in the solar system is"]
+
+
+def greedy_tokens(base: str, count: int, max_tokens: int) -> list[list[str]]:
+    """Greedy completions of fixed prompts, one request at a time: their tokens, in order."""
+    out = []
+    for prompt in GREEDY_PROMPTS[:count]:
+        body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                           "ignore_eos": True, "logprobs": 0}).encode()
+        req = urllib.request.Request(base + "/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:  # noqa: S310 - loopback only
+            choice = json.loads(r.read())["choices"][0]
+        out.append(list(choice["logprobs"]["tokens"]))
+    return out
+
+
+def compare_greedy(outcomes: list[Outcome]) -> dict[str, Any]:
+    """Per configuration: prompts whose greedy tokens equal the reference's token by token, and
+    the first differing (prompt, position) otherwise. Reference: the direct plugin (or the
+    first configuration that ran)."""
+    ran = [o for o in outcomes if o.greedy_tokens]
+    if not ran:
+        return {}
+    ref = next((o for o in ran if o.config == DIRECT), ran[0])
+    report: dict[str, Any] = {"reference": ref.config}
+    for o in ran:
+        same, first_diff = 0, None
+        for i, (a, b) in enumerate(zip(o.greedy_tokens, ref.greedy_tokens, strict=False)):
+            if a == b:
+                same += 1
+            elif first_diff is None:
+                pos = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                           min(len(a), len(b)))
+                first_diff = {"prompt": i, "token": pos}
+        report[o.config] = {"identical": same, "prompts": len(ref.greedy_tokens),
+                            "first_difference": first_diff}
+    return report
+
+
 def run_config(cfg: Config, a: argparse.Namespace, log_dir: Path) -> Outcome:
     out = Outcome(cfg.name)
     port, stats_port = free_port(), free_port()
@@ -235,18 +312,21 @@ def run_config(cfg: Config, a: argparse.Namespace, log_dir: Path) -> Outcome:
                 asyncio.run(run_workload(workload_args(a, base, a.warmup_prompts, a.seed + 1,
                                                        float("inf"))))
             before = get_json(f"http://{HOST}:{stats_port}/") if cfg.flexnpu else []
-            wargs = workload_args(a, base, a.num_prompts, a.seed, a.request_rate)
-            results, duration = asyncio.run(run_workload(wargs))
+            for seed in a.seeds:
+                wargs = workload_args(a, base, a.num_prompts, seed, a.request_rate)
+                results, duration = asyncio.run(run_workload(wargs))
+                out.per_seed[seed] = serving.summarize(results, duration, wargs)
+                out.requests += [{"seed": seed, "ok": r.ok, "prompt_tokens": r.prompt_tokens,
+                                  "output_tokens": r.output_tokens, "ttft_s": r.ttft,
+                                  "tpot_s": tpot(r), "e2e_s": r.latency, "error": r.error}
+                                 for r in results]
+                s = out.per_seed[seed]
+                print(f"[{cfg.name}] seed {seed}: {s['completed']}/{a.num_prompts} done in "
+                      f"{duration:.1f}s", flush=True)
             after = get_json(f"http://{HOST}:{stats_port}/") if cfg.flexnpu else []
-            out.summary = serving.summarize(results, duration, wargs)
-            out.requests = [{"ok": r.ok, "prompt_tokens": r.prompt_tokens,
-                             "output_tokens": r.output_tokens, "ttft_s": r.ttft,
-                             "tpot_s": tpot(r), "e2e_s": r.latency, "error": r.error}
-                            for r in results]
+            out.summary = average_summaries(list(out.per_seed.values()))
             out.placement = placement_delta(before, after) if cfg.flexnpu else None
-            s = out.summary
-            print(f"[{cfg.name}] {s['completed']}/{a.num_prompts} done in "
-                  f"{duration:.1f}s", flush=True)
+            out.greedy_tokens = greedy_tokens(base, a.greedy_prompts, a.greedy_tokens)
         except Exception as e:  # noqa: BLE001 - one failed configuration is a result
             out.error = f"{type(e).__name__}: {e}"
             print(f"[{cfg.name}] FAILED: {out.error}", flush=True)
@@ -263,19 +343,31 @@ def print_table(outcomes: list[Outcome], a: argparse.Namespace) -> None:
     head = (f"{'config':<24}{'done':>6}{'req/s':>7}{'out tok/s':>10}"
             f"{'TTFT mean':>10}{'p50':>8}{'p99':>8}{'TPOT mean':>10}{'p50':>8}{'p99':>8}"
             f"{'goodput':>9}")
-    print(f"\nTTFT/TPOT in ms; goodput = req/s meeting {slo or '(no SLO)'}")
-    print(head)
-    print("-" * len(head))
+    print(f"\nTTFT/TPOT in ms, means over seeds {a.seeds}; goodput = req/s meeting "
+          f"{slo or '(no SLO)'}; x direct = mean TTFT, mean TPOT / the direct plugin's")
+    print(head + f"{'x direct':>14}")
+    print("-" * (len(head) + 14))
+    ref = next((o for o in outcomes if o.config == DIRECT and o.summary), None)
     for o in outcomes:
         if o.error or not o.summary:
             print(f"{o.config:<24}  failed: {o.error}")
             continue
         s, t, p = o.summary, o.summary["ttft_ms"], o.summary["tpot_ms"]
-        done = f"{s['completed']}/{s['completed'] + s['failed']}"
+        done = f"{s['completed']:.0f}/{s['completed'] + s['failed']:.0f}"
+        rel = (f"{t['mean'] / ref.summary['ttft_ms']['mean']:>7.2f}"
+               f"{p['mean'] / ref.summary['tpot_ms']['mean']:>7.2f}") if ref else ""
         print(f"{o.config:<24}{done:>6}{s['request_throughput']:>7.2f}"
               f"{s['output_throughput']:>10.2f}{t['mean']:>10.0f}{t['p50']:>8.0f}{t['p99']:>8.0f}"
               f"{p['mean']:>10.1f}{p['p50']:>8.1f}{p['p99']:>8.1f}"
-              f"{s.get('request_goodput', float('nan')):>9.2f}")
+              f"{s.get('request_goodput', float('nan')):>9.2f}{rel}")
+    cmp = compare_greedy(outcomes)
+    if cmp:
+        print(f"\ngreedy tokens, token by token, against {cmp['reference']}:")
+        for name, r in cmp.items():
+            if name != "reference":
+                diff = f", first difference {r['first_difference']}" if \
+                    r["first_difference"] else ""
+                print(f"{name:<24}{r['identical']}/{r['prompts']} prompts identical{diff}")
     print("\nplacement during the workload (executions prefill/decode/small per physical device)")
     for o in outcomes:
         pl = o.placement
@@ -338,8 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
                    help="comma-separated subset of the configuration names")
-    p.add_argument("--server-args", default="--max-model-len 256 --buckets 64,128 "
-                   "--devices 4 --max-batch 4",
+    p.add_argument("--server-args", default="--max-model-len 256 --max-num-seqs 4 "
+                   "--max-num-batched-tokens 64 --chunk-buckets 32,64",
                    help="examples/serve.py flags, the same for every configuration "
                         "(default model: SmolLM2-135M-Instruct)")
     p.add_argument("--num-prompts", type=int, default=16)
@@ -351,12 +443,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-prompt-len", type=int, default=120)
     p.add_argument("--max-output-len", type=int, default=32)
     p.add_argument("--goodput", nargs="*", default=["ttft:5000", "tpot:500"], metavar="KEY:MS")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0,1,2", help="one workload per seed (comma-separated)")
+    p.add_argument("--greedy-prompts", type=int, default=8,
+                   help=f"fixed greedy prompts compared token by token (<= {len(GREEDY_PROMPTS)})")
+    p.add_argument("--greedy-tokens", type=int, default=24)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--startup-timeout", type=float, default=300)
     p.add_argument("--out-dir", default="bench_policies_out")
     a = p.parse_args(argv)
     a.server_args = a.server_args.split()
+    a.seeds = [int(x) for x in a.seeds.split(",")]
+    a.seed = a.seeds[0]  # the warm-up draws
     wanted = [n.strip() for n in a.configs.split(",")]
     configs = [c for c in CONFIGS if c.name in wanted]
     if len(configs) != len(wanted):
@@ -374,12 +471,14 @@ def main(argv: list[str] | None = None) -> int:
           f"whole run {info['wall_s']:.0f}s")
     workload = {k: getattr(a, k) for k in ("num_prompts", "warmup_prompts", "request_rate",
                                           "burstiness", "length_scale", "min_len",
-                                          "max_prompt_len", "max_output_len", "goodput", "seed")}
+                                          "max_prompt_len", "max_output_len", "goodput", "seeds")}
     with open(out_dir / "policies.json", "w") as f:
         json.dump({"machine": info, "server_args": a.server_args, "workload": workload,
                    "configs": [{"name": c.name, "env": c.env} for c in configs],
+                   "greedy": compare_greedy(outcomes),
                    "results": [o.__dict__ for o in outcomes]}, f, indent=2, default=str)
-    title = (f"{' '.join(a.server_args)}; {a.num_prompts} prompts at {a.request_rate} req/s; "
+    title = (f"{' '.join(a.server_args)}; {a.num_prompts} prompts at {a.request_rate} req/s, "
+             f"seeds {a.seeds}; "
              f"{info['cpu_count']} CPU cores ({info.get('cpu', '?')})")
     plot(outcomes, out_dir / "policies.png", title)
     print(f"wrote {out_dir / 'policies.json'} and {out_dir / 'policies.png'}")
