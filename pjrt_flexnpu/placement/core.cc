@@ -538,7 +538,9 @@ Status Core::Place(const Request& r, Decision* out) {
       const double cur_cost = s.CostOf(cur, now, c0, m0, loc);
       // A decode moving in delays the streams already there by about what it escapes (FIFO
       // is work-conserving: it only shifts the wait onto them, and pays the KV migration).
-      s.move_penalty_ns = phase == Phase::kDecode
+      // Not when it must leave (current device quarantined or short of memory): cur_cost then
+      // carries kUnhealthy, which would make every device hosting a stream look unusable.
+      s.move_penalty_ns = phase == Phase::kDecode && s.Healthy(cur, now)
                               ? s.tuning.move_weight * (cur_cost - static_cast<double>(now))
                               : 0;
       s.move_except = cur;
