@@ -50,10 +50,11 @@ def test_same_seed_gives_identical_json():
     assert len(split["search"]) == 3  # every split of 4 units tried
 
 
+@pytest.mark.parametrize("co_run", [False, True])
 @pytest.mark.parametrize("policy", ["passthrough", "chunked-colocate", "static-pd",
                                     "static-colocate", "dynamic"])
-def test_single_request_ttft_is_the_queue_free_prefill_time(policy):
-    sim = _sim(policy)
+def test_single_request_ttft_is_the_queue_free_prefill_time(policy, co_run):
+    sim = _sim(policy, co_run=co_run)
     r = sim.run(_one(prompt=700, output=5))
     (req,) = r.requests
     expected = sim.timer.prefill_seconds(700)

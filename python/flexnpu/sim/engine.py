@@ -339,9 +339,9 @@ class Simulation:
             self._preempted += len(plan.preempted)
         if plan.is_empty:
             return False  # woken by the next add / handoff / finished step
-        entries = [(e.start, e.num_tokens, e.samples) for e in plan.scheduled]
         timer = self.timer
-        flops, nbytes = timer.flops_bytes(timer.features(entries))
+        scheduled = plan.scheduled
+        flops, nbytes = timer.step_cost(scheduled)
         # The engine's program decides the phase (a step with prompt tokens is its prefill
         # program), not the roofline: on a 910C group a short DeepSeek prefill is bandwidth-
         # bound (it reads every touched expert) and would be classed "decode".
@@ -352,7 +352,7 @@ class Simulation:
             kv_bytes = used * sched.config.block_size * self.kv_per_token
         now_ns = int(now * 1e9)
         inputs = ((inst.kv_unit, kv_bytes),) if kv_bytes else ()
-        exe = (_PHASE_CODE[phase] << 32) | max(1, len(entries)).bit_length() << 8 | \
+        exe = (_PHASE_CODE[phase] << 32) | max(1, len(scheduled)).bit_length() << 8 | \
             min(255, int(plan.num_tokens).bit_length())
         d = self.core.place(inst.idx, fp.Profile(phase, flops, nbytes), now_ns=now_ns,
                             inputs=inputs, executable_id=exe)

@@ -146,7 +146,27 @@ class StepTimer:
         if self.preset.fused_attention:
             bc[2] = 0.0
         self._fc, self._bc = fc, bc
+        self._fcl = [float(v) for v in fc]
+        self._bcl = [float(v) for v in bc]
+        self._moe_layers = self.model.num_layers - self.model.num_dense_layers \
+            if self.model.is_moe else 0
         self._ridge = self.peak / self.bandwidth
+
+    def step_cost(self, scheduled) -> tuple[float, float]:
+        """FLOPs and bytes of a step straight from the scheduler's entries (the hot path:
+        the features of steptime.step_features, summed without building arrays)."""
+        n = a = k = s = 0
+        for e in scheduled:
+            num, st = e.num_tokens, e.start
+            n += num
+            a += num * st + num * (num + 1) // 2
+            k += st + num
+            s += e.samples
+        x = self.model.experts_touched(n) * self._moe_layers if self._moe_layers else 0.0
+        f0, f1, f2, f3, f4, f5 = self._fcl
+        b0, b1, b2, b3, b4, b5 = self._bcl
+        return (f0 + f1 * n + f2 * a + f3 * k + f4 * s + f5 * x,
+                b0 + b1 * n + b2 * a + b3 * k + b4 * s + b5 * x)
 
     def features(self, entries) -> np.ndarray:
         return step_features(self.model, entries)
