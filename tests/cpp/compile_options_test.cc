@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+
 #include "pjrt_flexnpu/proto/wire.h"
 
 namespace flexnpu {
@@ -110,6 +114,76 @@ TEST(CompileOptionsTest, AssignmentShapeMustMatchBuild) {
   auto info = ReadCompileOptions(options.str());
   ASSERT_FALSE(info.ok());
   EXPECT_NE(info.status().message().find("device assignment is 1x1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flexnpu
+
+namespace flexnpu {
+namespace {
+
+// The fields of a message in field-number order (stable: repeated fields keep their order),
+// as raw bytes, without field `drop`; protobuf field order carries no meaning.
+std::string Canonical(std::string_view message, uint32_t drop, uint32_t descend) {
+  std::vector<std::pair<uint32_t, std::string>> fields;
+  proto::Reader reader(message);
+  proto::Field field;
+  while (reader.Next(&field)) {
+    if (field.number == drop) continue;
+    if (field.number == descend) {
+      fields.emplace_back(field.number,
+                          Canonical(field.bytes, compile_options_fields::kDeviceAssignment, 0));
+    } else {
+      fields.emplace_back(field.number, std::string(field.raw));
+    }
+  }
+  EXPECT_TRUE(reader.ok()) << reader.error();
+  std::stable_sort(fields.begin(), fields.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string out;
+  for (const auto& f : fields) out += std::to_string(f.first) + ":" + f.second + ";";
+  return out;
+}
+
+// Everything but build_options.device_assignment: what a rewrite must keep as it was.
+std::string AllButTheAssignment(std::string_view serialized) {
+  return Canonical(serialized, 0, compile_options_fields::kBuildOptions);
+}
+
+std::string ReadGolden(const std::string& name) {
+  std::ifstream in(std::string(FLEXNPU_TEST_DATA_DIR) + "/" + name, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Serialized by jaxlib 0.10.2 (jax._src.compiler.get_compile_options): one replica, two
+// partitions on devices 5 and 2, SPMD and Shardy partitioning on, two env option overrides.
+TEST(CompileOptionsGoldenTest, JaxlibSpmdShardyOptionsRewriteAndRoundTrip) {
+  const std::string golden = ReadGolden("jaxlib_spmd_shardy_compile_options.pb");
+  ASSERT_FALSE(golden.empty()) << "missing test data under " << FLEXNPU_TEST_DATA_DIR;
+  auto info = ReadCompileOptions(golden);
+  ASSERT_TRUE(info.ok()) << info.status().message();
+  EXPECT_EQ(info->num_replicas, 1);
+  EXPECT_EQ(info->num_partitions, 2);
+  EXPECT_FALSE(info->compile_portable);
+  ASSERT_TRUE(info->has_device_assignment);
+  EXPECT_EQ(info->device_ids, (std::vector<int64_t>{5, 2}));
+
+  auto physical = RewriteDeviceAssignment(golden, {1, 3});
+  ASSERT_TRUE(physical.ok()) << physical.status().message();
+  auto rewritten = ReadCompileOptions(*physical);
+  ASSERT_TRUE(rewritten.ok()) << rewritten.status().message();
+  EXPECT_EQ(rewritten->device_ids, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(rewritten->num_partitions, 2);
+  // Debug options, Shardy and SPMD flags, env overrides: all kept, value for value.
+  EXPECT_EQ(AllButTheAssignment(*physical), AllButTheAssignment(golden));
+  EXPECT_NE(physical->find("xla_cpu_enable_fast_math"), std::string::npos);
+
+  // And back: the ids jaxlib chose, and again nothing else changed.
+  auto back = RewriteDeviceAssignment(*physical, {5, 2});
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(ReadCompileOptions(*back)->device_ids, (std::vector<int64_t>{5, 2}));
+  EXPECT_EQ(AllButTheAssignment(*back), AllButTheAssignment(golden));
+  EXPECT_EQ(back->size(), golden.size());
 }
 
 }  // namespace
