@@ -34,7 +34,8 @@ def _pct(new: float, old: float) -> str:
 def overhead(spec: SimSpec) -> dict:
     """Placer cost per step vs the step time, on the DeepSeek-R1 cluster."""
     spec = spec.resolved()
-    r = simulate_once(spec, "dynamic", spec.seed, prefill_units=spec.prefill_units)
+    r = simulate_once(spec, "dynamic", spec.seed, prefill_units=spec.prefill_units,
+                      window=spec.timeline_window)
     steps = [e - s for _, s, e, _ in r.timeline]
     units = spec.devices // spec.parallel
     core = fp.Core("dynamic", units, preset="ascend910c", num_virtual_devices=2 * units)
@@ -55,11 +56,16 @@ def overhead(spec: SimSpec) -> dict:
             "overhead_python_frac": py_us * 1e-6 / med_step if steps else None}
 
 
+def _save(path: str, doc: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ds-devices", type=int, default=96, help="DeepSeek-R1 910C devices")
-    p.add_argument("--ds-rates", default="500,300",
+    p.add_argument("--ds-rates", default="700,300",
                    help="sharegpt,phase-shift req/s per 96 devices (scaled with --ds-devices)")
     p.add_argument("--qwen-devices", type=int, default=8)
     p.add_argument("--qwen-rate", type=float, default=200.0)
@@ -79,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                            ("ds_phase_shift", "phase-shift", r_phase)):
         log(f"== {name}: {args.ds_devices} x 910C, deepseek-r1, {wl} at {rate:g} req/s")
         docs[name] = run_all(replace(ds, workload=wl, rate=rate), log=log)
+        _save(args.json, {"runs": docs})
     log(f"== qwen: {args.qwen_devices} x 910C, qwen2.5-7b, sharegpt at {args.qwen_rate:g}")
     docs["qwen_colocate"] = run_all(SimSpec(
         devices=args.qwen_devices, device="910c", model="qwen2.5-7b", rate=args.qwen_rate,
@@ -125,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwall {wall:.0f} s; DeepSeek-R1 on {args.ds_devices} x 910C"
           f"{' (scaled from the paper: 384)' if args.ds_devices != 384 else ''}; "
           f"{args.duration:g} simulated s per run, {args.seeds} seed(s)")
-    with open(args.json, "w") as f:
-        json.dump({"overhead": ov, "runs": docs, "wall_s": wall}, f, indent=1)
+    _save(args.json, {"overhead": ov, "runs": docs, "wall_s": wall, "table": rows})
     return 0
 
 
