@@ -216,7 +216,7 @@ Status VirtualClient::Init() {
     return Status(placer.status().code(), "FlexNPU placement policy: " + placer.status().message());
   }
   placer_ = std::move(*placer);
-  FLEXNPU_RETURN_IF_ERROR(telemetry_->Start(placer_->core()));
+  FLEXNPU_RETURN_IF_ERROR(telemetry_->Start(placer_->core(), trace_));
   for (int v = 0; v < num_virtual; ++v) {
     const int home = placer_->HomeOf(v);
     auto device = std::make_unique<VirtualDevice>(this, v, home, backend_platform_);

@@ -123,12 +123,13 @@ std::string PhysicalTelemetry::PresetOf(int p) const {
   return h < 0 ? "" : infos_[h].preset;
 }
 
-Status PhysicalTelemetry::Start(std::shared_ptr<placement::Core> core) {
+Status PhysicalTelemetry::Start(std::shared_ptr<placement::Core> core,
+                                std::shared_ptr<Trace> trace) {
   if (source_ == nullptr) return Status::Ok();
   std::vector<int> physical_of = physical_of_index_;
   auto sampler = hardware::TelemetrySampler::Start(
       source_, std::chrono::milliseconds(period_ms_),
-      [core, physical_of](const std::vector<hardware::Sample>& samples) {
+      [core, trace, physical_of](const std::vector<hardware::Sample>& samples) {
         const int64_t now = Placer::NowNs();
         for (const hardware::Sample& s : samples) {
           if (s.index < 0 || static_cast<size_t>(s.index) >= physical_of.size()) continue;
@@ -138,6 +139,15 @@ Status PhysicalTelemetry::Start(std::shared_ptr<placement::Core> core) {
           t.memory_free_bytes = s.memory_free_bytes;
           t.utilization = s.utilization.compute < 0 ? -1.0 : s.utilization.compute / 100.0;
           (void)core->UpdateTelemetry(p, t, now);
+          if (trace != nullptr && trace->enabled()) {
+            TraceEvent event;
+            event.kind = TraceEvent::Kind::kTelemetry;
+            event.physical_device = p;
+            event.start_ns = event.end_ns = now;
+            event.bytes = t.memory_free_bytes;
+            event.utilization = t.utilization;
+            trace->Record(event);
+          }
         }
       });
   if (!sampler.ok()) return sampler.status();

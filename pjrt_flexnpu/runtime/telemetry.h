@@ -14,6 +14,7 @@
 #include "pjrt_flexnpu/placement/placement.h"
 #include "pjrt_flexnpu/runtime/options.h"
 #include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/runtime/trace.h"
 
 namespace flexnpu {
 
@@ -32,8 +33,9 @@ class PhysicalTelemetry {
   // Roofline preset of physical device p by its SoC / GPU name; "" when unknown or unbound.
   std::string PresetOf(int p) const;
   // Samples every options.telemetry_period_ms on a background thread into `core`
-  // (UpdateTelemetry for each bound physical device). No-op without a source.
-  Status Start(std::shared_ptr<placement::Core> core);
+  // (UpdateTelemetry for each bound physical device) and, while it records, `trace`
+  // (counters). No-op without a source.
+  Status Start(std::shared_ptr<placement::Core> core, std::shared_ptr<Trace> trace);
   // {"source", "library", "fallback", "period_ms", "rounds", "errors", "last_error",
   //  "devices": [{index, physical_index, source, name, preset, memory_total_bytes,
   //  memory_free_bytes, utilization: {compute, memory}, pjrt_device}]}

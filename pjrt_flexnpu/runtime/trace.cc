@@ -72,6 +72,17 @@ std::string Trace::ChromeJson(int num_physical, const std::string& title) const 
       out << ",\"cname\":\"" << ColorOf(e.phase) << "\",\"args\":{\"virtual_device\":"
           << e.virtual_device << ",\"executable\":" << e.executable_id
           << ",\"ok\":" << (e.ok ? "true" : "false") << "}}";
+    } else if (e.kind == TraceEvent::Kind::kTelemetry) {
+      comma();
+      out << "{\"name\":\"telemetry\",\"ph\":\"C\",\"pid\":" << e.physical_device
+          << ",\"ts\":";
+      Micros(out, e.start_ns - origin);
+      out << ",\"args\":{";
+      if (e.bytes >= 0) out << "\"memory_free_GB\":" << static_cast<double>(e.bytes) / 1e9;
+      if (e.utilization >= 0) {
+        out << (e.bytes >= 0 ? "," : "") << "\"utilization\":" << e.utilization;
+      }
+      out << "}}";
     } else {
       ++flow_id;
       comma();

@@ -1,6 +1,7 @@
 // A timeline of what the physical devices did, for Chrome/Perfetto: one track per physical
-// device, executions colored by phase, input migrations as flows between tracks. Off by
-// default; recording takes one short lock per event.
+// device, executions colored by phase, input migrations as flows between tracks, telemetry
+// (free memory, utilisation from AscendCL / NVML) as counters. Off by default; recording
+// takes one short lock per event.
 #ifndef FLEXNPU_RUNTIME_TRACE_H_
 #define FLEXNPU_RUNTIME_TRACE_H_
 
@@ -13,7 +14,7 @@
 namespace flexnpu {
 
 struct TraceEvent {
-  enum class Kind : uint8_t { kExecution, kMigration };
+  enum class Kind : uint8_t { kExecution, kMigration, kTelemetry };
   Kind kind = Kind::kExecution;
   int physical_device = 0;  // where it ran; a migration's source
   int target_device = 0;    // a migration's destination
@@ -21,7 +22,8 @@ struct TraceEvent {
   const char* phase = "small";  // static string
   int64_t start_ns = 0;
   int64_t end_ns = 0;
-  int64_t bytes = 0;
+  int64_t bytes = 0;           // telemetry: free memory (-1 unknown), at start_ns
+  double utilization = -1;     // telemetry: compute busy fraction (-1 unknown)
   uint64_t executable_id = 0;
   bool ok = true;
 };

@@ -34,6 +34,16 @@ for round in range(int(sys.argv[1])):
     for d in devices:
         out = f(jax.device_put(a, d), jax.device_put(a, d))
         np.testing.assert_allclose(np.asarray(out), np.tanh(a @ a) + 1.0, rtol=1e-5)
+if os.environ.get("PRINT_TRACE"):
+    import time
+    stats.start_trace()
+    deadline = time.monotonic() + 60  # the sampler's next rounds (liveness, not speed)
+    counters = []
+    while not counters and time.monotonic() < deadline:
+        time.sleep(0.02)
+        counters = [e for e in stats.trace()["traceEvents"] if e.get("ph") == "C"]
+    stats.stop_trace()
+    print(json.dumps(counters))
 if os.environ.get("PRINT_PROMETHEUS"):
     from prometheus_client import CollectorRegistry, generate_latest
     from flexnpu import metrics
@@ -191,3 +201,14 @@ def test_prometheus_exposes_telemetry(fakes: dict[str, Path], tmp_path: Path) ->
     external = [x for x in lines if x.startswith('flexnpu_physical_utilization_ratio{client="0",'
                                                  'device="2",kind="external"}')]  # fmt: skip
     assert len(external) == 1 and 0.5 < float(external[0].split()[-1]) <= 0.85
+
+
+def test_trace_has_telemetry_counters(fakes: dict[str, Path], tmp_path: Path) -> None:
+    script = tmp_path / "acl.txt"
+    script.write_text(FOUR_NPUS + "memory_free.1=2000000000\ncube.1=25\n")
+    proc = _run(fakes, script, {"PRINT_TRACE": "1"}, rounds=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counters = json.loads(proc.stdout.strip().splitlines()[-2])
+    by_device = {e["pid"]: e["args"] for e in counters if e["name"] == "telemetry"}
+    assert set(by_device) == {0, 1, 2, 3}
+    assert by_device[1] == {"memory_free_GB": 2.0, "utilization": 0.25}
