@@ -1,19 +1,39 @@
 #include "pjrt_flexnpu/runtime/handles.h"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace flexnpu::live_handles {
 namespace {
+
+// A spin lock: every FlexNPU entry point resolves its handles here, and the critical sections
+// are a few probes (std::mutex costs about twice as much on the dispatch path).
+class SpinLock {
+ public:
+  void lock() {
+    while (locked_.exchange(true, std::memory_order_acquire)) {
+      // A preempted holder (2 cores, many threads) is waited out by yielding, not spinning.
+      for (int spins = 0; locked_.load(std::memory_order_relaxed); ++spins) {
+        if (spins >= 64) std::this_thread::yield();
+      }
+    }
+  }
+  void unlock() { locked_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> locked_{false};
+};
 
 // Open addressing with linear probing: inserting a handle allocates nothing unless the shard
 // grows, so creating an output buffer stays one allocation.
 class Shard {
  public:
   void Insert(uintptr_t key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     if ((used_ + 1) * 2 > slots_.size()) Rehash();
     size_t i = Index(key);
     size_t tombstone = kNone;
@@ -31,13 +51,13 @@ class Shard {
   }
 
   void Erase(uintptr_t key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     const size_t i = Find(key);
     if (i != kNone) slots_[i] = kErased;
   }
 
   bool Contains(uintptr_t key) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     return Find(key) != kNone;
   }
 
@@ -77,16 +97,18 @@ class Shard {
     }
   }
 
-  std::mutex mu_;
+  SpinLock mu_;
   std::vector<uintptr_t> slots_;
   size_t used_ = 0;
 };
 
 constexpr size_t kShards = 64;
 
+struct alignas(64) PaddedShard : Shard {};  // shards on their own cache lines
+
 Shard& ShardOf(uintptr_t key) {
   // Never destroyed: handles may be released during static destruction.
-  static Shard* shards = new Shard[kShards];
+  static PaddedShard* shards = new PaddedShard[kShards];
   return shards[(key >> 6) % kShards];
 }
 
