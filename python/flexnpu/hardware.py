@@ -1,5 +1,5 @@
 """Physical accelerators as their vendor libraries see them: Ascend NPUs through AscendCL,
-NVIDIA GPUs through NVML.
+NVIDIA GPUs through NVML; and where an Ascend PJRT plugin is installed (`ascend_pjrt_plugin`).
 
 The C++ hardware layer (`pjrt_flexnpu/hardware/`, exposed as `flexnpu._native`) loads
 libascendcl.so / libnvidia-ml.so.1 with dlopen, so nothing here needs the vendor SDKs installed:
@@ -20,8 +20,12 @@ NPU id npu-smi shows). GPUs are numbered by CUDA ordinal, matched to NVML by PCI
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
+import pkgutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flexnpu._native_loader import native
@@ -173,6 +177,34 @@ def open_source(
 
 
 last_fallback = ""  # the auto fallback line of the last open_source call
+
+
+def ascend_pjrt_plugin() -> Path | None:
+    """The PJRT plugin library of an installed Ascend JAX plugin: a `jax_plugins` package (or
+    `jax_plugins` entry point) whose name contains "ascend", and the shared library in it (one
+    named *pjrt* or *plugin* first). None when there is none. No official Ascend plugin exists;
+    community builds package themselves this way, like the CUDA and TPU plugins."""
+    candidates: list[Path] = []
+    try:
+        import jax_plugins  # namespace package of JAX plugins
+
+        for module in pkgutil.iter_modules(jax_plugins.__path__):
+            if "ascend" in module.name.lower():
+                for folder in jax_plugins.__path__:
+                    candidates.append(Path(folder) / module.name)
+    except ImportError:
+        pass
+    for entry in importlib.metadata.entry_points(group="jax_plugins"):
+        if "ascend" in entry.name.lower() or "ascend" in entry.value.lower():
+            spec = importlib.util.find_spec(entry.value.split(":")[0])
+            if spec is not None and spec.origin is not None:
+                candidates.append(Path(spec.origin).parent)
+    for folder in candidates:
+        libraries = sorted(p for p in folder.glob("*.so") if p.is_file())
+        libraries.sort(key=lambda p: not ("pjrt" in p.name or "plugin" in p.name))
+        if libraries:
+            return libraries[0]
+    return None
 
 
 def discover(source: str | None = None, **libraries: Any) -> list[PhysicalDevice]:

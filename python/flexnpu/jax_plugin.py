@@ -7,6 +7,7 @@ imports FlexNPU for `JAX_PLATFORMS=flexnpu` to work.
 from __future__ import annotations
 
 import logging
+import os
 
 PLATFORM_NAME = "flexnpu"
 logger = logging.getLogger(__name__)
@@ -16,7 +17,19 @@ def _default_options() -> dict[str, str]:
     from flexnpu._paths import cpu_plugin_path
 
     # The C++ side cannot find a Python package; hand it the default backend's path.
-    return {"cpu_plugin_path": str(cpu_plugin_path())}
+    options = {"cpu_plugin_path": str(cpu_plugin_path())}
+    if os.environ.get("FLEXNPU_BACKEND", "").strip().lower() == "ascend":
+        # Execute through an installed Ascend PJRT plugin (a create option wins over the env).
+        from flexnpu.hardware import ascend_pjrt_plugin
+
+        plugin = ascend_pjrt_plugin()
+        if plugin is None:
+            raise RuntimeError(
+                "FLEXNPU_BACKEND=ascend: no Ascend PJRT plugin is installed (a jax_plugins "
+                "package whose name contains 'ascend'); set FLEXNPU_BACKEND to its library path"
+            )
+        options["backend"] = str(plugin)
+    return options
 
 
 def _enable_donation() -> None:

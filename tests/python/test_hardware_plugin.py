@@ -212,3 +212,38 @@ def test_trace_has_telemetry_counters(fakes: dict[str, Path], tmp_path: Path) ->
     by_device = {e["pid"]: e["args"] for e in counters if e["name"] == "telemetry"}
     assert set(by_device) == {0, 1, 2, 3}
     assert by_device[1] == {"memory_free_GB": 2.0, "utilization": 0.25}
+
+
+def test_backend_ascend_executes_through_an_installed_ascend_plugin(tmp_path: Path) -> None:
+    """FLEXNPU_BACKEND=ascend finds the PJRT library of a `jax_plugins` package named *ascend*
+    (here the CPU plugin under that name: no Ascend plugin exists on this machine)."""
+    import flexnpu
+
+    package = tmp_path / "site" / "jax_plugins" / "ascend_npu"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "pjrt_plugin_ascend.so").symlink_to(flexnpu.cpu_plugin_path())
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]),
+        "JAX_PLATFORMS": "flexnpu",
+        "FLEXNPU_BACKEND": "ascend",
+        "FLEXNPU_TELEMETRY": "none",
+    }
+    code = (
+        "from flexnpu import hardware; print(hardware.ascend_pjrt_plugin()); "
+        "import jax, jax.numpy as jnp; print(float(jnp.arange(5.0).sum()))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == str(package / "pjrt_plugin_ascend.so")
+    assert lines[1] == "10.0"
+    (package / "pjrt_plugin_ascend.so").unlink()
+    missing = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert missing.returncode != 0
+    assert "FLEXNPU_BACKEND=ascend: no Ascend PJRT plugin is installed" in missing.stderr
