@@ -299,7 +299,9 @@ def test_logprobs_chat(client) -> None:
     for item in content:
         assert len(item.top_logprobs) == 2 and item.logprob <= 0
         assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
-        assert item.bytes == list(item.token.encode())
+        assert all(0 <= b < 256 for b in item.bytes)
+        if len(item.token) == 1 and item.token.isascii():
+            assert item.bytes == [ord(item.token)]
     no_top = client.chat.completions.create(**{**kw, "top_logprobs": None})
     assert all(item.top_logprobs == [] for item in no_top.choices[0].logprobs.content)
     plain = client.chat.completions.create(**{**kw, "logprobs": None, "top_logprobs": None})

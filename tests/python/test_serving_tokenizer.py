@@ -86,3 +86,17 @@ def test_byte_tokenizer() -> None:
     assert b.decode(b.encode("héllo")) == "héllo"
     assert b.encode("a<|im_end|>b") == [97, 257, 98]
     assert tokenizer_from_json(b.to_json()).encode("x") == [120]
+
+
+def test_token_text_and_bytes_for_logprobs(tok) -> None:
+    text = "世界 🙂<|im_end|> hi"
+    ids = tok.encode(text)
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode()  # partial UTF-8 kept
+    assert tok.token_text(2) == "<|im_end|>" and tok.token_bytes(2) == b"<|im_end|>"
+    assert tok.token_text(tok.encode(" hi")[0]) == " hi"
+
+
+def test_decode_stream_skips_special_tokens(tok) -> None:
+    ids = tok.encode("<|im_start|>assistant\nHello 🙂<|im_end|>")
+    stream = tok.decode_stream(tok.encode("prompt"))
+    assert "".join(stream.step(i) for i in ids) == "assistant\nHello 🙂"

@@ -357,8 +357,8 @@ def _lp(x: float) -> float:
 
 def _chat_logprobs(tok: Tokenizer, entries: list[tuple[int, TokenLogprobs]], k: int) -> dict:
     def item(t: int, lp: float) -> dict:
-        s = tok.token_text(t)
-        return {"token": s, "logprob": _lp(lp), "bytes": list(s.encode("utf-8"))}
+        return {"token": tok.token_text(t), "logprob": _lp(lp),
+                "bytes": list(tok.token_bytes(t))}
 
     return {"content": [{**item(t, lp.logprob),
                          "top_logprobs": [item(i, v) for i, v in lp.top[:k]]}

@@ -5,6 +5,7 @@ and incremental detokenization for streaming (`decode_stream`)."""
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import re
 from typing import Protocol
@@ -30,6 +31,10 @@ class Tokenizer(Protocol):
 
     def token_text(self, token_id: int) -> str:
         """One token's text, special tokens included (logprobs)."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's raw bytes (logprobs' `bytes`: part of a UTF-8 character, possibly)."""
         ...
 
     def to_json(self) -> str: ...
@@ -84,6 +89,15 @@ class HFTokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self._tok.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if token_id in self._tok.get_added_tokens_decoder():
+            return piece.encode("utf-8")
+        table = _unicode_to_bytes()  # byte-level BPE pieces spell bytes with GPT-2's table
+        return bytes(table[ch] for ch in piece if ch in table)
 
     def hf_tokenizer(self):
         """The wrapped `tokenizers.Tokenizer`."""
@@ -199,6 +213,12 @@ class ByteTokenizer:
             return f"<0x{token_id:02X}>"
         return f"<|token_{token_id}|>"
 
+    def token_bytes(self, token_id: int) -> bytes:
+        if 0 <= token_id < 256:
+            return bytes([token_id])
+        return self.token_text(token_id).encode() if token_id in (self.bos_id, self.eos_id) \
+            else b""
+
     def to_json(self) -> str:
         return json.dumps({"kind": "bytes", "bos_id": self.bos_id, "eos_id": self.eos_id})
 
@@ -215,6 +235,11 @@ def _bytes_to_unicode() -> dict[int, str]:
             cs.append(256 + n)
             n += 1
     return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+
+
+@functools.cache
+def _unicode_to_bytes() -> dict[str, int]:
+    return {ch: b for b, ch in _bytes_to_unicode().items()}
 
 
 def tokenizer_from_json(text: str) -> Tokenizer:
