@@ -100,3 +100,13 @@ def test_decode_stream_skips_special_tokens(tok) -> None:
     ids = tok.encode("<|im_start|>assistant\nHello 🙂<|im_end|>")
     stream = tok.decode_stream(tok.encode("prompt"))
     assert "".join(stream.step(i) for i in ids) == "assistant\nHello 🙂"
+
+
+def test_logprob_token_strings_spell_partial_characters_as_bytes(tok) -> None:
+    from _serving import require
+
+    require("fastapi")
+    from flexnpu.serving.server import _token_str
+
+    assert [_token_str(tok, i) for i in tok.encode("世 hi")] == [
+        "bytes:\\xe4\\xb8", "bytes:\\x96", " hi"]

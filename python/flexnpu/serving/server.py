@@ -355,9 +355,22 @@ def _lp(x: float) -> float:
     return max(float(x), -9999.0) if not math.isnan(x) else -9999.0  # JSON has no -inf
 
 
+def _token_str(tok: Tokenizer, t: int) -> str:
+    """A token's text; one holding part of a UTF-8 character as "bytes:\\xe4\\xb8" (OpenAI's
+    and vLLM's spelling), so distinct tokens stay distinct."""
+    text = tok.token_text(t)
+    if "\ufffd" in text:
+        raw = tok.token_bytes(t)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+    return text
+
+
 def _chat_logprobs(tok: Tokenizer, entries: list[tuple[int, TokenLogprobs]], k: int) -> dict:
     def item(t: int, lp: float) -> dict:
-        return {"token": tok.token_text(t), "logprob": _lp(lp),
+        return {"token": _token_str(tok, t), "logprob": _lp(lp),
                 "bytes": list(tok.token_bytes(t))}
 
     return {"content": [{**item(t, lp.logprob),
@@ -368,9 +381,10 @@ def _chat_logprobs(tok: Tokenizer, entries: list[tuple[int, TokenLogprobs]], k: 
 def _completion_logprobs(tok: Tokenizer, entries: list[tuple[int, TokenLogprobs]], k: int,
                          offsets: list[int]) -> dict:
     return {
-        "tokens": [tok.token_text(t) for t, _ in entries],
+        "tokens": [_token_str(tok, t) for t, _ in entries],
         "token_logprobs": [_lp(lp.logprob) for _, lp in entries],
-        "top_logprobs": [{tok.token_text(i): _lp(v) for i, v in lp.top[:k]} for _, lp in entries],
+        "top_logprobs": [{_token_str(tok, i): _lp(v) for i, v in lp.top[:k]}
+                         for _, lp in entries],
         "text_offset": offsets,
     }
 
