@@ -53,8 +53,8 @@ def _decode_inputs(runner, rows: int, position: int) -> dict:
     from flexnpu.serving import kvcache
 
     sh = runner.shapes
-    inp = runner._padding_inputs(0)
     need = -(-(position + 1) // sh.block_size)
+    inp = runner._padding_inputs(0, sh.decode_width(need))  # as the engine's runner picks it
     for r in range(rows):
         blocks = list(range(r * need, (r + 1) * need))
         inp["tokens"][r] = 100 + r

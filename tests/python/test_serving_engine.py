@@ -24,7 +24,9 @@ def tiny():
 def _engine(tiny, devices, start=True, **kw):
     from flexnpu.serving.engine import Engine, EngineConfig
 
-    opts = dict(max_num_seqs=4, max_model_len=MAX_LEN, max_num_batched_tokens=32, block_size=8)
+    # A narrow decode width (4 blocks) besides the full one (16): both kinds of decode steps run.
+    opts = dict(max_num_seqs=4, max_model_len=MAX_LEN, max_num_batched_tokens=32, block_size=8,
+                decode_widths=[4])
     opts.update(kw)
     eng = Engine(None, tiny.params, EngineConfig(**opts), devices=devices,
                  model_config=tiny.config)
@@ -359,7 +361,8 @@ m = load_model("random:tiny", seed=1, log=lambda *_: None)
 out = {{}}
 for layout in ({layout!r},):
     ec = EngineConfig(max_num_seqs=4, max_model_len={max_len}, max_num_batched_tokens=32,
-                      block_size=8, layout=layout, prefill_devices=2, decode_devices=2)
+                      block_size=8, decode_widths=[4], layout=layout, prefill_devices=2,
+                      decode_devices=2)
     eng = Engine(None, m.params, ec, model_config=m.config)
     eng.start()
     outs = [[] for _ in {prompts!r}]
@@ -394,3 +397,16 @@ def test_serving_under_placement_policies_matches_the_backend(policy, layout, di
     got = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][7:])
     assert got[layout] == direct
     assert sum(e > 0 for e in got["executions"]) >= 2, got["executions"]  # the placer spread it
+
+
+def test_stop_aborts_what_is_queued_and_refuses_new_requests(tiny, npu_devices) -> None:
+    from flexnpu.serving.engine import EngineDeadError
+
+    eng = _engine(tiny, npu_devices[:1], start=False)
+    o = _Collect()
+    eng.submit(PROMPTS[0], _greedy(3), o)
+    eng.stop()
+    assert o.done.is_set() and o.reasons == ["abort"]
+    assert not eng.healthy
+    with pytest.raises(EngineDeadError, match="the engine is not serving: the engine was stopped"):
+        eng.submit(PROMPTS[0], _greedy(3), _Collect())

@@ -15,7 +15,7 @@ from flexnpu.serving.gguf_loader import DEFAULT_MODEL
 _SHAPE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_model_len": "--max-model-len",
                 "max_num_batched_tokens": "--max-num-batched-tokens",
                 "block_size": "--block-size", "num_kv_blocks": "--num-kv-blocks",
-                "chunk_buckets": "--chunk-buckets"}
+                "chunk_buckets": "--chunk-buckets", "decode_widths": "--decode-widths"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--chunk-buckets", default=None,
                    help="prefill chunk sizes compiled, e.g. 32,128,256 (default: powers of two "
                         "from 16 to --max-num-batched-tokens)")
+    e.add_argument("--decode-widths", default=None,
+                   help="block-table widths (in blocks) the decode-only step is compiled for, "
+                        "e.g. 8,16,64 (default: max-model-len/block-size divided by 8, 4, 2, 1)")
     e.add_argument("--block-size", type=int, default=None, help="KV positions per block "
                                                                 "(default 16)")
     e.add_argument("--num-kv-blocks", type=int, default=None,
@@ -76,8 +79,9 @@ def engine_config(args: argparse.Namespace, num_devices: int, exported: dict | N
     from flexnpu.serving.engine import EngineConfig
 
     shapes = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
-    if isinstance(shapes.get("chunk_buckets"), str):
-        shapes["chunk_buckets"] = [int(b) for b in shapes["chunk_buckets"].split(",")]
+    for key in ("chunk_buckets", "decode_widths"):
+        if isinstance(shapes.get(key), str):
+            shapes[key] = [int(b) for b in shapes[key].split(",")]
     if exported is not None:
         clash = {k: v for k, v in shapes.items() if exported.get(k) != v}
         if clash:

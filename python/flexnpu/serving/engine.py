@@ -79,6 +79,9 @@ class EngineConfig:
     prefill_devices: int = 1  # split layout
     decode_devices: int = 1  # split layout
     chunk_buckets: list[int] | None = None  # default: powers of two from 16 to the budget
+    # Decode-only steps are compiled for these block-table widths in blocks (attention reads
+    # only the blocks in use); default: max_blocks_per_seq / 8, / 4, / 2 and all of them.
+    decode_widths: list[int] | None = None
 
     def validate(self) -> None:
         if self.layout not in LAYOUTS:
@@ -99,6 +102,15 @@ class EngineConfig:
 
     def blocks_per_instance(self) -> int:
         return self.num_kv_blocks or self.max_num_seqs * self.max_blocks_per_seq
+
+    def resolved_decode_widths(self) -> tuple[int, ...]:
+        mb = self.max_blocks_per_seq
+        if self.decode_widths is not None:
+            bad = [w for w in self.decode_widths if not 1 <= w <= mb]
+            if bad:
+                raise ValueError(f"decode widths {bad} outside [1, {mb}] blocks")
+            return tuple(sorted({*self.decode_widths, mb}))
+        return tuple(sorted({max(1, mb // 8), max(1, mb // 4), max(1, mb // 2), mb}))
 
     def resolved_chunk_buckets(self) -> tuple[int, ...]:
         if self.chunk_buckets:
@@ -191,7 +203,8 @@ class Engine:
             max_blocks_per_seq=config.max_blocks_per_seq,
             chunk_buckets=config.resolved_chunk_buckets(),
             handoff_buckets=powers_of_two(1, config.max_blocks_per_seq)
-            if config.layout == "split" else ())
+            if config.layout == "split" else (),
+            decode_widths=config.resolved_decode_widths())
         placed: dict[Any, Any] = {}
         self.instances: list[_Instance] = []
         for i, (role, dev) in enumerate(zip(roles, devices, strict=False)):
@@ -239,19 +252,27 @@ class Engine:
             x.thread.start()
 
     def stop(self) -> None:
+        """Stops the threads; requests still queued or running finish "abort", new ones are
+        refused (EngineDeadError)."""
+        if self.healthy:
+            self.healthy, self.error = False, "the engine was stopped"
         self._stop.set()
         for x in self.instances:
             x.wake.set()
         for x in self.instances:
             if x.thread is not None:
                 x.thread.join(timeout=30)
+        with self._lock:
+            live = list(self._live.values())
+        for req in live:
+            self._finish(req, "abort")
 
     def submit(self, prompt_ids: list[int], sampling: SamplingParams, output: RequestOutput,
                *, deadline: float | None = None, priority: int = 0) -> Request:
         """Queues a request; its tokens go to `output` on an engine thread. Raises
         RequestTooLongError (ValueError), QueueFullError, EngineDeadError, ValueError."""
         if not self.healthy:
-            raise EngineDeadError(f"the engine has failed: {self.error}")
+            raise EngineDeadError(f"the engine is not serving: {self.error}")
         bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {self.cfg.vocab_size}): "

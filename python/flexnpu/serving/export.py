@@ -48,9 +48,10 @@ def _unflatten(flat: dict[str, Any]) -> dict:
     return out
 
 
-def _step_inputs_spec(cfg: LlamaConfig, ec: EngineConfig, c: int) -> dict:
-    """Shapes of the paged step's inputs (see model.paged_step) with a chunk of c tokens."""
-    b, r, mb = ec.max_num_seqs, ec.max_num_seqs + 1, ec.max_blocks_per_seq
+def _step_inputs_spec(ec: EngineConfig, c: int, mb: int) -> dict:
+    """Shapes of the paged step's inputs (see model.paged_step) with a chunk of c tokens and
+    block tables mb blocks wide."""
+    b, r = ec.max_num_seqs, ec.max_num_seqs + 1
     i32, f32 = jnp.int32, jnp.float32
 
     def s(shape, dt=i32):
@@ -87,8 +88,11 @@ def export(m, out_dir: str, ec: EngineConfig, platforms=PLATFORMS) -> list[str]:
         return name
 
     step = partial(model_lib.paged_step, cfg=cfg, block_size=bs)
-    files = [write(f"step_{c}.bin", step, spec, cache, cache, _step_inputs_spec(cfg, ec, c))
-             for c in [0, *chunks]]
+    mb = ec.max_blocks_per_seq
+    widths = list(ec.resolved_decode_widths())
+    shapes = [(0, w) for w in widths] + [(c, mb) for c in chunks]
+    files = [write(f"step_{c}_{w}.bin", step, spec, cache, cache, _step_inputs_spec(ec, c, w))
+             for c, w in shapes]
     for n in handoffs:
         slots = jax.ShapeDtypeStruct((n * bs,), jnp.int32)
         kv = jax.ShapeDtypeStruct((cfg.num_layers, n * bs, cfg.num_kv_heads, cfg.head_dim),
@@ -104,7 +108,7 @@ def export(m, out_dir: str, ec: EngineConfig, platforms=PLATFORMS) -> list[str]:
         f.write(m.tokenizer.to_json())
     engine = {"max_num_seqs": ec.max_num_seqs, "max_model_len": ec.max_model_len,
               "max_num_batched_tokens": ec.max_num_batched_tokens, "block_size": bs,
-              "num_kv_blocks": num_blocks, "chunk_buckets": chunks}
+              "num_kv_blocks": num_blocks, "chunk_buckets": chunks, "decode_widths": widths}
     manifest = {"format": FORMAT, "name": m.name, "config": cfg.to_dict(), "engine": engine,
                 "handoff_buckets": handoffs, "chat_system": m.chat_system,
                 "platforms": list(platforms), "weights": dtypes, "programs": files}
@@ -127,21 +131,24 @@ class ExportSteps:
                 exp = jax_export.deserialize(bytearray(f.read()))
             return jax.jit(exp.call, **jit_kw)
 
-        self._step = {c: load(f"step_{c}.bin", donate_argnums=(1, 2))
-                      for c in [0, *eng["chunk_buckets"]]}
+        mb = -(-eng["max_model_len"] // self.block_size)
+        shapes = [(0, w) for w in eng["decode_widths"]] + [(c, mb) for c in eng["chunk_buckets"]]
+        self._step = {(c, w): load(f"step_{c}_{w}.bin", donate_argnums=(1, 2))
+                      for c, w in shapes}
         self._extract = {n: load(f"extract_{n}.bin") for n in manifest["handoff_buckets"]}
         self._insert = {n: load(f"insert_{n}.bin", donate_argnums=(0, 1))
                         for n in manifest["handoff_buckets"]}
 
-    def _bucket(self, table: dict, key: int, what: str):
+    def _bucket(self, table: dict, key, what: str):
         if key not in table:
             raise ValueError(f"no exported {what} program for size {key}; exported: "
                              f"{sorted(table)}")
         return table[key]
 
     def step(self, params, ck, cv, inp):
-        c = inp["tokens"].shape[0] - self._num_seqs
-        return self._bucket(self._step, c, "step")(params, ck, cv, inp)
+        shape = (inp["tokens"].shape[0] - self._num_seqs, inp["dec_tables"].shape[1])
+        return self._bucket(self._step, shape, "step (chunk tokens, table width)")(
+            params, ck, cv, inp)
 
     def extract_kv(self, ck, cv, slots):
         return self._bucket(self._extract, slots.shape[0] // self.block_size, "extract")(

@@ -5,7 +5,8 @@ one prefill chunk padded to a token-count bucket), dispatches it without waiting
 sampled ids back later, so the engine can dispatch step k+1 before it does the host work of step
 k: a decode row whose input token is step k's output takes it from step k's ids on the device
 (`prev_row`). Shapes are bounded (one program per chunk bucket, plus the decode-only step, plus a
-KV extract/insert per handoff bucket) and compiled by `warmup`.
+KV extract/insert per handoff bucket, and the decode-only step per block-table width, so its
+attention reads only the blocks in use) and compiled by `warmup`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ class RunnerShapes:
     max_blocks_per_seq: int  # MB: block-table width (ceil(max_model_len / block_size))
     chunk_buckets: tuple[int, ...]  # prefill chunk sizes compiled
     handoff_buckets: tuple[int, ...] = ()  # KV handoff sizes in blocks (split layout)
+    # Block-table widths of the decode-only step (its attention reads only that many blocks per
+    # row, so short contexts decode fast at a long max_model_len); () = max_blocks_per_seq only.
+    # Steps with a prefill chunk always use the full width.
+    decode_widths: tuple[int, ...] = ()
 
     @property
     def trash_block(self) -> int:
@@ -82,6 +87,13 @@ class RunnerShapes:
                 return b
         raise ValueError(f"a prefill chunk of {n} tokens exceeds the largest chunk bucket "
                          f"{self.chunk_buckets[-1]}")
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.decode_widths, self.max_blocks_per_seq}))
+
+    def decode_width(self, num_blocks: int) -> int:
+        return next(w for w in self.widths if w >= num_blocks)
 
     def handoff_bucket(self, num_blocks: int) -> int:
         for b in self.handoff_buckets:
@@ -202,6 +214,9 @@ class Runner:
             chunk_last = n - 1
             if e.samples:
                 sampling_row(b, e, src)
+        if not c:  # decode-only: read no more blocks than the longest row has
+            w = sh.decode_width(max((len(e.seq.blocks) for e in singles), default=1))
+            dec_tables, chunk_table = dec_tables[:, :w], chunk_table[:w]
         inp = {
             "tokens": tokens, "prev_row": prev_row, "positions": positions, "slots": slots,
             "dec_tables": dec_tables, "chunk_table": chunk_table,
@@ -255,18 +270,21 @@ class Runner:
 
     # ---- start-up ----------------------------------------------------------------------------
 
-    def programs(self) -> list[tuple[str, int]]:
-        """Every program shape this runner runs: ("step", chunk tokens) and ("handoff", blocks)."""
-        return [("step", 0), *(("step", c) for c in self.shapes.chunk_buckets),
-                *(("handoff", n) for n in self.shapes.handoff_buckets)]
+    def programs(self) -> list[tuple[str, int, int]]:
+        """Every program shape this runner runs: ("step", chunk tokens, block-table width) and
+        ("handoff", blocks, 0)."""
+        sh = self.shapes
+        return [*(("step", 0, w) for w in sh.widths),
+                *(("step", c, sh.max_blocks_per_seq) for c in sh.chunk_buckets),
+                *(("handoff", n, 0) for n in sh.handoff_buckets)]
 
     def warmup(self, progress: Callable[[int], Any] | None = None) -> int:
         """Compiles (by running on padding that writes only the trash block) every program."""
         sh = self.shapes
         done = 0
-        for kind, n in self.programs():
+        for kind, n, width in self.programs():
             if kind == "step":
-                inp = self._padding_inputs(n)
+                inp = self._padding_inputs(n, width)
                 out = self.steps.step(self.params, self.ck, self.cv,
                                       {**jax.device_put(inp, self.device),
                                        "prev_ids": self._zero_ids})
@@ -281,15 +299,16 @@ class Runner:
                 progress(1)
         return done
 
-    def _padding_inputs(self, c: int) -> dict:
+    def _padding_inputs(self, c: int, width: int | None = None) -> dict:
         sh = self.shapes
         b, r = sh.num_seqs, sh.num_seqs + 1
+        width = width or sh.max_blocks_per_seq
         return {
             "tokens": np.zeros(b + c, np.int32), "prev_row": np.full(b, -1, np.int32),
             "positions": np.zeros(b + c, np.int32),
             "slots": np.full(b + c, sh.trash_block * sh.block_size, np.int32),
-            "dec_tables": np.full((b, sh.max_blocks_per_seq), sh.trash_block, np.int32),
-            "chunk_table": np.full(sh.max_blocks_per_seq, sh.trash_block, np.int32),
+            "dec_tables": np.full((b, width), sh.trash_block, np.int32),
+            "chunk_table": np.full(width, sh.trash_block, np.int32),
             "chunk_last": np.int32(0), "temperature": np.zeros(r, np.float32),
             "top_k": np.zeros(r, np.int32), "top_p": np.ones(r, np.float32),
             "min_p": np.zeros(r, np.float32), "seeds": np.zeros((r, 2), np.uint32),
