@@ -96,7 +96,7 @@ def smollm2_engine(smollm2):
 
     g, m = smollm2
     ec = EngineConfig(max_num_seqs=4, max_model_len=2048, max_num_batched_tokens=512,
-                      chunk_buckets=[64, 512], num_devices=1)
+                      chunk_buckets=[64, 512], decode_widths=[16], num_devices=1)
     eng = Engine(None, m.params, ec, devices=jax.devices("flexnpu")[:1], model_config=m.config,
                  eos_ids=m.tokenizer.eos_ids)
     eng.warmup()
