@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ds-devices", type=int, default=96, help="DeepSeek-R1 910C devices")
-    p.add_argument("--ds-rates", default="700,300",
+    p.add_argument("--ds-rates", default="700,400",
                    help="sharegpt,phase-shift req/s per 96 devices (scaled with --ds-devices)")
     p.add_argument("--qwen-devices", type=int, default=8)
     p.add_argument("--qwen-rate", type=float, default=200.0)
