@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "pjrt_flexnpu/runtime/error.h"
+#include "pjrt_flexnpu/runtime/tsan.h"
 
 namespace flexnpu {
 namespace {
@@ -16,6 +17,7 @@ struct OnReadyContext {
 // Runs on a backend thread: nothing may escape (an exception there is std::terminate), and
 // the caller's callback runs exactly once, with an error if the inner one cannot be converted.
 void InnerOnReady(PJRT_Error* inner_error, void* arg) noexcept {
+  FLEXNPU_TSAN_ACQUIRE(arg);
   std::unique_ptr<OnReadyContext> context(static_cast<OnReadyContext*>(arg));
   PJRT_Error* error = nullptr;
   try {
@@ -68,6 +70,7 @@ Status Event::OnReady(PJRT_Event_OnReadyCallback callback, void* user_arg) const
   args.event = inner_.get();
   args.callback = InnerOnReady;
   args.user_arg = context;
+  FLEXNPU_TSAN_RELEASE(context);
   Status status = FLEXNPU_INNER_CALL(*backend_, PJRT_Event_OnReady, &args);
   if (!status.ok()) delete context;
   return status;

@@ -9,6 +9,7 @@
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/profile.h"
 #include "pjrt_flexnpu/runtime/small_vector.h"
+#include "pjrt_flexnpu/runtime/tsan.h"
 
 namespace flexnpu {
 namespace {
@@ -29,6 +30,7 @@ struct FinishContext {
 
 // Runs on a backend thread: nothing may escape (an exception there is std::terminate).
 void OnExecutionDone(PJRT_Error* error, void* arg) noexcept {
+  FLEXNPU_TSAN_ACQUIRE(arg);
   std::unique_ptr<FinishContext> context(static_cast<FinishContext*>(arg));
   const bool ok = error == nullptr;
   try {
@@ -60,6 +62,7 @@ void TrackCompletion(const PhysicalBackend& b, std::unique_ptr<FinishContext> co
   args.event = inner_event;
   args.callback = OnExecutionDone;
   args.user_arg = context.get();
+  FLEXNPU_TSAN_RELEASE(context.get());
   if (FLEXNPU_INNER_CALL(b, PJRT_Event_OnReady, &args).ok()) {
     context.release();  // the callback owns it now
   } else if (context->ticket != 0) {
