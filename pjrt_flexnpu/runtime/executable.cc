@@ -220,6 +220,11 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   return exe.release();
 }
 
+VirtualLoadedExecutable::~VirtualLoadedExecutable() {
+  // NotFound when it never ran under a learning policy: nothing to forget then.
+  if (executable_id_ != 0) (void)client_->placer().core()->ForgetExecutable(executable_id_);
+}
+
 StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecutable::CompileFor(
     const std::vector<int>& physical) {
   const PhysicalBackend& b = client_->backend();

@@ -64,6 +64,9 @@ class VirtualLoadedExecutable : public Tagged {
   // An inner loaded executable, for queries that do not depend on the mapping.
   PJRT_LoadedExecutable* any_inner() const { return initial_->executable.get(); }
 
+  // Tells the placement core to drop what it learnt about this executable.
+  ~VirtualLoadedExecutable();
+
   Status Execute(PJRT_LoadedExecutable_Execute_Args* args);
   bool portable() const { return portable_; }
   const placement::Profile& profile() const { return profile_; }

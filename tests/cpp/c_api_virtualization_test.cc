@@ -3,6 +3,7 @@
 // and policy switches, argument structs of other sizes, null lists, the inner API version
 // rule, missing inner slots and event callbacks as JAX uses them. Run under ASan/UBSan and
 // ThreadSanitizer in CI: a use-after-free or a race there fails the test.
+#include <algorithm>
 #include <atomic>
 #include <future>
 #include <thread>
@@ -540,6 +541,34 @@ TEST_F(CApiVirtualizationTest, ExecutionsRaceBufferDestructionAndPolicySwitches)
   switcher.join();
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST_F(CApiVirtualizationTest, DestroyedExecutablesAreForgottenByThePlacer) {
+  PJRT_Client* client = CreateClientWith({IntOption("num_virtual_devices", 8),
+                                          StringOption("policy", "dynamic")});
+  ASSERT_NE(client, nullptr);
+  PJRT_Buffer* a = Upload(client, Device(client, 2), {1, 2, 3, 4});
+  const int64_t before = StatOfFirstClient("executables");
+  ASSERT_GE(before, 0) << "no 'executables' in the placement stats";
+  std::vector<PJRT_LoadedExecutable*> compiled;
+  for (int i = 0; i < 5; ++i) {
+    PJRT_LoadedExecutable* exe = nullptr;
+    ASSERT_EQ(TryCompile(client, kAddProgram, CompileOptionsFor(2), &exe).code,
+              PJRT_Error_Code_OK);
+    PJRT_Buffer* out = nullptr;
+    ASSERT_EQ(Execute(exe, {a, a}, &out).code, PJRT_Error_Code_OK);
+    DestroyBuffer(out);
+    compiled.push_back(exe);
+  }
+  EXPECT_EQ(StatOfFirstClient("executables"), before + 5);
+  for (PJRT_LoadedExecutable* exe : compiled) {
+    PJRT_LoadedExecutable_Destroy_Args destroy{};
+    destroy.struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE;
+    destroy.executable = exe;
+    ASSERT_PJRT_OK(api->PJRT_LoadedExecutable_Destroy(&destroy));
+    executables_.erase(std::find(executables_.begin(), executables_.end(), exe));
+  }
+  EXPECT_EQ(StatOfFirstClient("executables"), before);
 }
 
 TEST_F(CApiVirtualizationTest, PluginAttributesAreFlexNpusOwn) {
