@@ -1,7 +1,7 @@
-"""`python -m flexnpu serve` end to end in a subprocess (the random tiny model over every
-virtual device): it answers the openai client, /health is ok, and its first screen carries no
-backend `E0000 ... Unsupported fusion type` lines unless asked for; and
-`python -m flexnpu export-tokenizer` for the same model."""
+"""`python -m flexnpu serve` end to end in a subprocess (the random tiny model on one virtual
+device, to compile little): it answers the openai client, /health is ok, and its first screen
+carries no backend `E0000 ... Unsupported fusion type` lines; and `python -m flexnpu
+export-tokenizer` for the same model."""
 
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ def test_serve_subcommand_answers_and_is_quiet(tmp_path) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "flexnpu", "serve", "--model", "random:tiny", "--port",
              str(port), "--max-model-len", "128", "--max-num-seqs", "2",
-             "--max-num-batched-tokens", "32", "--chunk-buckets", "32"],
+             "--max-num-batched-tokens", "32", "--chunk-buckets", "32", "--devices", "1"],
             stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 240
+        deadline = time.time() + 500  # compiling on a loaded 2-core machine
         while time.time() < deadline:
             assert proc.poll() is None, log.read_text()
             try:
