@@ -154,3 +154,20 @@ def test_decode_stream_on_the_gguf_tokenizer(smol_tok) -> None:
     assert all("\ufffd" not in d.text for d in deltas)
     eos_out, _, at = _run_text([*ids[:3], 2, *ids[3:]], SamplingParams(), smol_tok, eos=(2,))
     assert at == 3 and eos_out.text == smol_tok.decode(ids[:3])
+
+
+def test_a_stopped_request_finishes_stop_whatever_the_engine_says() -> None:
+    ids_out = IdsOutput(SamplingParams(), [EOS])
+    ids_out.on_token(EOS, None, 0.0)
+    ids_out.on_finish("length", 0.0)  # e.g. max_tokens reached in the same step
+    assert ids_out.finish_reason == "stop"
+    deltas: list[Delta] = []
+    out = TextOutput(ByteTokenizer(), SamplingParams(stop=["b"]), [EOS], [], deltas.append)
+    out.on_token(ord("a"), None, 0.0)
+    assert out.on_token(ord("b"), None, 0.0) == "stop"
+    out.on_finish("length", 0.0)
+    assert deltas[-1].finish_reason == "stop" and out.text == "a"
+    failed = IdsOutput(SamplingParams(), [EOS])
+    failed.on_token(EOS, None, 0.0)
+    failed.on_finish("error: device lost", 0.0)
+    assert failed.finish_reason == "error: device lost"

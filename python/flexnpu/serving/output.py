@@ -78,8 +78,14 @@ class IdsOutput:
 
     def on_finish(self, reason: str, now: float) -> None:
         if self.finish_reason is None:
-            self.finish_reason = reason
+            self.finish_reason = _after_stop(reason, self._stopped)
             self.done.set()
+
+
+def _after_stop(reason: str, stopped: bool) -> str:
+    """A request that stopped finishes "stop", even if the engine's own finish (its length
+    limit in the same step, an abort) reaches it first; errors stay errors."""
+    return "stop" if stopped and not reason.startswith("error") else reason
 
 
 @dataclass
@@ -161,7 +167,7 @@ class TextOutput:
     def on_finish(self, reason: str, now: float) -> None:
         if self.finish_reason is not None:
             return
-        self.finish_reason = reason
+        self.finish_reason = reason = _after_stop(reason, self.stopped)
         self._send(len(self.text), reason)  # what was held back is not a stop string
 
     def _send(self, end: int, reason: str | None) -> None:
