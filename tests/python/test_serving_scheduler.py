@@ -255,3 +255,21 @@ def test_random_workload_invariants(mixed, chunked):
     assert all(r.num_output_tokens == want[r.request_id] for r in done)
     assert all(r.finish_reason == "length" for r in done)
     assert s.num_free_blocks == cfg.num_blocks
+
+
+def test_decode_instance_batches_handed_off_sequences_with_running_ones():
+    """Even configured without mixed batches, a decode instance never stalls its running
+    decodes to give a newly handed-off sequence a step of its own."""
+    dec = Scheduler(SchedulerConfig(role=Role.DECODE, mixed_batches=False,
+                                    chunked_prefill=False))
+    first = seq("a", 10, 50)
+    first.num_output_tokens = 1
+    dec.add_prefilled(first)
+    dec.on_step_done(dec.schedule(0), 0)
+    second = seq("b", 10, 50)
+    second.num_output_tokens = 1
+    dec.add_prefilled(second)
+    plan = dec.schedule(1)
+    assert plan.kv_inserts == [second]
+    assert sorted(e.seq.request_id for e in plan.scheduled) == ["a", "b"]
+    assert all(e.is_decode for e in plan.scheduled)

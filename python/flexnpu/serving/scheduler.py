@@ -90,7 +90,7 @@ class SchedulerConfig:
         self.role = Role(self.role)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Sequence:
     request_id: Hashable
     num_prompt_tokens: int
@@ -120,7 +120,7 @@ class Sequence:
         return self.status is SeqStatus.FINISHED
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
     start: int  # first KV position computed in this step
@@ -290,10 +290,15 @@ class Scheduler:
         plan = StepPlan(next(self._step_ids))
         if self._num_deadlines:
             self._expire(now, plan)
-        runnable = [s for s in self._running if s.pending_finish is None]
-        decoding = [s for s in runnable if s.num_tokens - s.num_computed_tokens == 1]
-        chunking = [s for s in runnable if s.num_tokens - s.num_computed_tokens > 1]
-        if c.mixed_batches:
+        decoding: list[Sequence] = []
+        chunking: list[Sequence] = []
+        for seq in self._running:
+            if seq.pending_finish is None:
+                remaining = seq.num_prompt_tokens + seq.num_output_tokens - \
+                    seq.num_computed_tokens
+                (decoding if remaining == 1 else chunking).append(seq)
+        # A decode instance only ever decodes: handed-off sequences join the running batch.
+        if c.mixed_batches or c.role is Role.DECODE:
             budget, prefills = self._schedule_running(decoding + chunking, plan)
             self._admit(plan, budget, prefills)
         elif any(self._fits(s) for s in chunking) or self._admissible_prompt() is not None:
@@ -310,11 +315,34 @@ class Scheduler:
         """Schedules running sequences in order; returns (budget left, prompt chunks)."""
         c = self.config
         budget, prefills = c.max_num_batched_tokens, 0
+        bs, free, scheduled = c.block_size, self._free_blocks, plan.scheduled
+        max_len, prefill_role = c.max_model_len, c.role is Role.PREFILL
+        running = SeqStatus.RUNNING
         for seq in seqs:
-            if seq.status is not SeqStatus.RUNNING:
+            if seq.status is not running:
                 continue  # preempted by an earlier one in this loop
-            remaining = seq.num_tokens - seq.num_computed_tokens
-            is_prefill = remaining > 1
+            computed = seq.num_computed_tokens
+            remaining = seq.num_prompt_tokens + seq.num_output_tokens - computed
+            if remaining == 1:  # the decode fast path (most entries of most steps)
+                if budget < 1:
+                    break
+                if len(seq.blocks) * bs <= computed:  # position `computed` opens a block
+                    if free:
+                        seq.blocks.append(free.popleft())
+                    elif not self._grow(seq, computed + 1, plan):
+                        continue  # seq itself was preempted
+                seq.num_computed_tokens = computed + 1
+                out = seq.num_output_tokens + 1  # placeholder for the token it samples
+                seq.num_output_tokens = out
+                if out >= seq.max_tokens or seq.num_prompt_tokens + out >= max_len:
+                    seq.pending_finish = "length"
+                elif prefill_role:
+                    seq.pending_finish = "prefilled"
+                scheduled.append(ScheduledSeq(seq, computed, 1, True,
+                                              seq.pending_finish is not None))
+                budget -= 1
+                continue
+            is_prefill = True
             if is_prefill and c.max_prefill_seqs and prefills >= c.max_prefill_seqs:
                 continue
             n = min(remaining, budget) if c.chunked_prefill else remaining
