@@ -175,8 +175,9 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   exe->program_format_.assign(program->format, program->format_size);
 
   const std::string& mode = client->options().single_device_compile;
-  exe->portable_ = exe->single_device_ &&
-                   (mode == "portable" || (mode == "auto" && !client->placer().passthrough()));
+  exe->portable_ = exe->single_device_ && mode == "portable";
+  exe->off_home_portable_ =
+      exe->single_device_ && mode == "auto" && !client->placer().passthrough();
   exe->executable_id_ = next_executable_id.fetch_add(1, std::memory_order_relaxed);
   std::vector<int> mapping;
   if (exe->portable_) {
@@ -185,6 +186,11 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
     exe->compile_options_ = std::move(*portable);
   } else {
     exe->compile_options_.assign(compile_options);
+    if (exe->off_home_portable_) {
+      auto portable = RewriteAsPortable(compile_options);
+      if (!portable.ok()) return portable.status();
+      exe->portable_options_ = std::move(*portable);
+    }
     std::vector<int> virtual_ids(ids.begin(), ids.end());
     auto placed = exe->single_device_
                       ? StatusOr<std::vector<int>>(
@@ -228,8 +234,9 @@ VirtualLoadedExecutable::~VirtualLoadedExecutable() {
 StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecutable::CompileFor(
     const std::vector<int>& physical) {
   const PhysicalBackend& b = client_->backend();
-  std::string options = compile_options_;
-  if (!portable_) {
+  // An empty mapping is the portable compile.
+  std::string options = portable_ || !physical.empty() ? compile_options_ : portable_options_;
+  if (!physical.empty()) {
     std::vector<int64_t> physical_ids;
     for (int p : physical) physical_ids.push_back(client_->physical(p).id);
     auto rewritten = RewriteDeviceAssignment(compile_options_, physical_ids);
@@ -425,7 +432,8 @@ Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args
   std::shared_ptr<Compiled> other;
   const Compiled* compiled = initial_.get();
   if (!portable_ && physical_device != initial_->physical[0]) {
-    auto found = CompiledFor({physical_device});
+    auto found = CompiledFor(off_home_portable_ ? std::vector<int>{}
+                                                : std::vector<int>{physical_device});
     if (!found.ok()) return found.status();
     other = std::move(*found);
     compiled = other.get();
@@ -460,7 +468,8 @@ Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args
   inner.device_complete_events =
       (args->device_complete_events != nullptr || tracked) ? &inner_event : nullptr;
   // A pinned executable runs where it was compiled for; a portable one where it is told.
-  inner.execute_device = portable_ ? client_->physical(physical_device).device : nullptr;
+  inner.execute_device =
+      compiled->physical.empty() ? client_->physical(physical_device).device : nullptr;
   const int64_t start_ns = tracing ? Placer::NowNs() : 0;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
   cancel.launched = true;

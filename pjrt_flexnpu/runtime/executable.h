@@ -118,6 +118,11 @@ class VirtualLoadedExecutable : public Tagged {
   std::string serialized_assignment_;
   bool single_device_ = true;
   bool portable_ = false;
+  // single_device_compile=auto under a placing policy: compiled pinned for the home device
+  // (the fast execute path, where executions mostly stay), plus one portable compile, made on
+  // first need, for executions placed elsewhere.
+  bool off_home_portable_ = false;
+  std::string portable_options_;
   // Phase and cost from the HLO analysis; what the placer decides with.
   placement::Profile profile_;
   uint64_t executable_id_ = 0;
