@@ -62,7 +62,7 @@ void VirtualBuffer::StartCounting() {
 }
 
 VirtualBuffer::VirtualBuffer(VirtualMemory* memory, std::shared_ptr<PhysicalBuffer> physical)
-    : Tagged(kTag),
+    : Tagged(kTag, kPooled),
       client_(memory->device()->client()),
       memory_(memory),
       physical_(std::move(physical)) {}

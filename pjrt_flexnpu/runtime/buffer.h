@@ -42,6 +42,7 @@ StatusOr<BufferMetadata> QueryBufferMetadata(const PhysicalBackend& backend, PJR
 class VirtualBuffer : public Tagged {
  public:
   static constexpr Tag kTag = Tag::kBuffer;
+  FLEXNPU_POOLED_HANDLE
 
   // Wraps an inner buffer that lives on `physical_device`, as a buffer of `memory`.
   static StatusOr<VirtualBuffer*> Wrap(VirtualMemory* memory, InnerBuffer inner,

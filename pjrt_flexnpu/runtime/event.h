@@ -12,6 +12,7 @@ namespace flexnpu {
 class Event : public Tagged {
  public:
   static constexpr Tag kTag = Tag::kEvent;
+  FLEXNPU_POOLED_HANDLE
   static Event* Ready(Status status) { return new Event(nullptr, InnerEvent(), std::move(status)); }
   static Event* Wrap(const PhysicalBackend& backend, PJRT_Event* inner) {
     return new Event(&backend, Own(backend, inner), Status::Ok());
@@ -26,7 +27,7 @@ class Event : public Tagged {
 
  private:
   Event(const PhysicalBackend* backend, InnerEvent inner, Status status)
-      : Tagged(kTag), backend_(backend), inner_(std::move(inner)), status_(std::move(status)) {}
+      : Tagged(kTag, kPooled), backend_(backend), inner_(std::move(inner)), status_(std::move(status)) {}
   const PhysicalBackend* backend_;
   InnerEvent inner_;
   Status status_;

@@ -4,7 +4,12 @@
 #ifndef FLEXNPU_RUNTIME_HANDLES_H_
 #define FLEXNPU_RUNTIME_HANDLES_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <new>
+
+#include "pjrt_flexnpu/runtime/handle_pool.h"
 
 namespace flexnpu {
 
@@ -32,9 +37,14 @@ enum class Tag : uint32_t {
 // at offset 0).
 class Tagged {
  public:
-  explicit Tagged(Tag tag) : tag_(tag) { live_handles::Insert(this); }
+  // Pooled types (FLEXNPU_POOLED_HANDLE) live in handle_pool and are recognised by address.
+  static constexpr bool kPooled = false;
+  explicit Tagged(Tag tag, bool pooled = false)
+      : tag_(tag), registered_(!(pooled && handle_pool::kEnabled)) {
+    if (registered_) live_handles::Insert(this);
+  }
   ~Tagged() {
-    live_handles::Erase(this);
+    if (registered_) live_handles::Erase(this);
     tag_ = Tag::kDead;
   }
   Tagged(const Tagged&) = delete;
@@ -43,14 +53,41 @@ class Tagged {
 
  private:
   volatile Tag tag_;
+  const bool registered_;
 };
+
+// In a handle class created and resolved on every execution: its objects live in handle_pool
+// (pass `kPooled` to the Tagged constructor).
+#define FLEXNPU_POOLED_HANDLE                                                       \
+  static constexpr bool kPooled = true;                                             \
+  static void* operator new(size_t size) {                                          \
+    return ::flexnpu::handle_pool::kEnabled ? ::flexnpu::handle_pool::Allocate(size) \
+                                            : ::operator new(size);                  \
+  }                                                                                 \
+  static void operator delete(void* p, size_t size) {                               \
+    if (::flexnpu::handle_pool::kEnabled) {                                         \
+      ::flexnpu::handle_pool::Free(p, size);                                        \
+    } else {                                                                        \
+      ::operator delete(p);                                                         \
+    }                                                                               \
+  }
 
 // Returns `handle` as a T when it is a live FlexNPU object carrying T's tag, else nullptr.
 template <typename T, typename Handle>
 T* FromHandle(Handle* handle) {
-  if (handle == nullptr || !live_handles::Contains(handle)) return nullptr;
-  auto* tagged = reinterpret_cast<Tagged*>(handle);
-  return tagged->tag() == T::kTag ? static_cast<T*>(tagged) : nullptr;
+  if (handle == nullptr) return nullptr;
+  if constexpr (T::kPooled && handle_pool::kEnabled) {
+    // A slot of the pool, live or not: its first bytes are FlexNPU's memory either way.
+    if (!handle_pool::Owns(handle)) return nullptr;
+    Tag tag;
+    std::memcpy(&tag, static_cast<const void*>(handle), sizeof(tag));
+    if (tag != T::kTag) return nullptr;
+    return static_cast<T*>(reinterpret_cast<Tagged*>(handle));
+  } else {
+    if (!live_handles::Contains(handle)) return nullptr;
+    auto* tagged = reinterpret_cast<Tagged*>(handle);
+    return tagged->tag() == T::kTag ? static_cast<T*>(tagged) : nullptr;
+  }
 }
 
 template <typename Handle, typename T>

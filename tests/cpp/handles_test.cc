@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pjrt_c_api.h"
+#include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/device.h"
 #include "pjrt_flexnpu/runtime/error.h"
 #include "pjrt_flexnpu/runtime/event.h"
@@ -36,6 +37,21 @@ TEST(HandlesTest, DestroyedHandlesAreRejectedWithoutBeingRead) {
   delete description;
   // Under AddressSanitizer, reading the freed object's tag would be a heap-use-after-free.
   EXPECT_EQ(FromHandle<DeviceDescription>(handle), nullptr);
+}
+
+TEST(HandlesTest, PooledHandlesAreRecognisedByAddressAndTag) {
+  // Events (like buffers) live in the handle pool, except in sanitizer builds.
+  uint32_t foreign[16] = {static_cast<uint32_t>(Tag::kEvent)};
+  EXPECT_EQ(FromHandle<Event>(reinterpret_cast<PJRT_Event*>(foreign)), nullptr);
+  Event* event = Event::Ready(Status::Ok());
+  PJRT_Event* handle = ToHandle<PJRT_Event>(event);
+  EXPECT_EQ(FromHandle<Event>(handle), event);
+  EXPECT_EQ(FromHandle<VirtualBuffer>(reinterpret_cast<PJRT_Buffer*>(handle)), nullptr);
+  // An address inside the object is not a handle.
+  EXPECT_EQ(FromHandle<Event>(reinterpret_cast<PJRT_Event*>(reinterpret_cast<char*>(handle) + 8)),
+            nullptr);
+  delete event;
+  EXPECT_EQ(FromHandle<Event>(handle), nullptr);
 }
 
 TEST(HandlesTest, LiveSetSurvivesChurn) {
