@@ -67,12 +67,10 @@ def _decode_inputs(runner, rows: int, position: int) -> dict:
 
 def bare_step_seconds(engine, steps: int, rows: int, position: int) -> float:
     """Median seconds of the engine's decode step in a minimal loop."""
-    import jax
     import numpy as np
 
     runner = engine.instances[0].runner
-    inp = jax.device_put(_decode_inputs(runner, rows, position), runner.device)
-    inp["prev_ids"] = runner._zero_ids
+    inp = runner.device_inputs(_decode_inputs(runner, rows, position))
     samples = []
     for _ in range(steps):
         t0 = time.perf_counter()

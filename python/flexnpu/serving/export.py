@@ -21,6 +21,7 @@ from flexnpu.serving import kvcache
 from flexnpu.serving.config import LlamaConfig
 from flexnpu.serving.engine import EngineConfig
 from flexnpu.serving.runner import powers_of_two
+from flexnpu.serving.step_io import packed_int_length
 from flexnpu.serving.tokenizer import Tokenizer, tokenizer_from_json
 
 PLATFORMS = ("cpu", "flexnpu")
@@ -48,21 +49,16 @@ def _unflatten(flat: dict[str, Any]) -> dict:
     return out
 
 
-def _step_inputs_spec(ec: EngineConfig, c: int, mb: int) -> dict:
-    """Shapes of the paged step's inputs (see model.paged_step) with a chunk of c tokens and
-    block tables mb blocks wide."""
+def _step_inputs_spec(ec: EngineConfig, c: int, w: int) -> dict:
+    """Shapes of the engine step's packed inputs (step_io) with a chunk of c tokens and block
+    tables w blocks wide."""
     b, r = ec.max_num_seqs, ec.max_num_seqs + 1
-    i32, f32 = jnp.int32, jnp.float32
 
-    def s(shape, dt=i32):
-        return jax.ShapeDtypeStruct(shape, dt)
+    def s(n, dt=jnp.int32):
+        return jax.ShapeDtypeStruct((n,), dt)
 
-    return {"tokens": s((b + c,)), "prev_row": s((b,)), "prev_ids": s((r,)),
-            "positions": s((b + c,)), "slots": s((b + c,)), "dec_tables": s((b, mb)),
-            "chunk_table": s((mb,)), "chunk_last": s(()), "temperature": s((r,), f32),
-            "top_k": s((r,)), "top_p": s((r,), f32), "min_p": s((r,), f32),
-            "seeds": s((r, 2), jnp.uint32), "sample_pos": s((r,)),
-            "want_logprobs": s((), jnp.bool_)}
+    return {"ints": s(packed_int_length(b, c, w)), "floats": s(3 * r, jnp.float32),
+            "chunk_table": s(w), "prev_ids": s(r)}
 
 
 def export(m, out_dir: str, ec: EngineConfig, platforms=PLATFORMS) -> list[str]:
@@ -87,7 +83,7 @@ def export(m, out_dir: str, ec: EngineConfig, platforms=PLATFORMS) -> list[str]:
             f.write(exp.serialize())
         return name
 
-    step = partial(model_lib.paged_step, cfg=cfg, block_size=bs)
+    step = partial(model_lib.packed_paged_step, cfg=cfg, block_size=bs)
     mb = ec.max_blocks_per_seq
     widths = list(ec.resolved_decode_widths())
     shapes = [(0, w) for w in widths] + [(c, mb) for c in chunks]
@@ -146,8 +142,9 @@ class ExportSteps:
         return table[key]
 
     def step(self, params, ck, cv, inp):
-        shape = (inp["tokens"].shape[0] - self._num_seqs, inp["dec_tables"].shape[1])
-        return self._bucket(self._step, shape, "step (chunk tokens, table width)")(
+        w = inp["chunk_table"].shape[0]
+        c = (inp["ints"].shape[0] - packed_int_length(self._num_seqs, 0, w)) // 3
+        return self._bucket(self._step, (c, w), "step (chunk tokens, table width)")(
             params, ck, cv, inp)
 
     def extract_kv(self, ck, cv, slots):

@@ -286,6 +286,15 @@ def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict
     return (*out, cache_k, cache_v)
 
 
+def packed_paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array,
+                      packed: dict[str, jax.Array], *, cfg: LlamaConfig, block_size: int):
+    """paged_step on packed inputs ({"ints", "floats", "chunk_table", "prev_ids"})."""
+    from flexnpu.serving.step_io import unpack_step_inputs
+
+    return paged_step(params, cache_k, cache_v, unpack_step_inputs(packed), cfg=cfg,
+                      block_size=block_size)
+
+
 def extract_kv(cache_k: jax.Array, cache_v: jax.Array, slots: jax.Array):
     """The KV at `slots` [S'] -> (k, v [L, S', n_kv, D]): a sequence's blocks for a handoff."""
     return cache_k[:, slots], cache_v[:, slots]
@@ -299,9 +308,11 @@ def insert_kv(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array
 
 
 def jitted_paged_steps(cfg: LlamaConfig, block_size: int):
-    """(step, extract_kv, insert_kv) jitted; step and insert_kv donate the cache."""
+    """(step on packed inputs, extract_kv, insert_kv) jitted; step and insert_kv donate the
+    cache."""
     return (
-        jax.jit(partial(paged_step, cfg=cfg, block_size=block_size), donate_argnums=(1, 2)),
+        jax.jit(partial(packed_paged_step, cfg=cfg, block_size=block_size),
+                donate_argnums=(1, 2)),
         jax.jit(extract_kv),
         jax.jit(insert_kv, donate_argnums=(0, 1)),
     )

@@ -22,6 +22,7 @@ from flexnpu.serving import kvcache
 from flexnpu.serving.config import LlamaConfig
 from flexnpu.serving.sampling import NUM_TOP_LOGPROBS, SamplingParams
 from flexnpu.serving.scheduler import ScheduledSeq, StepPlan
+from flexnpu.serving.step_io import pack_step_inputs
 
 
 class Steps(Protocol):
@@ -30,7 +31,7 @@ class Steps(Protocol):
     config: LlamaConfig
     block_size: int
 
-    def step(self, params: Any, ck: Any, cv: Any, inp: dict) -> tuple: ...
+    def step(self, params: Any, ck: Any, cv: Any, packed: dict) -> tuple: ...  # see model.py
 
     def extract_kv(self, ck: Any, cv: Any, slots: Any) -> tuple: ...
 
@@ -230,12 +231,17 @@ class Runner:
 
     def dispatch(self, inp: dict, d: Dispatched, prev: Dispatched | None) -> Dispatched:
         """Runs the step asynchronously (nothing here waits for the device)."""
-        dev_inp = jax.device_put(inp, self.device)
-        dev_inp["prev_ids"] = prev.ids if prev is not None else self._zero_ids
+        dev_inp = self.device_inputs(inp, prev.ids if prev is not None else None)
         d.ids, d.logprob, d.top_ids, d.top_logprobs, self.ck, self.cv = self.steps.step(
             self.params, self.ck, self.cv, dev_inp)
         self.num_steps += 1
         return d
+
+    def device_inputs(self, inp: dict, prev_ids: Any = None) -> dict:
+        """The step's host inputs packed and put on this device (three transfers)."""
+        dev = jax.device_put(pack_step_inputs(inp), self.device)
+        dev["prev_ids"] = self._zero_ids if prev_ids is None else prev_ids
+        return dev
 
     def fetch(self, d: Dispatched) -> StepOutput:
         """Waits for the step and reads its sampled ids (and logprobs when asked) to the host."""
@@ -285,9 +291,7 @@ class Runner:
         for kind, n, width in self.programs():
             if kind == "step":
                 inp = self._padding_inputs(n, width)
-                out = self.steps.step(self.params, self.ck, self.cv,
-                                      {**jax.device_put(inp, self.device),
-                                       "prev_ids": self._zero_ids})
+                out = self.steps.step(self.params, self.ck, self.cv, self.device_inputs(inp))
                 self.ck, self.cv = out[4], out[5]
                 jax.block_until_ready(out[0])
             else:
