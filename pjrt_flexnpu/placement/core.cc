@@ -110,6 +110,7 @@ struct Core::State {
   std::vector<int> consecutive_errors;
   std::vector<int64_t> last_decode_ns;
   std::vector<int> decode_streams;
+  std::vector<double> decode_weight;             // sum of stream_weight of the streams there
   std::vector<int64_t> last_finish, busy_end;
   std::vector<DeviceStats> dstats;
   std::vector<double> on;    // scratch: located input bytes per device (zero between calls)
@@ -118,6 +119,7 @@ struct Core::State {
   int64_t max_quarantine_until = INT64_MIN;
   double move_penalty_ns = 0;  // ScanAll: per active decode stream on a device (decode moves)
   int move_except = -1;        // ... except on the moving stream's current device
+  double request_weight = 1;   // scratch: Request::weight of the request being placed
 
   // Telemetry (UpdateTelemetry).
   std::vector<int64_t> mem_free;      // reported free bytes; -1: unknown
@@ -143,6 +145,7 @@ struct Core::State {
 
   // Virtual devices.
   std::vector<int> home, current, stream_device;
+  std::vector<double> stream_weight;  // weight of the virtual device's last decode
   std::vector<int64_t> moved_ns;
   std::vector<VirtualStats> vstats;
 
@@ -190,11 +193,12 @@ struct Core::State {
     return best;
   }
 
-  // Interference of work (c, m) placed on d with the decode streams active there, times
-  // `weight` (1 for prefill, move_weight for a decode moving in, 0: none).
+  // Interference of work (c, m) placed on d with the decode streams active there: the
+  // sequences it delays per sequence it serves, times `weight` (1 for prefill, 0: none).
   double Penalty(int d, int64_t now_i, double c, double m, double weight) const {
     if (decode_streams[d] == 0 || last_decode_ns[d] <= now_i - tuning.decode_active_ns) return 0;
-    return weight * tuning.tpot_weight * decode_streams[d] * (overlap[d] ? m : std::max(c, m));
+    return weight * tuning.tpot_weight * (decode_weight[d] / request_weight) *
+           (overlap[d] ? m : std::max(c, m));
   }
 
   double Cost(int d, int64_t now_i, double c0, double m0, double located, double penalty) const {
@@ -234,7 +238,7 @@ struct Core::State {
       for (int d = 0; d < n; ++d) {
         if (d != move_except && decode_streams[d] != 0 &&
             last_decode_ns[d] > now_i - tuning.decode_active_ns) {
-          out[d] += move_penalty_ns * tuning.tpot_weight * decode_streams[d];
+          out[d] += move_penalty_ns * tuning.tpot_weight * decode_weight[d];
         }
       }
     }
@@ -354,6 +358,7 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   s->consecutive_errors.assign(P, 0);
   s->last_decode_ns.assign(P, INT64_MIN);
   s->decode_streams.assign(P, 0);
+  s->decode_weight.assign(P, 0);
   s->last_finish.assign(P, INT64_MIN);
   s->busy_end.assign(P, INT64_MIN);
   s->dstats.assign(P, DeviceStats{});
@@ -370,6 +375,7 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   for (int v = 0; v < s->V; ++v) s->home[v] = v % P;
   s->current.assign(s->V, -1);
   s->stream_device.assign(s->V, -1);
+  s->stream_weight.assign(s->V, 0);
   s->moved_ns.assign(s->V, INT64_MIN / 2);
   s->vstats.assign(s->V, VirtualStats{});
   s->exec_factor =
@@ -415,6 +421,10 @@ Status Core::Place(const Request& r, Decision* out) {
                            " does not exist (" + std::to_string(s.V) + " virtual devices)");
   }
   if (r.profile == nullptr) return InvalidArgument("placement: request without a profile");
+  if (!std::isfinite(r.weight)) {
+    return InvalidArgument("placement: request weight must be a finite number of sequences, got " +
+                           std::to_string(r.weight));
+  }
   if (r.num_inputs > 0 && r.inputs == nullptr) {
     return InvalidArgument("placement: num_inputs > 0 but no inputs");
   }
@@ -438,6 +448,7 @@ Status Core::Place(const Request& r, Decision* out) {
   }
   const int v = r.virtual_device;
   const Phase phase = r.profile->phase;
+  s.request_weight = r.weight > 0 ? r.weight : 1.0;
   const double* kexec = s.exec_factor->Touch(r.executable_id);
   const double c0 = std::max(0.0, r.profile->flops) * *kexec;
   const double m0 = std::max(0.0, r.profile->bytes) * *kexec;
@@ -541,7 +552,8 @@ Status Core::Place(const Request& r, Decision* out) {
       // Not when it must leave (current device quarantined or short of memory): cur_cost then
       // carries kUnhealthy, which would make every device hosting a stream look unusable.
       s.move_penalty_ns = phase == Phase::kDecode && s.Healthy(cur, now)
-                              ? s.tuning.move_weight * (cur_cost - static_cast<double>(now))
+                              ? s.tuning.move_weight * (cur_cost - static_cast<double>(now)) /
+                                    s.request_weight
                               : 0;
       s.move_except = cur;
       const int best = s.Scan(nullptr, s.P, now, c0, m0, loc, 0, &best_cost);
@@ -608,11 +620,17 @@ Status Core::Place(const Request& r, Decision* out) {
   ++s.outstanding[d];
   if (phase == Phase::kPrefill) ++s.prefill_outstanding[d];
   if (phase == Phase::kDecode) {
-    if (s.stream_device[v] != d) {
-      if (s.stream_device[v] >= 0) --s.decode_streams[s.stream_device[v]];
-      ++s.decode_streams[d];
-      s.stream_device[v] = d;
+    const int old_dev = s.stream_device[v];
+    if (old_dev >= 0) {
+      s.decode_weight[old_dev] -= s.stream_weight[v];
+      if (old_dev != d) --s.decode_streams[old_dev];
+      // Reset when empty: no drift from fractional weights.
+      if (s.decode_streams[old_dev] == 0) s.decode_weight[old_dev] = 0;
     }
+    if (old_dev != d) ++s.decode_streams[d];
+    s.stream_weight[v] = s.request_weight;
+    s.decode_weight[d] += s.request_weight;
+    s.stream_device[v] = d;
     s.last_decode_ns[d] = now;
   }
   if (s.current[v] != d) {
@@ -877,6 +895,7 @@ Stats Core::Snapshot(int64_t now_ns) const {
     ds.quarantined = now_ns < s.quarantine_until[d];
     ds.speed_factor = s.k_dev[d];
     ds.decode_streams = s.decode_streams[d];
+    ds.decode_weight = s.decode_weight[d];
     ds.memory_free_bytes =
         s.mem_free[d] >= 0 ? std::max<int64_t>(0, s.mem_free[d] - s.mem_pending[d]) : -1;
   }

@@ -65,17 +65,23 @@
 //       home: leaving home is a round trip, the way back costs about the way there).
 //     Moving to an idle device is kIdleSteal ("moves decode off devices that a prefill burst has
 //     taken"), to a busy one kLeastLoaded. A decode moving onto a device whose other decode
-//     streams are active pays move_weight * tpot_weight * streams * (its finish at the current
-//     device - now): on a FIFO device the move only shifts its wait onto them (and moves its KV
-//     cache twice), so with move_weight >= 1 streams move to devices without active streams.
+//     streams are active pays move_weight * tpot_weight * (their decode weight / its own) *
+//     (its finish at the current device - now): on a FIFO device the move only shifts its wait
+//     onto them (and moves its KV cache twice), so with move_weight >= 1 streams of equal
+//     weight move to devices without active streams.
 //   * Return home (kReturnHome): a virtual device whose decode runs away from home goes back when
 //     it has stayed at least min_dwell_ns, home is healthy, has no prefill outstanding and its
 //     queue drains within quiet_ns, and the move costs at most return_max_steps * exec. Together
 //     with the margin this gives hysteresis: no A->B->A ping-pong.
 //   * Prefill (TTFT): earliest predicted finish over all healthy devices plus an interference
-//     penalty for devices that serve decode: tpot_weight * (decode streams with affinity there,
-//     if a decode ran there within decode_active_ns) * (time the prefill blocks them: its exec
-//     on a FIFO device, its bandwidth share of it on an overlapping one). Prefill goes to idle
+//     penalty for devices that serve decode: tpot_weight * (decode weight there / the
+//     prefill's weight, if a decode ran there within decode_active_ns) * (time the prefill
+//     blocks them: its exec on a FIFO device, its bandwidth share of it on an overlapping one).
+//     The decode weight of a device is the sum over the decode streams with affinity there of
+//     their last Request::weight (sequences in the batch; 1 each by default: then it counts
+//     streams); the prefill's own weight is the sequences whose TTFT it serves. So a prefill
+//     of a few prompts does not stall a decode batch of a thousand sequences, while a full
+//     prefill batch facing a small decode batch spills onto it. Prefill goes to idle
 //     devices first and spills onto decode devices only when that is faster overall, so it is
 //     never starved; decode does not queue behind long prefills where an alternative exists
 //     (TPOT).
@@ -149,6 +155,11 @@ struct Request {
   const Input* inputs = nullptr;
   size_t num_inputs = 0;
   int64_t now_ns = 0;
+  // User streams (sequences in the batch) this execution serves; <= 0 or unset: 1, which is
+  // what the runtime knows (one stream per virtual device). A serving engine that knows its
+  // batch passes it: the interference penalties then weigh the sequences a prefill or a
+  // moving decode delays against the sequences it serves (see "Dynamic policy").
+  double weight = 0;
 };
 
 enum class Reason : uint8_t {
@@ -204,11 +215,13 @@ struct Tuning {
   int64_t min_dwell_ns = 20'000'000; // before a displaced decode may return home
   int64_t quiet_ns = 0;              // home counts as quiet when it drains within this (0: exec)
   double return_max_steps = 4.0;     // return home only if it costs <= this many exec times
-  double tpot_weight = 1.0;          // prefill penalty per decode stream it would block
+  double tpot_weight = 1.0;          // prefill penalty per decode sequence it would block,
+                                     // per sequence it serves (Request::weight; default 1 each)
   int64_t decode_active_ns = 100'000'000;
   double move_weight = 1.0;          // a decode moving onto a device with other active decode
-                                     // streams pays move_weight * tpot_weight * streams * the
-                                     // time it escapes (1: it never moves onto one; 0: free)
+                                     // streams pays move_weight * tpot_weight * (their weight /
+                                     // its own) * the time it escapes (1: it never moves onto
+                                     // streams of equal weight; 0: free)
   int64_t max_executables = 4096;    // executables whose correction is kept (least recently
                                      // placed ones are forgotten beyond; >= 1)
   double ewma_alpha = 0.25;          // executable correction
@@ -236,6 +249,7 @@ struct DeviceStats {
   bool quarantined = false;
   double speed_factor = 1;        // k_dev: measured / modeled time
   int decode_streams = 0;         // virtual devices whose decode lives here
+  double decode_weight = 0;       // their sequences: sum of each stream's last decode weight
   // Telemetry (UpdateTelemetry); -1: none received.
   int64_t memory_free_bytes = -1;     // as reported, minus what was placed here since
   double utilization = -1;            // as reported

@@ -69,6 +69,7 @@ std::string Stats::ToJson() const {
     Bool(o, "quarantined", s.quarantined);
     Num(o, "speed_factor", s.speed_factor);
     Int(o, "decode_streams", s.decode_streams);
+    Num(o, "decode_weight", s.decode_weight);
     Int(o, "memory_free_bytes", s.memory_free_bytes);
     Num(o, "utilization", s.utilization);
     Num(o, "external_utilization", s.external_utilization);

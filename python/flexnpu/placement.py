@@ -178,8 +178,10 @@ class Core:
         now_ns: int,
         inputs: Iterable[tuple[int, int]] = (),
         executable_id: int = 0,
+        weight: float = 0.0,
     ) -> Decision:
-        """Choose the physical device; `inputs` are (physical_device or ANYWHERE, bytes)."""
+        """Choose the physical device; `inputs` are (physical_device or ANYWHERE, bytes);
+        `weight`: sequences the execution serves (0: 1, see placement.h Request::weight)."""
         r = self._core.place(
             virtual_device,
             executable_id,
@@ -188,6 +190,7 @@ class Core:
             float(profile.bytes),
             [(int(d), int(b)) for d, b in inputs],
             int(now_ns),
+            float(weight),
         )
         return Decision(*r)
 

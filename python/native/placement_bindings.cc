@@ -101,12 +101,14 @@ class PyCore {
 
   std::tuple<int, std::string, int64_t, int64_t, int64_t, uint64_t> Place(
       int virtual_device, uint64_t executable_id, const std::string& phase, double flops,
-      double bytes, const std::vector<std::tuple<int, int64_t>>& inputs, int64_t now_ns) {
+      double bytes, const std::vector<std::tuple<int, int64_t>>& inputs, int64_t now_ns,
+      double weight) {
     const Profile profile{PhaseFromString(phase), flops, bytes};
     std::vector<Input> in;
     in.reserve(inputs.size());
     for (const auto& [device, size] : inputs) in.push_back(Input{device, size});
-    const Request r{virtual_device, executable_id, &profile, in.data(), in.size(), now_ns};
+    const Request r{virtual_device, executable_id, &profile, in.data(), in.size(), now_ns,
+                    weight};
     Decision d;
     Check(core_->Place(r, &d));
     return {d.physical_device, placement::ReasonName(d.reason), d.predicted_start_ns,
@@ -218,7 +220,7 @@ void RegisterPlacement(nb::module_& m) {
            nb::arg("tuning") = nb::dict())
       .def("place", &PyCore::Place, nb::arg("virtual_device"), nb::arg("executable_id"),
            nb::arg("phase"), nb::arg("flops"), nb::arg("bytes"), nb::arg("inputs"),
-           nb::arg("now_ns"),
+           nb::arg("now_ns"), nb::arg("weight") = 0.0,
            "-> (physical_device, reason, predicted_start_ns, predicted_finish_ns, "
            "migrate_bytes, ticket)")
       .def("on_start",
