@@ -508,3 +508,17 @@ def test_non_streaming_disconnect_aborts_while_tokens_flow(fake) -> None:
     while not eng.aborted and time.time() < t0 + 8:
         time.sleep(0.05)
     assert len(eng.aborted) == 1 and eng.live[0]["done"]
+
+
+def test_sse_events_stay_one_line_for_line_reading_clients(fake) -> None:
+    # U+0085, U+2028, U+2029 are line breaks to str.splitlines (httpx's aiter_lines) that JSON
+    # does not escape; a random model emits them.
+    _, eng = fake
+    eng.text = "a\x85b\u2028c\u2029d é"
+    with _http(fake) as h:
+        with h.stream("POST", "/v1/completions",
+                      json={"prompt": "q", "max_tokens": 20, "stream": True}) as r:
+            lines = [ln for ln in r.iter_lines() if ln]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]  # every line is a whole event
+    assert "".join(c["choices"][0]["text"] for c in chunks) == eng.text

@@ -570,6 +570,15 @@ def _prompts(prompt: Any, tok: Tokenizer) -> list[list[int]]:
                    "list of token-id lists", param="prompt")
 
 
+# Line breaks to str.splitlines (and so to httpx's aiter_lines and other SSE readers) that JSON
+# leaves unescaped: escaped, so that one event stays one line.
+_SPLITLINES_SAFE = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def _sse(d: dict) -> str:
+    return f"data: {json.dumps(d, ensure_ascii=False).translate(_SPLITLINES_SAFE)}\n\n"
+
+
 async def _serve(request: Request, state: ServerState, body: dict, choices: list[_Choice],
                  chat: bool) -> Response:
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -621,7 +630,7 @@ async def _serve(request: Request, state: ServerState, body: dict, choices: list
     def chunk(cs: list, extra: dict | None = None) -> str:
         d = {"id": rid, "object": chunk_obj, "created": created, "model": model,
              "choices": cs, **(extra or {})}
-        return f"data: {json.dumps(d, ensure_ascii=False)}\n\n"
+        return _sse(d)
 
     async def events() -> AsyncIterator[str]:
         started: set[int] = set()
@@ -637,7 +646,7 @@ async def _serve(request: Request, state: ServerState, body: dict, choices: list
                     lps = c.logprobs[first:end]
                     err = _finish_error(c, state.request_timeout) if fin else None
                     if err is not None:
-                        yield f"data: {json.dumps(err.body())}\n\n"
+                        yield _sse(err.body())
                         continue
                     if fin == "abort":
                         continue
@@ -657,7 +666,7 @@ async def _serve(request: Request, state: ServerState, body: dict, choices: list
                 if parts:
                     yield chunk(parts, {"usage": None} if include_usage else None)
         except APIError as e:
-            yield f"data: {json.dumps(e.body())}\n\n"
+            yield _sse(e.body())
         if include_usage:
             yield chunk([], {"usage": usage()})
         yield "data: [DONE]\n\n"
