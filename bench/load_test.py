@@ -93,7 +93,12 @@ async def one(client, rng: random.Random, args, t: Tally) -> None:
                 if data == "[DONE]":
                     done = True
                     break
-                d = json.loads(data)
+                try:
+                    d = json.loads(data)
+                except json.JSONDecodeError:
+                    t.dropped += 1
+                    t.drops[f"an event that is not JSON: {data[:60]!r}"] += 1
+                    return
                 if "error" in d:
                     t.dropped += 1
                     t.drops[f"error event: {d['error'].get('message', '')[:60]}"] += 1
