@@ -97,8 +97,11 @@ StatusOr<std::unique_ptr<PhysicalTelemetry>> PhysicalTelemetry::Open(
     if (!info.ok()) return give_up(info.status().message());
     t->infos_.push_back(*info);
   }
-  // Binding: the PJRT device whose local hardware id is the library's device id.
-  for (size_t p = 0; p < devices.size(); ++p) {
+  // Binding: the PJRT device whose local hardware id is the library's device id. A CPU
+  // backend's devices are not the NPUs / GPUs: bound only when asked for explicitly (to drive
+  // the placer from telemetry in tests and experiments), never by `auto`.
+  const bool bind = explicit_source || backend_platform != "cpu";
+  for (size_t p = 0; p < devices.size() && bind; ++p) {
     PJRT_Device_LocalHardwareId_Args args{};
     args.struct_size = PJRT_Device_LocalHardwareId_Args_STRUCT_SIZE;
     args.device = devices[p];

@@ -21,9 +21,10 @@ namespace flexnpu {
 class PhysicalTelemetry {
  public:
   // Opens the source (options.telemetry, ascendcl_library, nvml_library), reads each device
-  // once and binds the physical devices to it. An explicit source that fails is an error
-  // naming library and call; `auto` without a usable library gives an object with no source
-  // (one log line on stderr when a library was there but failed).
+  // once and binds the physical devices to it (a CPU backend's only with an explicit source).
+  // An explicit source that fails is an error naming library and call; `auto` without a
+  // usable library gives an object with no source (one log line on stderr when a library was
+  // there but failed).
   static StatusOr<std::unique_ptr<PhysicalTelemetry>> Open(
       const Options& options, const PhysicalBackend& backend,
       const std::vector<PJRT_Device*>& devices, const std::vector<int64_t>& pjrt_ids,

@@ -247,3 +247,18 @@ def test_backend_ascend_executes_through_an_installed_ascend_plugin(tmp_path: Pa
     )
     assert missing.returncode != 0
     assert "FLEXNPU_BACKEND=ascend: no Ascend PJRT plugin is installed" in missing.stderr
+
+
+def test_auto_reports_but_does_not_bind_cpu_devices(fakes: dict[str, Path], tmp_path: Path) -> None:
+    """A CPU backend's devices are not the NPUs: `auto` reports them, binds nothing, and the
+    placer is unaffected (device 1 "full" still gets its work)."""
+    script = tmp_path / "acl.txt"
+    script.write_text(FOUR_NPUS + "memory_free.1=0\n")
+    client = _stats(_run(fakes, script, {"FLEXNPU_TELEMETRY": "auto", "FLEXNPU_POLICY": "dynamic"}))
+    telemetry = client["telemetry"]
+    assert telemetry["source"] == "ascendcl"
+    assert [d["pjrt_device"] for d in telemetry["devices"]] == [None] * 4
+    assert not any(d["bound"] for d in telemetry["devices"])
+    physical = client["placement"]["physical"]
+    assert physical[1]["memory_free_bytes"] == -1  # the placer got no telemetry
+    assert sum(physical[1]["executions"].values()) > 0
