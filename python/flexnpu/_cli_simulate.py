@@ -102,6 +102,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--drain", type=float, default=600.0,
                    help="simulated seconds after the last arrival before unfinished requests "
                    "are reported dropped")
+    r.add_argument("--no-request-weights", action="store_true",
+                   help="steps do not tell the placer the sequences they serve (batch, and "
+                        "prompts queued behind a prefill); the core then counts one per "
+                        "decode stream and keeps its default tpot_weight 1 (the behaviour "
+                        "before request weights)")
     r.add_argument("--core-tuning", action="append", default=[], metavar="KEY=VALUE",
                    help="placement core Tuning field (see placement.h), repeatable")
     i = p.add_argument_group("instances (0: model defaults)")
@@ -145,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             prefill_inflight=args.prefill_inflight, drain_s=args.drain,
             goodput_search=args.goodput_search, timeline_window=window,
             core_tuning=_tuning(args.core_tuning),
+            request_weights=not args.no_request_weights,
         ).resolved()
     except (ValueError, FileNotFoundError) as e:
         print(f"flexnpu simulate: error: {e}", file=sys.stderr)

@@ -163,3 +163,39 @@ def test_cli_writes_json(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert list(doc["policies"]) == ["passthrough", "dynamic"]
     assert "| passthrough |" in capsys.readouterr().out
+
+
+class _RecordingCore:
+    """The simulation's placement core, recording the weight of every placement."""
+
+    def __init__(self, core) -> None:
+        self._core = core
+        self.weights: list[tuple[str, float]] = []
+
+    def place(self, v, profile, **kw):
+        self.weights.append((profile.phase, kw.get("weight", 0.0)))
+        return self._core.place(v, profile, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._core, name)
+
+
+@pytest.mark.parametrize("request_weights", [True, False])
+def test_steps_tell_the_placer_the_sequences_they_serve(request_weights):
+    sim = _sim("dynamic", dynamic_layout="disaggregated", request_weights=request_weights)
+    rec = sim.core = _RecordingCore(sim.core)
+    n = 12
+    wl = Workload(np.linspace(0.1, 0.2, n), np.full(n, 300), np.full(n, 20), 1.0)
+    r = sim.run(wl)
+    assert all(q.finish >= 0 for q in r.requests)
+    decode = [w for p, w in rec.weights if p == "decode"]
+    prefill = [w for p, w in rec.weights if p == "prefill"]
+    if not request_weights:
+        assert set(decode) | set(prefill) == {0}
+        return
+    # Decode steps carry their batch; at most the 12 requests, and more than one at a time.
+    assert 1 <= min(decode) and max(decode) <= n and max(decode) > 1
+    assert 1 <= min(prefill) and max(prefill) <= n
+    # The core's view: each stream's last decode weight summed per device.
+    stats = sim.core.stats(int(r.makespan_s * 1e9))
+    assert sum(d["decode_weight"] for d in stats["physical"]) >= 1

@@ -52,3 +52,19 @@ def test_presets_and_errors():
         get_preset("tpu")
     with pytest.raises(ValueError, match="unknown model 'gpt'"):
         get_model("gpt")
+
+
+@pytest.mark.parametrize("entries", [
+    [(100, 1, True)] * 7,                                  # decode-only (the summed fast path)
+    [(0, 512, True), (37, 1, True), (12, 300, False)],     # prompt chunks and a decode
+    [(5, 1, True), (0, 0, False), (9, 2, True)],           # n == len but not all single
+    [],
+])
+def test_step_cost_from_scheduler_entries_equals_the_feature_model(entries):
+    from flexnpu.serving.scheduler import ScheduledSeq
+    from flexnpu.sim.hardware import StepTimer
+
+    timer = StepTimer.create(get_model("deepseek-r1"), get_preset("910c"), 16)
+    scheduled = [ScheduledSeq(None, st, num, samples) for st, num, samples in entries]
+    want = timer.flops_bytes(step_features(timer.model, entries))
+    assert timer.step_cost(scheduled) == pytest.approx(want, rel=1e-12)

@@ -48,6 +48,13 @@ from flexnpu.sim.models import ModelShape
 from flexnpu.sim.workload import Workload
 
 POLICIES = ("passthrough", "static-pd", "static-colocate", "chunked-colocate", "dynamic")
+# The core's Tuning when the engine passes request weights (sequences per step, prompts queued
+# behind a prefill): tpot_weight converts a decode sequence's delay into TTFT-equivalent time.
+# A decode delay of t spreads over the sequence's hundreds of output tokens (its TPOT grows by
+# t / output length) while a prefill delay lands whole on TTFT, so it is well below 1. 0.25 is
+# from a sweep (1, 0.5, 0.25, 0.1) on DeepSeek-R1 / 96 x 910C ShareGPT and phase-shift: it
+# ties static-pd on ShareGPT and keeps most of the phase-shift gain (see sim_report2).
+WEIGHTED_CORE_TUNING = {"tpot_weight": 0.25}
 _ARRIVAL, _START, _DONE, _KV = 0, 1, 2, 3
 _PHASE_CODE = {"small": 0, "prefill": 1, "decode": 2}
 
@@ -158,7 +165,8 @@ class Simulation:
                  dynamic_layout: str = "colocated", link: Link | None = None,
                  co_run: bool = False, drain_s: float = 600.0,
                  timeline_window: tuple[float, float] | None = None,
-                 core_tuning: dict[str, float] | None = None) -> None:
+                 core_tuning: dict[str, float] | None = None,
+                 request_weights: bool = True) -> None:
         if devices < 1 or parallel < 1 or devices % parallel:
             raise ValueError(f"--devices {devices} must be a positive multiple of --parallel "
                              f"{parallel}")
@@ -177,8 +185,10 @@ class Simulation:
             peak_flops=self.timer.peak, bandwidth_bytes_per_s=self.timer.bandwidth,
             link_bytes_per_s=self.link.bytes_per_s * parallel, can_overlap=co_run,
             launch_s=self.timer.launch_s)
+        self.request_weights = request_weights
+        tuning = {**(WEIGHTED_CORE_TUNING if request_weights else {}), **(core_tuning or {})}
         self.core = fp.Core(self.layout.core_policy, [unit_model] * self.units,
-                            num_virtual_devices=v, **(core_tuning or {}))
+                            num_virtual_devices=v, **tuning)
         self.link_bw = self.link.bytes_per_s * parallel
         self.instances = [
             _Instance(i, Scheduler(self._sched_config(r, instance, roles)), r, i % self.units,
@@ -354,8 +364,13 @@ class Simulation:
         inputs = ((inst.kv_unit, kv_bytes),) if kv_bytes else ()
         exe = (_PHASE_CODE[phase] << 32) | max(1, len(scheduled)).bit_length() << 8 | \
             min(255, int(plan.num_tokens).bit_length())
+        # weight: the sequences whose latency this step's placement decides (the engine knows
+        # them): its batch, and for a prefill also the prompts queued behind it, which wait as
+        # long as it does. The core weighs them against the decode sequences it would delay.
+        weight = len(scheduled) + (sched.num_waiting if phase == "prefill" else 0) \
+            if self.request_weights else 0
         d = self.core.place(inst.idx, fp.Profile(phase, flops, nbytes), now_ns=now_ns,
-                            inputs=inputs, executable_id=exe)
+                            inputs=inputs, executable_id=exe, weight=weight)
         self._placements += 1
         self._reasons[d.reason] += 1
         u = d.physical_device

@@ -78,6 +78,7 @@ class SimSpec:
     block_size: int = 0
     max_model_len: int = 0
     prefill_inflight: int = 2
+    request_weights: bool = True  # steps tell the placer the sequences they serve
     drain_s: float = 600.0
     goodput_search: bool = False
     timeline_window: tuple[float, float] | None = None
@@ -146,7 +147,8 @@ def simulate_once(spec: SimSpec, policy: str, seed: int, *, rate: float | None =
     sim = Simulation(model=model, preset=preset, devices=s.devices, parallel=s.parallel,
                      policy=policy, instance=ic, num_prefill=prefill_units,
                      dynamic_layout=s.dynamic_layout, link=LINKS[s.link], co_run=s.co_run,
-                     drain_s=s.drain_s, timeline_window=window, core_tuning=s.core_tuning)
+                     drain_s=s.drain_s, timeline_window=window, core_tuning=s.core_tuning,
+                     request_weights=s.request_weights)
     return sim.run(wl)
 
 
