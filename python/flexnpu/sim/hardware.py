@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -121,11 +120,6 @@ def get_preset(name: str) -> Preset:
     return replace(p, eff_compute=ec, eff_memory=em, efficiency_source=src)
 
 
-_num_tokens = attrgetter("num_tokens")
-_start = attrgetter("start")
-_samples = attrgetter("samples")
-
-
 @dataclass
 class StepTimer:
     """Step time of a model on a unit of `parallel` devices of a preset."""
@@ -161,20 +155,13 @@ class StepTimer:
     def step_cost(self, scheduled) -> tuple[float, float]:
         """FLOPs and bytes of a step straight from the scheduler's entries (the hot path:
         the features of steptime.step_features, summed without building arrays)."""
-        # Sums in C (map/attrgetter), not a Python loop per entry; the attention term needs
-        # the per-entry loop only when some entry computes more than one position (a prompt
-        # chunk): for single-position entries num*st + num*(num+1)//2 is st + 1.
-        n = sum(map(_num_tokens, scheduled))
-        starts = sum(map(_start, scheduled))
-        k = starts + n
-        s = sum(map(_samples, scheduled))
-        if n == len(scheduled) and max(map(_num_tokens, scheduled), default=0) <= 1:
-            a = starts + n  # every entry computes exactly one position
-        else:
-            a = 0
-            for e in scheduled:
-                num = e.num_tokens
-                a += num * e.start + num * (num + 1) // 2
+        n = a = k = s = 0
+        for e in scheduled:
+            num, st = e.num_tokens, e.start
+            n += num
+            a += num * st + num * (num + 1) // 2
+            k += st + num
+            s += e.samples
         x = self.model.experts_touched(n) * self._moe_layers if self._moe_layers else 0.0
         f0, f1, f2, f3, f4, f5 = self._fcl
         b0, b1, b2, b3, b4, b5 = self._bcl
