@@ -1,10 +1,14 @@
-"""Dispatch overhead of FlexNPU (passthrough) against the physical backend directly.
+"""Dispatch overhead of FlexNPU against the physical backend directly.
 
 The same tiny jitted op and a mid-size matmul are dispatched N times with block_until_ready on a
 flexnpu device and on the physical CPU plugin directly, in one process; rounds alternate between
 the two so drift hits both alike. Prints per-call medians and the ratio flexnpu/direct.
 
     python bench/dispatch.py [--tiny-calls 3000] [--matmul-calls 300] [--rounds 5] [--json OUT]
+
+The placement policy is FlexNPU's default (passthrough) unless FLEXNPU_POLICY says otherwise,
+e.g. `FLEXNPU_POLICY=dynamic python bench/dispatch.py --matmul-size 256`. The machine is shared:
+repeat a run at least three times and report min/median/max of the ratios.
 """
 
 from __future__ import annotations
