@@ -630,6 +630,55 @@ TEST_F(CApiVirtualizationTest, NewerInnerMinorVersionNeedsAnOptIn) {
   EXPECT_EQ(Read(out, 4), (std::vector<float>{2, 8, 18, 32}));
 }
 
+// The backend succeeds at a transfer or an execution, then fails a metadata query FlexNPU needs
+// to wrap the result: the call fails, hands out no event or buffer, and the transfer is done
+// with the host data before it returns (the caller may free it then).
+TEST_F(CApiVirtualizationTest, FailuresAfterTheInnerCallHandOutNothing) {
+  const std::string failing = Backend("fake_backend_failing_size.so");
+  if (failing.empty()) GTEST_SKIP() << "FLEXNPU_TEST_FAKE_BACKEND_DIR not set";
+  setenv("FLEXNPU_FAKE_INNER_PLUGIN", Env("FLEXNPU_CPU_PLUGIN_PATH").c_str(), 1);
+  PJRT_Client* client = CreateClientWith({StringOption("backend", failing)});
+  ASSERT_NE(client, nullptr);
+
+  auto data = std::make_unique<std::vector<float>>(std::vector<float>{1, 2, 3, 4});
+  const int64_t dims[] = {4};
+  PJRT_Client_BufferFromHostBuffer_Args upload{};
+  upload.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
+  upload.client = client;
+  upload.data = data->data();
+  upload.type = PJRT_Buffer_Type_F32;
+  upload.dims = dims;
+  upload.num_dims = 1;
+  upload.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+  upload.device = Device(client, 0);
+  ErrorInfo info = Info(api->PJRT_Client_BufferFromHostBuffer(&upload));
+  EXPECT_EQ(info.code, PJRT_Error_Code_UNAVAILABLE);
+  EXPECT_NE(info.message.find("PJRT_Buffer_OnDeviceSizeInBytes: fake backend: on-device size "
+                              "unavailable"),
+            std::string::npos)
+      << info.message;
+  EXPECT_EQ(upload.done_with_host_buffer, nullptr);
+  data.reset();  // under ASan: a transfer still reading it would be a use-after-free
+
+  PJRT_LoadedExecutable* exe = nullptr;
+  ASSERT_EQ(TryCompile(client, kConstantProgram, CompileOptionsFor(0), &exe).code,
+            PJRT_Error_Code_OK);
+  PJRT_Buffer* outputs[1] = {nullptr};
+  PJRT_Buffer** output_list = outputs;
+  PJRT_Event* done = nullptr;
+  PJRT_LoadedExecutable_Execute_Args args{};
+  args.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+  args.executable = exe;
+  args.num_devices = 1;
+  args.output_lists = &output_list;
+  args.device_complete_events = &done;
+  info = Info(api->PJRT_LoadedExecutable_Execute(&args));
+  EXPECT_EQ(info.code, PJRT_Error_Code_UNAVAILABLE) << info.message;
+  // Nothing the caller would have to destroy (LSan reports a leaked event otherwise).
+  EXPECT_EQ(done, nullptr);
+  EXPECT_EQ(outputs[0], nullptr);
+}
+
 // The lammps-jax-pjrt-cpu plugin (PJRT C API 0.115) when it is installed.
 TEST_F(CApiVirtualizationTest, RealNewerPluginIsRejectedByDefault) {
   const std::string lammps = Env("FLEXNPU_TEST_NEWER_PLUGIN");
