@@ -68,5 +68,5 @@ def test_engine_config_is_validated() -> None:
         EngineConfig(decode_widths=[0]).resolved_decode_widths()
     ec = EngineConfig(max_num_seqs=4, max_model_len=1000, block_size=16)
     assert ec.max_blocks_per_seq == 63 and ec.blocks_per_instance() == 4 * 63
-    assert ec.resolved_decode_widths() == (7, 15, 31, 63)
-    assert ec.resolved_chunk_buckets() == (16, 32, 64, 128, 256)
+    assert ec.resolved_decode_widths() == (15, 63)
+    assert ec.resolved_chunk_buckets() == (64, 128, 256)

@@ -39,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token budget of a step = the largest prefill chunk (default 256)")
     e.add_argument("--chunk-buckets", default=None,
                    help="prefill chunk sizes compiled, e.g. 32,128,256 (default: powers of two "
-                        "from 16 to --max-num-batched-tokens)")
+                        "from 64 to --max-num-batched-tokens)")
     e.add_argument("--decode-widths", default=None,
                    help="block-table widths (in blocks) the decode-only step is compiled for, "
-                        "e.g. 8,16,64 (default: max-model-len/block-size divided by 8, 4, 2, 1)")
+                        "e.g. 8,16,64 (default: max-model-len/block-size divided by 4, and 1)")
     e.add_argument("--block-size", type=int, default=None, help="KV positions per block "
                                                                 "(default 16)")
     e.add_argument("--num-kv-blocks", type=int, default=None,

@@ -78,9 +78,10 @@ class EngineConfig:
     num_devices: int = 0  # co-located: instances (0: every device)
     prefill_devices: int = 1  # split layout
     decode_devices: int = 1  # split layout
-    chunk_buckets: list[int] | None = None  # default: powers of two from 16 to the budget
+    chunk_buckets: list[int] | None = None  # default: powers of two from 64 to the budget
     # Decode-only steps are compiled for these block-table widths in blocks (attention reads
-    # only the blocks in use); default: max_blocks_per_seq / 8, / 4, / 2 and all of them.
+    # only the blocks in use); default: max_blocks_per_seq / 4 and all of them (each width and
+    # each chunk bucket is one more program to compile per device at start-up).
     decode_widths: list[int] | None = None
 
     def validate(self) -> None:
@@ -110,7 +111,7 @@ class EngineConfig:
             if bad:
                 raise ValueError(f"decode widths {bad} outside [1, {mb}] blocks")
             return tuple(sorted({*self.decode_widths, mb}))
-        return tuple(sorted({max(1, mb // 8), max(1, mb // 4), max(1, mb // 2), mb}))
+        return tuple(sorted({max(1, mb // 4), mb}))
 
     def resolved_chunk_buckets(self) -> tuple[int, ...]:
         if self.chunk_buckets:
@@ -119,7 +120,7 @@ class EngineConfig:
                 raise ValueError(f"largest chunk bucket {b[-1]} < max_num_batched_tokens "
                                  f"{self.max_num_batched_tokens}")
             return b
-        return powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
+        return powers_of_two(min(64, self.max_num_batched_tokens), self.max_num_batched_tokens)
 
 
 @dataclass(eq=False)
