@@ -191,14 +191,18 @@ TelemetrySampler::~TelemetrySampler() {
 
 void TelemetrySampler::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
+  // Every round follows a wait: the first one is the RefreshNow in Start, so a thread that
+  // happens to run before Start's request does not add a round of its own.
+  uint64_t served = 0;
+  while (true) {
+    wake_.wait_for(lock, period_, [&] { return stop_ || refresh_requested_ != served; });
+    if (stop_) break;
     ++started_;
-    const uint64_t served = refresh_requested_;
+    served = refresh_requested_;
     lock.unlock();
     Round();
     lock.lock();
     round_done_.notify_all();
-    wake_.wait_for(lock, period_, [&] { return stop_ || refresh_requested_ != served; });
   }
   round_done_.notify_all();
 }
