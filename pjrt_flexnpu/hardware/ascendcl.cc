@@ -235,9 +235,7 @@ StatusOr<std::unique_ptr<TelemetrySource>> OpenAscendCl(const SourceOptions& opt
   }
   AclApi api;
   std::string missing;
-  const auto need = [&](const char* name, auto** slot) {
-    if (!library->Bind(name, slot)) missing += (missing.empty() ? "" : ", ") + std::string(name);
-  };
+  const auto need = [&](const char* name, auto** slot) { library->Require(name, slot, &missing); };
   need("aclInit", &api.init);
   need("aclFinalize", &api.finalize);
   need("aclrtGetDeviceCount", &api.get_device_count);

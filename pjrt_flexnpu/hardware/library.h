@@ -28,6 +28,12 @@ class Library {
     *out = reinterpret_cast<F*>(Find(symbol));
     return *out != nullptr;
   }
+  // Binds a required symbol; a missing one is added to `*missing` ("a, b"), so a loader binds
+  // them all and reports every absent one in one error.
+  template <typename F>
+  void Require(const char* symbol, F** out, std::string* missing) const {
+    if (!Bind(symbol, out)) *missing += (missing->empty() ? "" : ", ") + std::string(symbol);
+  }
   // "libascendcl.so at /opt/.../libascendcl.so"
   const std::string& description() const { return description_; }
   bool loaded() const { return handle_ != nullptr; }

@@ -202,9 +202,7 @@ StatusOr<std::unique_ptr<TelemetrySource>> OpenNvml(const SourceOptions& options
   }
   NvmlApi api;
   std::string missing;
-  const auto need = [&](const char* name, auto** slot) {
-    if (!library->Bind(name, slot)) missing += (missing.empty() ? "" : ", ") + std::string(name);
-  };
+  const auto need = [&](const char* name, auto** slot) { library->Require(name, slot, &missing); };
   need("nvmlInit_v2", &api.init);
   need("nvmlShutdown", &api.shutdown);
   need("nvmlErrorString", &api.error_string);
