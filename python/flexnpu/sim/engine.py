@@ -172,7 +172,7 @@ class Simulation:
                              f"{parallel}")
         self.model, self.preset, self.policy = model, preset, policy
         self.units = devices // parallel
-        self.timer = StepTimer.create(model, preset, parallel)
+        self.timer = StepTimer.create(model, preset, parallel, instance)
         self.link = link or LINKS[preset.link]
         self.co_run = co_run
         self.drain_s = drain_s
@@ -190,9 +190,10 @@ class Simulation:
         self.core = fp.Core(self.layout.core_policy, [unit_model] * self.units,
                             num_virtual_devices=v, **tuning)
         self.link_bw = self.link.bytes_per_s * parallel
+        depth = preset.runtime.inflight  # the preset's serving runtime (0: as below)
         self.instances = [
             _Instance(i, Scheduler(self._sched_config(r, instance, roles)), r, i % self.units,
-                      instance.prefill_inflight if r is Role.PREFILL else 1)
+                      depth or (instance.prefill_inflight if r is Role.PREFILL else 1))
             for i, r in enumerate(roles)
         ]
         self.front = [x for x in self.instances if x.role is not Role.DECODE]
@@ -237,6 +238,7 @@ class Simulation:
             # batching); with mixed_batches=False the scheduler would give them steps of
             # their own and stall the running decodes.
             mixed_batches=self.layout.mixed or role is Role.DECODE,
+            max_prefill_seqs=self.preset.runtime.max_prefill_seqs,
             role=role,
         )
 

@@ -14,6 +14,7 @@ CPU; collective communication (TP all-reduce, EP all-to-all) is inside the fitte
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -22,10 +23,13 @@ import numpy as np
 
 from flexnpu.analysis import Device, get_device
 from flexnpu.sim.models import DEEPSEEK_R1, ModelShape
-from flexnpu.sim.steptime import CostModel, step_features
+from flexnpu.sim.steptime import CostModel, EngineShapes, step_features
 
 DATA_DIR = Path(__file__).parent / "data"
 CPU_CALIBRATION = DATA_DIR / "cpu_calibration.json"
+# Another calibration file for the cpu preset (bench/sim_validate.py points it at the one
+# measured in the same window as its serve runs).
+CPU_CALIBRATION_ENV = "FLEXNPU_SIM_CPU_CALIBRATION"
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,25 @@ LINKS = {
 
 
 @dataclass(frozen=True)
+class ServingRuntime:
+    """How the serving runtime on a preset shapes its steps. The accelerator presets model a
+    continuous-batching runtime with kernels sized to the batch (one step in flight per
+    decode instance); the cpu preset is this machine running FlexNPU's own engine."""
+
+    # Steps run the engine's padded programs (steptime.EngineShapes), not the real batch.
+    padded_programs: bool = False
+    # Prompt chunks per step (0: no cap). FlexNPU's runner takes one.
+    max_prefill_seqs: int = 0
+    # Steps every instance keeps dispatched (0: the simulator's defaults). FlexNPU's engine
+    # dispatches step k+1 before it waits for step k (JAX async dispatch), so a request that
+    # arrives while step k+1 runs is first planned into step k+2.
+    inflight: int = 0
+
+
+FLEXNPU_ENGINE = ServingRuntime(padded_programs=True, max_prefill_seqs=1, inflight=2)
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     device: Device  # roofline (flexnpu.analysis preset)
@@ -55,6 +78,8 @@ class Preset:
     eff_memory: float = 1.0
     fused_attention: bool = True  # accelerators keep attention scores on chip
     efficiency_source: str = "uncalibrated (roofline)"
+    runtime: ServingRuntime = ServingRuntime()
+    launch_s: float | None = None  # fixed time per step; None: the roofline's small_work_s
 
 
 _A100 = Device("a100", 312e12, 2.039e12, 20e-6, True,
@@ -108,11 +133,15 @@ def get_preset(name: str) -> Preset:
     dev = dev if isinstance(dev, Device) else get_device(dev)
     p = Preset(key, dev, mem, link)
     if key == "cpu":
-        if CPU_CALIBRATION.exists():
-            c = json.loads(CPU_CALIBRATION.read_text())
-            return replace(p, eff_compute=c["eff_compute"], eff_memory=c["eff_memory"],
-                           fused_attention=False, efficiency_source=c["source"])
-        return replace(p, fused_attention=False)
+        p = replace(p, fused_attention=False, runtime=FLEXNPU_ENGINE)
+        path = Path(os.environ.get(CPU_CALIBRATION_ENV) or CPU_CALIBRATION)
+        if not path.exists():
+            if os.environ.get(CPU_CALIBRATION_ENV):
+                raise ValueError(f"{CPU_CALIBRATION_ENV}={path}: no such calibration file")
+            return p
+        c = json.loads(path.read_text())
+        return replace(p, eff_compute=c["eff_compute"], eff_memory=c["eff_memory"],
+                       launch_s=c.get("launch_s"), efficiency_source=c["source"])
     ec, em = fit_cloudmatrix(get_device("ascend910c"))
     src = "fitted to CloudMatrix-Infer DeepSeek-R1 per-NPU prefill/decode throughput (910C)"
     if key != "910c":
@@ -128,10 +157,19 @@ class StepTimer:
     preset: Preset
     parallel: int
     cost: CostModel
+    shapes: EngineShapes | None = None  # the engine's padded programs (runtime.padded_programs)
 
     @classmethod
-    def create(cls, model: ModelShape, preset: Preset, parallel: int) -> StepTimer:
-        return cls(model, preset, parallel, CostModel.load(model))
+    def create(cls, model: ModelShape, preset: Preset, parallel: int,
+               instance=None) -> StepTimer:
+        """instance: the instances' InstanceConfig; with a preset whose runtime runs padded
+        programs, steps cost what the engine compiles for those settings."""
+        shapes = None
+        if preset.runtime.padded_programs and instance is not None:
+            shapes = EngineShapes.of_engine(instance.max_num_seqs,
+                                            instance.max_num_batched_tokens,
+                                            instance.block_size, instance.max_model_len)
+        return cls(model, preset, parallel, CostModel.load(model), shapes)
 
     def __post_init__(self) -> None:
         d = self.preset.device
@@ -140,7 +178,7 @@ class StepTimer:
         self.bandwidth = d.mem_bandwidth * g
         self._ns_flop = 1.0 / (self.peak * self.preset.eff_compute)
         self._ns_byte = 1.0 / (self.bandwidth * self.preset.eff_memory)
-        self.launch_s = d.small_work_s
+        self.launch_s = d.small_work_s if self.preset.launch_s is None else self.preset.launch_s
         fc = self.cost.flop_coef
         bc = self.cost.byte_coef.copy()
         if self.preset.fused_attention:
@@ -151,10 +189,23 @@ class StepTimer:
         self._moe_layers = self.model.num_layers - self.model.num_dense_layers \
             if self.model.is_moe else 0
         self._ridge = self.peak / self.bandwidth
+        self._program_cost: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def program_cost(self, chunk: int, width: int) -> tuple[float, float]:
+        """FLOPs and bytes of one of the engine's padded programs (cached: there are few)."""
+        key = (chunk, width)
+        cost = self._program_cost.get(key)
+        if cost is None:
+            assert self.shapes is not None
+            cost = self.flops_bytes(self.shapes.features(chunk, width))
+            self._program_cost[key] = cost
+        return cost
 
     def step_cost(self, scheduled) -> tuple[float, float]:
         """FLOPs and bytes of a step straight from the scheduler's entries (the hot path:
         the features of steptime.step_features, summed without building arrays)."""
+        if self.shapes is not None:
+            return self.program_cost(*self.shapes.program(scheduled))
         n = a = k = s = 0
         for e in scheduled:
             num, st = e.num_tokens, e.start

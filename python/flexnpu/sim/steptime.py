@@ -44,6 +44,63 @@ def step_features(m: ModelShape, entries: list[tuple[int, int, bool]]) -> np.nda
     return np.array([1.0, n, a, k, s, x])
 
 
+@dataclass(frozen=True)
+class EngineShapes:
+    """The fixed program shapes of FlexNPU's serving runner (flexnpu.serving.runner): every
+    step has `rows` decode rows (padding included) whose attention reads a block table of
+    one of `decode_widths` blocks (the narrowest that holds the longest row; the full width
+    when the step has a prompt chunk), plus at most one prompt chunk padded to a chunk bucket
+    that attends the full table. The device runs the padded program, whatever the real
+    tokens: its FLOPs and bytes are those of (chunk bucket, width), not of the batch."""
+
+    rows: int
+    block_size: int
+    max_blocks: int
+    chunk_buckets: tuple[int, ...]
+    decode_widths: tuple[int, ...]  # includes max_blocks
+
+    @classmethod
+    def of_engine(cls, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
+                  max_model_len: int) -> EngineShapes:
+        """The shapes the engine compiles for these settings (its own bucket rules)."""
+        from flexnpu.serving.engine import EngineConfig
+
+        ec = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                          max_num_batched_tokens=max_num_batched_tokens, block_size=block_size)
+        ec.validate()
+        return cls(ec.max_num_seqs, ec.block_size, ec.max_blocks_per_seq,
+                   ec.resolved_chunk_buckets(), ec.resolved_decode_widths())
+
+    def program(self, scheduled) -> tuple[int, int]:
+        """(chunk bucket or 0, block-table width) of the program a step's entries run, picked
+        as the runner picks it. A step with more than one prompt chunk (the runner takes one)
+        is costed as one chunk of their total tokens, clipped to the largest bucket."""
+        chunk = longest = 0
+        for e in scheduled:
+            if e.num_tokens > 1:
+                chunk += e.num_tokens
+            else:
+                longest = max(longest, len(e.seq.blocks))
+        if chunk:
+            c = next((b for b in self.chunk_buckets if b >= chunk), self.chunk_buckets[-1])
+            return c, self.max_blocks
+        return 0, next((w for w in self.decode_widths if w >= longest), self.max_blocks)
+
+    def programs(self) -> list[tuple[int, int]]:
+        """Every program the engine compiles, as runner.Runner.programs lists its steps."""
+        return [*((0, w) for w in self.decode_widths),
+                *((c, self.max_blocks) for c in self.chunk_buckets)]
+
+    def features(self, chunk: int, width: int) -> np.ndarray:
+        """Features of the padded program as its graph computes them (see paged_step): every
+        decode row scores and reads width x block_size positions, the chunk scores every
+        (query, position) pair of the full table, the LM head samples rows (+1 with a chunk)."""
+        dec = self.rows * width * self.block_size
+        full = self.max_blocks * self.block_size
+        return np.array([1.0, self.rows + chunk, dec + chunk * full,
+                         dec + (full if chunk else 0), self.rows + (1 if chunk else 0), 0.0])
+
+
 def _row_features(m: ModelShape, row: dict) -> np.ndarray:
     """Features of a table row as its graph computes them: the reference attention scores every
     (query, key) pair of a prefill, masked or not (T*T pairs), and a decode reads C positions."""
