@@ -30,6 +30,7 @@ struct TicketRecord {
   double pred_finish = 0;
   double shift_at_place = 0;      // device shift when placed
   double c_ns = 0, m_ns = 0;      // compute / memory time (co-run horizons)
+  double factor_at_place = 1;     // k_exec * k_dev * external slowdown the prediction used
   int64_t memory_bytes = 0;       // counted against the device's free memory
   uint32_t memory_epoch = 0;      // the device's telemetry reading it was counted against
 };
@@ -661,6 +662,7 @@ Status Core::Place(const Request& r, Decision* out) {
   t.shift_at_place = s.shift[d];
   t.c_ns = c;
   t.m_ns = m;
+  t.factor_at_place = *kexec * s.k_dev[d] * s.ext_slow[d];
   t.memory_bytes = memory_bytes;
   t.memory_epoch = s.mem_epoch[d];
 
@@ -797,8 +799,18 @@ Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
   if (ok) {
     const double predicted = t->pred_finish - t->pred_start;
     if (predicted > 0 && measured > 0) {
-      const double r = std::clamp(static_cast<double>(measured) / predicted, 0.125, 8.0);
-      if (double* kexec = s.exec_factor->Find(t->executable_id)) {
+      // The error relative to the factors in force now, not to those the prediction used:
+      // executions of one executable overlap (several virtual devices run the same program),
+      // and each finish correcting the current factor by its own stale ratio compounded them
+      // (12 decode streams finishing 8x late multiplied the factor by 2.75^12, the next round
+      // divided it back: predictions swung between 0.1x and 1e4x). Sequential executions
+      // see the same ratio as before (the factors have not changed since placement).
+      double* kexec = s.exec_factor->Find(t->executable_id);
+      const double factor_now = (kexec != nullptr ? *kexec : 1.0) * s.k_dev[d] * s.ext_slow[d];
+      const double r = std::clamp(static_cast<double>(measured) / predicted *
+                                      (t->factor_at_place / factor_now),
+                                  0.125, 8.0);
+      if (kexec != nullptr) {
         *kexec = std::clamp(*kexec * (1.0 + s.tuning.ewma_alpha * (r - 1.0)), 1e-6, 1e6);
       }
       s.k_dev[d] *= 1.0 + s.tuning.device_alpha * (r - 1.0);
