@@ -20,8 +20,6 @@ FLEXNPU_STUB(TopologyDescription_Create, "ahead-of-time topologies need a client
 FLEXNPU_STUB(TopologyDescription_Serialize, "the virtual topology is not serializable")
 FLEXNPU_STUB(TopologyDescription_Deserialize, "the virtual topology is not serializable")
 FLEXNPU_STUB(Compile, "ahead-of-time compilation without a client is not offered")
-FLEXNPU_STUB(Executable_Serialize, "executables are bound to a virtual-to-physical mapping; disable the persistent compilation cache")
-FLEXNPU_STUB(Executable_DeserializeAndLoad, "executables are bound to a virtual-to-physical mapping; disable the persistent compilation cache")
 FLEXNPU_STUB(ExecuteContext_Create, "execute contexts carry FFI user data and FlexNPU offers no FFI extension")
 FLEXNPU_STUB(ExecuteContext_Destroy, "execute contexts carry FFI user data and FlexNPU offers no FFI extension")
 FLEXNPU_STUB(AsyncHostToDeviceTransferManager_Destroy, "async host-to-device transfers are not offered")
@@ -147,8 +145,8 @@ PJRT_Api MakeApi() {
   api.PJRT_TopologyDescription_Serialize = Stub_TopologyDescription_Serialize;
   api.PJRT_TopologyDescription_Deserialize = Stub_TopologyDescription_Deserialize;
   api.PJRT_Compile = Stub_Compile;
-  api.PJRT_Executable_Serialize = Stub_Executable_Serialize;
-  api.PJRT_Executable_DeserializeAndLoad = Stub_Executable_DeserializeAndLoad;
+  api.PJRT_Executable_Serialize = Executable_Serialize;  // c_api/serialization.cc
+  api.PJRT_Executable_DeserializeAndLoad = Executable_DeserializeAndLoad;
   api.PJRT_ExecuteContext_Create = Stub_ExecuteContext_Create;
   api.PJRT_ExecuteContext_Destroy = Stub_ExecuteContext_Destroy;
   api.PJRT_AsyncHostToDeviceTransferManager_Destroy = Stub_AsyncHostToDeviceTransferManager_Destroy;

@@ -64,6 +64,8 @@ PJRT_Error* Executable_OutputElementTypes(PJRT_Executable_OutputElementTypes_Arg
 PJRT_Error* Executable_OutputDimensions(PJRT_Executable_OutputDimensions_Args* args);
 PJRT_Error* Executable_Fingerprint(PJRT_Executable_Fingerprint_Args* args);
 PJRT_Error* Executable_GetCompiledMemoryStats(PJRT_Executable_GetCompiledMemoryStats_Args* args);
+PJRT_Error* Executable_Serialize(PJRT_Executable_Serialize_Args* args);
+PJRT_Error* Executable_DeserializeAndLoad(PJRT_Executable_DeserializeAndLoad_Args* args);
 PJRT_Error* LoadedExecutable_Destroy(PJRT_LoadedExecutable_Destroy_Args* args);
 PJRT_Error* LoadedExecutable_GetExecutable(PJRT_LoadedExecutable_GetExecutable_Args* args);
 PJRT_Error* LoadedExecutable_AddressableDevices(PJRT_LoadedExecutable_AddressableDevices_Args* args);

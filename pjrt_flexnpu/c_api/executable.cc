@@ -79,6 +79,7 @@ PJRT_Error* LoadedExecutable_GetExecutable(PJRT_LoadedExecutable_GetExecutable_A
     FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_GetExecutable, &inner));
     auto exe_view = VirtualExecutable::Wrap(b, inner.executable);
     if (!exe_view.ok()) return exe_view.status();
+    (*exe_view)->set_serializable(exe->SerializationSnapshot());  // for Executable_Serialize
     args->executable = ToHandle<PJRT_Executable>(*exe_view);
     return Status::Ok();
   });

@@ -8,6 +8,7 @@
 
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable.h"
+#include "pjrt_flexnpu/runtime/executable_serialization.h"
 #include "pjrt_flexnpu/runtime/profile.h"
 
 namespace flexnpu {
@@ -107,7 +108,10 @@ Status VirtualClient::Init() {
   platform_version_ = "flexnpu 0.1.0 over " + backend_platform_ + " (" +
                       std::string(version_args.platform_version,
                                   version_args.platform_version_size) +
-                      ", PJRT C API 0." + std::to_string(b.minor_version()) + ")";
+                      ", PJRT C API 0." + std::to_string(b.minor_version()) + ", " +
+                      // JAX's compilation cache key hashes this string: entries written over
+                      // another backend build or envelope format are never looked up.
+                      SerializationIdentity(b) + ")";
 
   PJRT_Client_AddressableDevices_Args devices_args{};
   devices_args.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
@@ -318,7 +322,9 @@ std::string VirtualClient::StatsJson() const {
       << ",\"executions\":" << counters_.executions.load()
       << ",\"migrations\":" << counters_.migrations.load()
       << ",\"bytes_migrated\":" << counters_.bytes_migrated.load()
-      << ",\"compiles\":" << counters_.compiles.load() << ",\"virtual_devices\":[";
+      << ",\"compiles\":" << counters_.compiles.load()
+      << ",\"backend_compiles\":" << counters_.backend_compiles.load()
+      << ",\"backend_loads\":" << counters_.backend_loads.load() << ",\"virtual_devices\":[";
   for (int v = 0; v < num_devices(); ++v) {
     VirtualDevice* d = devices_[v].get();
     if (v > 0) out << ",";

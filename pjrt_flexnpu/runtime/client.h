@@ -40,6 +40,9 @@ struct ClientCounters {
   std::atomic<int64_t> migrations{0};
   std::atomic<int64_t> bytes_migrated{0};
   std::atomic<int64_t> compiles{0};
+  // Per physical mapping: compiled by the backend, or loaded from a serialized executable.
+  std::atomic<int64_t> backend_compiles{0};
+  std::atomic<int64_t> backend_loads{0};
 };
 
 class VirtualClient : public Tagged {

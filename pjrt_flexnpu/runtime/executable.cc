@@ -7,6 +7,7 @@
 #include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/client.h"
 #include "pjrt_flexnpu/runtime/event.h"
+#include "pjrt_flexnpu/runtime/executable_serialization.h"
 #include "pjrt_flexnpu/runtime/profile.h"
 #include "pjrt_flexnpu/runtime/small_vector.h"
 #include "pjrt_flexnpu/runtime/tsan.h"
@@ -137,7 +138,8 @@ StatusOr<VirtualExecutable*> VirtualExecutable::Wrap(const PhysicalBackend& b,
 }
 
 StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
-    VirtualClient* client, const PJRT_Program* program, std::string_view compile_options) {
+    VirtualClient* client, const PJRT_Program* program, std::string_view compile_options,
+    std::shared_ptr<const PrebuiltVariants> prebuilt) {
   auto info = ReadCompileOptions(compile_options);
   if (!info.ok()) return info.status();
   const int64_t n = info->num_replicas * info->num_partitions;
@@ -173,6 +175,8 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   exe->single_device_ = n == 1;
   exe->program_code_.assign(program->code, program->code_size);
   exe->program_format_.assign(program->format, program->format_size);
+  exe->original_options_.assign(compile_options);
+  exe->prebuilt_ = std::move(prebuilt);
 
   const std::string& mode = client->options().single_device_compile;
   exe->portable_ = exe->single_device_ && mode == "portable";
@@ -220,6 +224,10 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   if (FLEXNPU_INNER_CALL(b, PJRT_Executable_GetCompiledMemoryStats, &memory_args).ok()) {
     exe->may_donate_ = memory_args.alias_size_in_bytes > 0;
   }
+  if (exe->prebuilt_ != nullptr && exe->prebuilt_->has_profile) {
+    exe->profile_ = exe->prebuilt_->profile;  // analysed when it was first compiled
+    return exe.release();
+  }
   // A program the analysis cannot read still runs: the placer then sees small, costless work.
   auto profile = ProfileExecutable(b, unloaded.get(), client->roofline());
   if (profile.ok()) exe->profile_ = *profile;
@@ -255,10 +263,23 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
   args.program = &program;
   args.compile_options = options.data();
   args.compile_options_size = options.size();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_Compile, &args));
+  InnerLoadedExecutable loaded;
+  if (prebuilt_ != nullptr) {  // deserialized: load the variant when the envelope has it
+    auto found = LoadPrebuiltVariant(*prebuilt_, *client_, physical);
+    if (!found.ok()) return found.status();
+    loaded = std::move(*found);
+    if (loaded != nullptr) {
+      client_->counters().backend_loads.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  if (loaded == nullptr) {
+    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_Compile, &args));
+    loaded = Own(b, args.executable);
+    client_->counters().backend_compiles.fetch_add(1, std::memory_order_relaxed);
+  }
 
   auto compiled = std::make_shared<Compiled>();
-  compiled->executable = Own(b, args.executable);
+  compiled->executable = std::move(loaded);
   compiled->physical = physical;
   if (physical.size() > 1) {
     PJRT_LoadedExecutable_AddressableDevices_Args devices_args{};

@@ -25,6 +25,8 @@ namespace flexnpu {
 
 class VirtualClient;
 class VirtualDevice;
+struct PrebuiltVariants;        // runtime/executable_serialization.h
+struct SerializableExecutable;  // runtime/executable_serialization.h
 
 // PJRT_Executable: the compiled program without a device binding (an inner executable).
 class VirtualExecutable : public Tagged {
@@ -38,6 +40,13 @@ class VirtualExecutable : public Tagged {
   size_t num_replicas() const { return num_replicas_; }
   size_t num_partitions() const { return num_partitions_; }
   size_t num_outputs() const { return num_outputs_; }
+  // What PJRT_Executable_Serialize writes; null for a view not made from a loaded executable.
+  const std::shared_ptr<const SerializableExecutable>& serializable() const {
+    return serializable_;
+  }
+  void set_serializable(std::shared_ptr<const SerializableExecutable> serializable) {
+    serializable_ = std::move(serializable);
+  }
 
  private:
   VirtualExecutable(const PhysicalBackend& backend, PJRT_Executable* inner)
@@ -47,14 +56,20 @@ class VirtualExecutable : public Tagged {
   size_t num_replicas_ = 1;
   size_t num_partitions_ = 1;
   size_t num_outputs_ = 0;
+  std::shared_ptr<const SerializableExecutable> serializable_;
 };
 
 class VirtualLoadedExecutable : public Tagged {
  public:
   static constexpr Tag kTag = Tag::kLoadedExecutable;
-  static StatusOr<VirtualLoadedExecutable*> Compile(VirtualClient* client,
-                                                    const PJRT_Program* program,
-                                                    std::string_view compile_options);
+  // `prebuilt` (deserialized, runtime/executable_serialization.h): inner executables loaded
+  // instead of compiled for the mappings it has, and the profile instead of an analysis.
+  static StatusOr<VirtualLoadedExecutable*> Compile(
+      VirtualClient* client, const PJRT_Program* program, std::string_view compile_options,
+      std::shared_ptr<const PrebuiltVariants> prebuilt = nullptr);
+  // The program, options, profile and compiled variants as they are now, for serialization
+  // (defined in runtime/executable_serialization.cc).
+  std::shared_ptr<const SerializableExecutable> SerializationSnapshot();
 
   VirtualClient* client() const { return client_; }
   const std::vector<PJRT_Device*>& device_handles() const { return device_handles_; }
@@ -137,6 +152,8 @@ class VirtualLoadedExecutable : public Tagged {
   std::string program_code_;
   std::string program_format_;
   std::string compile_options_;  // rewritten: portable, or the assignment to replace
+  std::string original_options_;  // as JAX gave them (serialized with the executable)
+  std::shared_ptr<const PrebuiltVariants> prebuilt_;  // set when deserialized
 
   std::shared_ptr<Compiled> initial_;
   // Compiles for further mappings, least recently used evicted beyond kMaxCachedMappings

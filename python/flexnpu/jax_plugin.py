@@ -50,3 +50,7 @@ def initialize() -> None:
         PLATFORM_NAME, library_path=str(plugin_library_path()), options=_default_options
     )
     _enable_donation()
+    # JAX's persistent compilation cache only serves listed platforms: flexnpu/compilation_cache.py.
+    from flexnpu import compilation_cache
+
+    compilation_cache.enable()

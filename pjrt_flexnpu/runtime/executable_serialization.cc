@@ -1,0 +1,417 @@
+#include "pjrt_flexnpu/runtime/executable_serialization.h"
+
+#include <chrono>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <utility>
+
+#include "pjrt_flexnpu/backend/compile_options.h"
+#include "pjrt_flexnpu/proto/wire.h"
+#include "pjrt_flexnpu/runtime/client.h"
+#include "pjrt_flexnpu/runtime/executable.h"
+
+namespace flexnpu {
+namespace {
+
+namespace f = serialization_fields;
+
+// 64-bit FNV-1a: catches truncation and bit flips before inner bytes (machine code on some
+// backends) reach the physical plugin. Not a defence against a crafted entry.
+uint64_t Checksum(std::string_view data) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (unsigned char c : data) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+uint64_t DoubleBits(double value) {
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+double BitsDouble(uint64_t bits) {
+  double value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+Status Corrupt(const std::string& what) {
+  return InvalidArgument("PJRT_Executable_DeserializeAndLoad: the serialized executable is "
+                         "corrupt or truncated (" + what + ")");
+}
+
+// The inner plugin's serialization of one loaded executable.
+StatusOr<std::string> SerializeInner(const PhysicalBackend& b, PJRT_LoadedExecutable* loaded) {
+  PJRT_LoadedExecutable_GetExecutable_Args get_args{};
+  get_args.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
+  get_args.loaded_executable = loaded;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_GetExecutable, &get_args));
+  InnerExecutable unloaded = Own(b, get_args.executable);
+  PJRT_Executable_Serialize_Args args{};
+  args.struct_size = PJRT_Executable_Serialize_Args_STRUCT_SIZE;
+  args.executable = unloaded.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_Serialize, &args));
+  std::string bytes(args.serialized_bytes, args.serialized_bytes_size);
+  if (args.serialized_executable_deleter != nullptr) {
+    args.serialized_executable_deleter(args.serialized_executable);
+  }
+  return bytes;
+}
+
+struct ParsedVariant {
+  std::vector<int64_t> physical_ids;
+  bool portable = false;
+  std::string_view inner;
+};
+
+struct ParsedEnvelope {
+  std::string_view platform_version;
+  std::string_view backend_platform;
+  std::string_view program_format;
+  std::string_view program_code;
+  std::string_view compile_options;
+  bool has_profile = false;
+  placement::Profile profile;
+  std::vector<ParsedVariant> variants;
+};
+
+bool IsBytes(const proto::Field& field) {
+  return field.type == proto::WireType::kLengthDelimited;
+}
+
+Status ParseProfile(std::string_view data, placement::Profile* profile) {
+  proto::Reader reader(data);
+  proto::Field field;
+  while (reader.Next(&field)) {
+    if (field.type != proto::WireType::kVarint) return Corrupt("profile field type");
+    switch (field.number) {
+      case f::kProfilePhase:
+        if (field.value >= static_cast<uint64_t>(placement::kNumPhases)) {
+          return Corrupt("profile phase " + std::to_string(field.value));
+        }
+        profile->phase = static_cast<placement::Phase>(field.value);
+        break;
+      case f::kProfileFlops: profile->flops = BitsDouble(field.value); break;
+      case f::kProfileBytes: profile->bytes = BitsDouble(field.value); break;
+      case f::kProfileMemoryBytes: profile->memory_bytes = static_cast<int64_t>(field.value); break;
+      default: break;
+    }
+  }
+  if (!reader.ok()) return Corrupt("profile: " + reader.error());
+  return Status::Ok();
+}
+
+Status ParseVariant(std::string_view data, ParsedVariant* variant) {
+  proto::Reader reader(data);
+  proto::Field field;
+  bool has_inner = false;
+  while (reader.Next(&field)) {
+    switch (field.number) {
+      case f::kVariantPhysicalIds:
+        if (!proto::AppendVarints(field, &variant->physical_ids)) {
+          return Corrupt("variant physical ids");
+        }
+        break;
+      case f::kVariantPortable:
+        if (field.type != proto::WireType::kVarint) return Corrupt("variant portable flag");
+        variant->portable = field.value != 0;
+        break;
+      case f::kVariantInner:
+        if (!IsBytes(field)) return Corrupt("variant inner executable");
+        variant->inner = field.bytes;
+        has_inner = true;
+        break;
+      default: break;
+    }
+  }
+  if (!reader.ok()) return Corrupt("variant: " + reader.error());
+  if (!has_inner) return Corrupt("a variant without its inner executable");
+  if (variant->portable != variant->physical_ids.empty()) {
+    return Corrupt("a variant is portable and has a physical mapping, or neither");
+  }
+  return Status::Ok();
+}
+
+StatusOr<ParsedEnvelope> ParseEnvelope(std::string_view serialized) {
+  proto::Reader outer(serialized);
+  proto::Field field;
+  std::string_view magic, body;
+  uint64_t version = 0, checksum = 0;
+  bool has_version = false, has_body = false, has_checksum = false;
+  while (outer.Next(&field)) {
+    switch (field.number) {
+      case f::kMagic:
+        if (IsBytes(field)) magic = field.bytes;
+        break;
+      case f::kFormatVersion:
+        if (field.type == proto::WireType::kVarint) version = field.value, has_version = true;
+        break;
+      case f::kBody:
+        if (IsBytes(field)) body = field.bytes, has_body = true;
+        break;
+      case f::kChecksum:
+        if (field.type == proto::WireType::kVarint) checksum = field.value, has_checksum = true;
+        break;
+      default: break;
+    }
+  }
+  // The magic first: bytes of another plugin (or none at all) deserve their own message.
+  if (magic != kExecutableMagic) {
+    return InvalidArgument(
+        "PJRT_Executable_DeserializeAndLoad: these " + std::to_string(serialized.size()) +
+        " bytes are not a FlexNPU serialized executable (no '" + std::string(kExecutableMagic) +
+        "' header" + (outer.ok() ? "" : "; " + outer.error()) +
+        "); was it written by another PJRT plugin?");
+  }
+  if (!outer.ok()) return Corrupt(outer.error());
+  if (!has_version) return Corrupt("no format version");
+  if (version != static_cast<uint64_t>(kExecutableFormatVersion)) {
+    return InvalidArgument("PJRT_Executable_DeserializeAndLoad: the executable was written in "
+                           "FlexNPU executable format " + std::to_string(version) +
+                           "; this FlexNPU reads format " +
+                           std::to_string(kExecutableFormatVersion) + " (recompile it)");
+  }
+  if (!has_body || !has_checksum) return Corrupt("no body or no checksum");
+  if (Checksum(body) != checksum) return Corrupt("checksum mismatch");
+
+  ParsedEnvelope parsed;
+  bool has_program = false, has_options = false, has_platform = false;
+  proto::Reader reader(body);
+  while (reader.Next(&field)) {
+    const bool bytes = IsBytes(field);
+    switch (field.number) {
+      case f::kPlatformVersion:
+        if (!bytes) return Corrupt("platform version field type");
+        parsed.platform_version = field.bytes;
+        break;
+      case f::kBackendPlatform:
+        if (!bytes) return Corrupt("backend platform field type");
+        parsed.backend_platform = field.bytes;
+        has_platform = true;
+        break;
+      case f::kProgramFormat:
+        if (!bytes) return Corrupt("program format field type");
+        parsed.program_format = field.bytes;
+        break;
+      case f::kProgramCode:
+        if (!bytes) return Corrupt("program field type");
+        parsed.program_code = field.bytes;
+        has_program = true;
+        break;
+      case f::kCompileOptions:
+        if (!bytes) return Corrupt("compile options field type");
+        parsed.compile_options = field.bytes;
+        has_options = true;
+        break;
+      case f::kProfile:
+        if (!bytes) return Corrupt("profile field type");
+        FLEXNPU_RETURN_IF_ERROR(ParseProfile(field.bytes, &parsed.profile));
+        parsed.has_profile = true;
+        break;
+      case f::kVariant: {
+        if (!bytes) return Corrupt("variant field type");
+        ParsedVariant variant;
+        FLEXNPU_RETURN_IF_ERROR(ParseVariant(field.bytes, &variant));
+        parsed.variants.push_back(std::move(variant));
+        break;
+      }
+      default: break;
+    }
+  }
+  if (!reader.ok()) return Corrupt(reader.error());
+  if (!has_program || parsed.program_format.empty() || !has_options || !has_platform) {
+    return Corrupt("the program, its format, the compile options or the platform is missing");
+  }
+  return parsed;
+}
+
+// True when both compile options ask for the same devices (replicas, partitions, portable,
+// virtual device assignment): what FlexNPU reads of them to place and rewrite.
+StatusOr<bool> SameDevicePlan(std::string_view stored, std::string_view overridden) {
+  auto a = ReadCompileOptions(stored);
+  if (!a.ok()) return Corrupt("compile options: " + a.status().message());
+  auto b = ReadCompileOptions(overridden);
+  if (!b.ok()) {
+    return InvalidArgument("PJRT_Executable_DeserializeAndLoad: overridden compile options: " +
+                           b.status().message());
+  }
+  return a->num_replicas == b->num_replicas && a->num_partitions == b->num_partitions &&
+         a->compile_portable == b->compile_portable &&
+         a->has_device_assignment == b->has_device_assignment && a->device_ids == b->device_ids;
+}
+
+}  // namespace
+
+std::string SerializationIdentity(const PhysicalBackend& backend) {
+  std::string identity = backend.path();
+  struct stat info {};
+  if (::stat(backend.path().c_str(), &info) == 0) {
+    identity += ":" + std::to_string(info.st_size) + ":" + std::to_string(info.st_mtim.tv_sec) +
+                "." + std::to_string(info.st_mtim.tv_nsec);
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(Checksum(identity)));
+  return "backend build " + std::string(hex, 8) + ", executable format " +
+         std::to_string(kExecutableFormatVersion);
+}
+
+std::shared_ptr<const SerializableExecutable> VirtualLoadedExecutable::SerializationSnapshot() {
+  auto snapshot = std::make_shared<SerializableExecutable>();
+  snapshot->backend = client_->shared_backend();
+  snapshot->platform_version = client_->platform_version();
+  snapshot->backend_platform = client_->backend_platform();
+  snapshot->program_format = program_format_;
+  snapshot->program_code = program_code_;
+  snapshot->compile_options = original_options_;
+  snapshot->profile = profile_;
+  auto add = [&](const std::shared_ptr<Compiled>& compiled) {
+    SerializableExecutable::Variant variant;
+    for (int p : compiled->physical) variant.physical_ids.push_back(client_->physical(p).id);
+    variant.executable = compiled->executable.get();
+    variant.keep_alive = compiled;
+    if (prebuilt_ != nullptr) {  // a mapping the envelope had was loaded from it, not compiled
+      auto it = prebuilt_->by_mapping.find(variant.physical_ids);
+      if (it != prebuilt_->by_mapping.end()) {
+        variant.loaded_from = &it->second;
+        variant.keep_alive = std::make_shared<std::pair<std::shared_ptr<Compiled>,
+                                                        std::shared_ptr<const PrebuiltVariants>>>(
+            compiled, prebuilt_);
+      }
+    }
+    snapshot->variants.push_back(std::move(variant));
+  };
+  if (initial_ != nullptr) add(initial_);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [mapping, entry] : by_mapping_) {
+    if (entry.compiled.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+    const CompiledResult& result = entry.compiled.get();
+    if (result.ok() && *result != initial_) add(*result);
+  }
+  return snapshot;
+}
+
+StatusOr<std::string> SerializeExecutable(const SerializableExecutable& executable) {
+  proto::Writer body;
+  body.Bytes(f::kPlatformVersion, executable.platform_version);
+  body.Bytes(f::kBackendPlatform, executable.backend_platform);
+  body.Bytes(f::kProgramFormat, executable.program_format);
+  body.Bytes(f::kProgramCode, executable.program_code);
+  body.Bytes(f::kCompileOptions, executable.compile_options);
+  proto::Writer profile;
+  profile.Varint(f::kProfilePhase, static_cast<uint64_t>(executable.profile.phase));
+  profile.Varint(f::kProfileFlops, DoubleBits(executable.profile.flops));
+  profile.Varint(f::kProfileBytes, DoubleBits(executable.profile.bytes));
+  profile.Varint(f::kProfileMemoryBytes, static_cast<uint64_t>(executable.profile.memory_bytes));
+  body.Bytes(f::kProfile, profile.str());
+  for (const auto& variant : executable.variants) {
+    auto inner = variant.loaded_from != nullptr
+                     ? StatusOr<std::string>(*variant.loaded_from)
+                     : SerializeInner(*executable.backend, variant.executable);
+    if (!inner.ok()) {
+      return Status(inner.status().code(),
+                    "PJRT_Executable_Serialize: the physical backend could not serialize a "
+                    "compiled variant: " + inner.status().message());
+    }
+    proto::Writer v;
+    if (!variant.physical_ids.empty()) v.PackedVarints(f::kVariantPhysicalIds, variant.physical_ids);
+    v.Bool(f::kVariantPortable, variant.physical_ids.empty());
+    v.Bytes(f::kVariantInner, *inner);
+    body.Bytes(f::kVariant, v.str());
+  }
+  proto::Writer outer;
+  outer.Bytes(f::kMagic, kExecutableMagic);
+  outer.Varint(f::kFormatVersion, kExecutableFormatVersion);
+  outer.Bytes(f::kBody, body.str());
+  outer.Varint(f::kChecksum, Checksum(body.str()));
+  return outer.Take();
+}
+
+StatusOr<VirtualLoadedExecutable*> DeserializeAndLoadExecutable(
+    VirtualClient* client, std::string_view serialized, std::string_view overridden_options) {
+  auto parsed = ParseEnvelope(serialized);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->backend_platform != client->backend_platform()) {
+    return InvalidArgument("PJRT_Executable_DeserializeAndLoad: the executable was compiled "
+                           "over physical platform '" + std::string(parsed->backend_platform) +
+                           "'; this FlexNPU client runs over '" + client->backend_platform() +
+                           "' (recompile it)");
+  }
+  std::string_view options = parsed->compile_options;
+  bool same_options = true;
+  if (!overridden_options.empty()) {
+    auto same = SameDevicePlan(parsed->compile_options, overridden_options);
+    if (!same.ok()) return same.status();
+    same_options = *same;
+    // JAX re-serializes the options it compiled with (map order and defaults differ byte for
+    // byte); the envelope's are kept unless the override asks for another device plan.
+    if (!same_options) options = overridden_options;
+  }
+  auto prebuilt = std::make_shared<PrebuiltVariants>();
+  // Inner bytes are only valid for the inner build that wrote them, and only for the device
+  // plan they were compiled for; otherwise everything is compiled again from the program.
+  if (parsed->platform_version == client->platform_version() && same_options) {
+    prebuilt->has_profile = parsed->has_profile;
+    prebuilt->profile = parsed->profile;
+    for (const ParsedVariant& variant : parsed->variants) {
+      prebuilt->by_mapping[variant.physical_ids] = std::string(variant.inner);
+    }
+  }
+  PJRT_Program program{};
+  program.struct_size = PJRT_Program_STRUCT_SIZE;
+  program.code = const_cast<char*>(parsed->program_code.data());
+  program.code_size = parsed->program_code.size();
+  program.format = parsed->program_format.data();
+  program.format_size = parsed->program_format.size();
+  auto loaded = VirtualLoadedExecutable::Compile(client, &program, options, std::move(prebuilt));
+  if (!loaded.ok()) {
+    return Status(loaded.status().code(), "PJRT_Executable_DeserializeAndLoad: rebuilding the "
+                                          "executable failed: " + loaded.status().message());
+  }
+  return loaded;
+}
+
+StatusOr<InnerLoadedExecutable> LoadPrebuiltVariant(const PrebuiltVariants& prebuilt,
+                                                    const VirtualClient& client,
+                                                    const std::vector<int>& physical) {
+  std::vector<int64_t> ids;
+  for (int p : physical) ids.push_back(client.physical(p).id);
+  auto it = prebuilt.by_mapping.find(ids);
+  if (it == prebuilt.by_mapping.end()) return InnerLoadedExecutable();
+  const PhysicalBackend& b = client.backend();
+  PJRT_Executable_DeserializeAndLoad_Args args{};
+  args.struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE;
+  args.client = client.inner();
+  args.serialized_executable = it->second.data();
+  args.serialized_executable_size = it->second.size();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_DeserializeAndLoad, &args));
+  InnerLoadedExecutable loaded = Own(b, args.loaded_executable);
+  if (physical.empty()) return loaded;  // portable: runs wherever it is told
+  // A pinned variant must run on exactly the devices of its mapping.
+  PJRT_LoadedExecutable_AddressableDevices_Args devices{};
+  devices.struct_size = PJRT_LoadedExecutable_AddressableDevices_Args_STRUCT_SIZE;
+  devices.executable = loaded.get();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_AddressableDevices, &devices));
+  bool matches = devices.num_addressable_devices == physical.size();
+  for (size_t i = 0; matches && i < physical.size(); ++i) {
+    bool found = false;
+    for (size_t j = 0; j < devices.num_addressable_devices; ++j) {
+      found = found || devices.addressable_devices[j] == client.physical(physical[i]).device;
+    }
+    matches = found;
+  }
+  if (!matches) {
+    return InvalidArgument("PJRT_Executable_DeserializeAndLoad: the physical backend loaded a "
+                           "compiled variant onto other devices than its mapping names");
+  }
+  return loaded;
+}
+
+}  // namespace flexnpu

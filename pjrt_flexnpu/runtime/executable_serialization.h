@@ -1,0 +1,113 @@
+// Executable serialization: PJRT_Executable_Serialize writes a versioned FlexNPU envelope,
+// PJRT_Executable_DeserializeAndLoad rebuilds a VirtualLoadedExecutable from it.
+//
+// Envelope (protobuf wire format, proto/wire.h; field numbers in serialization_fields below):
+//   outer: magic "flexnpu-executable", format version, body, checksum (64-bit FNV-1a of body)
+//   body:  the FlexNPU platform version it was written under (FlexNPU, physical platform and
+//          version, PJRT C API, backend build), the physical platform name, the original program
+//          (format + bytes), the compile options as JAX gave them (virtual device assignment),
+//          the analysis profile, and the inner backend's serialized executables of the variants
+//          compiled so far, each with its physical mapping (backend device ids; none: portable).
+// On load the whole envelope is validated before anything reaches the physical backend. The
+// executable is rebuilt for this process' policy and device count exactly as a compile would
+// build it; every variant it wants whose mapping is in the envelope is loaded by the inner
+// plugin instead of compiled, the others are compiled from the program (now or lazily). Inner
+// bytes are only used under the same platform version (the same inner build); a program
+// written over another physical platform is rejected.
+#ifndef FLEXNPU_RUNTIME_EXECUTABLE_SERIALIZATION_H_
+#define FLEXNPU_RUNTIME_EXECUTABLE_SERIALIZATION_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pjrt_c_api.h"
+#include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/placement/placement.h"
+#include "pjrt_flexnpu/runtime/status.h"
+
+namespace flexnpu {
+
+class VirtualClient;
+class VirtualLoadedExecutable;
+
+// Bumped whenever the envelope changes meaning; part of the platform version JAX's cache key
+// hashes, so entries of another format are never even looked up.
+inline constexpr int kExecutableFormatVersion = 1;
+
+// What PJRT_Executable_Serialize writes for one loaded executable: taken when JAX asks for the
+// executable view (PJRT_LoadedExecutable_GetExecutable), so it outlives the loaded executable.
+struct SerializableExecutable {
+  struct Variant {
+    std::vector<int64_t> physical_ids;  // backend device ids by position; empty: portable
+    std::shared_ptr<const void> keep_alive;  // owns `executable` (and `loaded_from`)
+    PJRT_LoadedExecutable* executable = nullptr;
+    // The inner bytes it was loaded from, when it was: written again as they are, because the
+    // XLA CPU plugin re-serializes a deserialized executable without its kernels.
+    const std::string* loaded_from = nullptr;
+  };
+  std::shared_ptr<const PhysicalBackend> backend;
+  std::string platform_version;  // VirtualClient::platform_version()
+  std::string backend_platform;
+  std::string program_format;
+  std::string program_code;
+  std::string compile_options;  // as JAX gave them
+  placement::Profile profile;
+  std::vector<Variant> variants;
+};
+
+// Inner serialized executables from an envelope, by physical mapping (empty: portable), for
+// VirtualLoadedExecutable::Compile to load instead of compiling.
+struct PrebuiltVariants {
+  std::map<std::vector<int64_t>, std::string> by_mapping;
+  bool has_profile = false;
+  placement::Profile profile;
+};
+
+// "backend build <hash of the inner plugin file's path, size and mtime>, executable format N":
+// part of the platform version, so a reinstalled or other inner plugin changes it.
+std::string SerializationIdentity(const PhysicalBackend& backend);
+
+StatusOr<std::string> SerializeExecutable(const SerializableExecutable& executable);
+
+// `overridden_options` (may be empty: use the envelope's) are the compile options JAX loads
+// the executable for; inner variants are reused only when they equal the envelope's.
+StatusOr<VirtualLoadedExecutable*> DeserializeAndLoadExecutable(
+    VirtualClient* client, std::string_view serialized, std::string_view overridden_options);
+
+// The inner executable for `physical` (client physical device indices; empty: portable) loaded
+// from `prebuilt`, or nullptr when the envelope has none for that mapping. The loaded one is
+// checked to run on exactly those devices.
+StatusOr<InnerLoadedExecutable> LoadPrebuiltVariant(const PrebuiltVariants& prebuilt,
+                                                    const VirtualClient& client,
+                                                    const std::vector<int>& physical);
+
+namespace serialization_fields {
+inline constexpr uint32_t kMagic = 1;  // outer
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kBody = 3;
+inline constexpr uint32_t kChecksum = 4;
+inline constexpr uint32_t kPlatformVersion = 1;  // body
+inline constexpr uint32_t kBackendPlatform = 2;
+inline constexpr uint32_t kProgramFormat = 3;
+inline constexpr uint32_t kProgramCode = 4;
+inline constexpr uint32_t kCompileOptions = 5;
+inline constexpr uint32_t kProfile = 6;
+inline constexpr uint32_t kVariant = 7;            // repeated
+inline constexpr uint32_t kProfilePhase = 1;       // profile
+inline constexpr uint32_t kProfileFlops = 2;       // double, bit pattern as varint
+inline constexpr uint32_t kProfileBytes = 3;       // double, bit pattern as varint
+inline constexpr uint32_t kProfileMemoryBytes = 4;
+inline constexpr uint32_t kVariantPhysicalIds = 1;  // variant: packed int64
+inline constexpr uint32_t kVariantPortable = 2;
+inline constexpr uint32_t kVariantInner = 3;        // the inner plugin's serialized bytes
+}  // namespace serialization_fields
+
+inline constexpr std::string_view kExecutableMagic = "flexnpu-executable";
+
+}  // namespace flexnpu
+
+#endif  // FLEXNPU_RUNTIME_EXECUTABLE_SERIALIZATION_H_
