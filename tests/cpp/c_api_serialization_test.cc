@@ -1,0 +1,282 @@
+// PJRT_Executable_Serialize / PJRT_Executable_DeserializeAndLoad through the C API: round trips
+// equal direct results (same client, another client with another policy and device count),
+// envelopes from another physical platform, format or inner build, and corrupt or truncated
+// bytes (every one an INVALID_ARGUMENT naming the call, never a crash).
+#include <dlfcn.h>
+
+#include <random>
+
+#include "c_api_test_fixture.h"
+
+namespace {
+
+class SerializationTest : public CApiTest {
+ public:
+  // Runs a single-device program with one output of 4 floats and reads it back.
+  std::vector<float> Run(PJRT_LoadedExecutable* exe, const std::vector<PJRT_Buffer*>& inputs) {
+    PJRT_ExecuteOptions options{};
+    options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+    PJRT_Buffer* const* argument_list = inputs.data();
+    PJRT_Buffer* output = nullptr;
+    PJRT_Buffer** output_list = &output;
+    PJRT_Event* done = nullptr;
+    PJRT_LoadedExecutable_Execute_Args args{};
+    args.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+    args.executable = exe;
+    args.options = &options;
+    args.argument_lists = &argument_list;
+    args.num_devices = 1;
+    args.num_args = inputs.size();
+    args.output_lists = &output_list;
+    args.device_complete_events = &done;
+    ErrorInfo info = Info(api->PJRT_LoadedExecutable_Execute(&args));
+    EXPECT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+    if (info.code != PJRT_Error_Code_OK) return {};
+    Await(done);
+    buffers_.push_back(output);
+    return Download(output, 4);
+  }
+
+  std::string Serialize(PJRT_LoadedExecutable* loaded) {
+    PJRT_LoadedExecutable_GetExecutable_Args get{};
+    get.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
+    get.loaded_executable = loaded;
+    EXPECT_EQ(Info(api->PJRT_LoadedExecutable_GetExecutable(&get)).code, PJRT_Error_Code_OK);
+    PJRT_Executable_Serialize_Args args{};
+    args.struct_size = PJRT_Executable_Serialize_Args_STRUCT_SIZE;
+    args.executable = get.executable;
+    ErrorInfo info = Info(api->PJRT_Executable_Serialize(&args));
+    EXPECT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+    std::string bytes(args.serialized_bytes, args.serialized_bytes_size);
+    args.serialized_executable_deleter(args.serialized_executable);
+    PJRT_Executable_Destroy_Args destroy{};
+    destroy.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE;
+    destroy.executable = get.executable;
+    EXPECT_EQ(Info(api->PJRT_Executable_Destroy(&destroy)).code, PJRT_Error_Code_OK);
+    return bytes;
+  }
+
+  ErrorInfo TryLoad(PJRT_Client* client, const std::string& bytes, PJRT_LoadedExecutable** out,
+                    const std::string& overridden_options = "") {
+    PJRT_Executable_DeserializeAndLoad_Args args{};
+    args.struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE;
+    args.client = client;
+    args.serialized_executable = bytes.data();
+    args.serialized_executable_size = bytes.size();
+    if (!overridden_options.empty()) {
+      args.overridden_serialized_compile_options = overridden_options.data();
+      args.overridden_serialized_compile_options_size = overridden_options.size();
+    }
+    ErrorInfo info = Info(api->PJRT_Executable_DeserializeAndLoad(&args));
+    *out = args.loaded_executable;
+    if (info.code == PJRT_Error_Code_OK) executables_.push_back(args.loaded_executable);
+    return info;
+  }
+
+  // Sum of a counter of FlexNpu_StatsJson over all live clients (e.g. "backend_loads").
+  static int64_t Counter(const std::string& key) {
+    auto stats = reinterpret_cast<const char* (*)()>(dlsym(plugin_library, "FlexNpu_StatsJson"));
+    EXPECT_NE(stats, nullptr);
+    const std::string json = stats();
+    const std::string needle = "\"" + key + "\":";
+    int64_t sum = 0;
+    for (size_t at = json.find(needle); at != std::string::npos; at = json.find(needle, at + 1)) {
+      sum += std::atoll(json.c_str() + at + needle.size());
+    }
+    return sum;
+  }
+
+  PJRT_LoadedExecutable* CompileAdd(PJRT_Client* client, int device) {
+    PJRT_LoadedExecutable* exe = nullptr;
+    ErrorInfo info = TryCompile(client, kAddProgram, CompileOptionsFor(device), &exe);
+    EXPECT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+    return exe;
+  }
+
+  PJRT_Device* OnlyDevice(PJRT_LoadedExecutable* exe) {
+    PJRT_LoadedExecutable_AddressableDevices_Args args{};
+    args.struct_size = PJRT_LoadedExecutable_AddressableDevices_Args_STRUCT_SIZE;
+    args.executable = exe;
+    EXPECT_EQ(Info(api->PJRT_LoadedExecutable_AddressableDevices(&args)).code,
+              PJRT_Error_Code_OK);
+    EXPECT_EQ(args.num_addressable_devices, 1u);
+    return args.num_addressable_devices == 1 ? args.addressable_devices[0] : nullptr;
+  }
+
+  const std::vector<float> a_ = {1, 2, 3, 4};
+  const std::vector<float> b_ = {10, 20, 30, 40};
+  const std::vector<float> expected_ = {110, 440, 990, 1760};  // (a + b) * b
+};
+
+// The envelope layout of runtime/executable_serialization.h, written by hand: a test that
+// the format is what the header documents, and a way to make entries no FlexNPU would write.
+uint64_t Fnv1a(const std::string& data) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (unsigned char c : data) hash = (hash ^ c) * 0x100000001b3ULL;
+  return hash;
+}
+
+std::string Envelope(uint64_t format, const std::string& platform_version,
+                     const std::string& backend_platform, int device) {
+  std::string body;
+  AppendBytes(&body, 1, platform_version);
+  AppendBytes(&body, 2, backend_platform);
+  AppendBytes(&body, 3, "mlir");
+  AppendBytes(&body, 4, kAddProgram);
+  AppendBytes(&body, 5, CompileOptionsFor(device));
+  std::string out;
+  AppendBytes(&out, 1, "flexnpu-executable");
+  AppendVarint(&out, (2 << 3) | 0);
+  AppendVarint(&out, format);
+  AppendBytes(&out, 3, body);
+  AppendVarint(&out, (4 << 3) | 0);
+  AppendVarint(&out, Fnv1a(body));
+  return out;
+}
+
+TEST_F(SerializationTest, RoundTripInTheSameClientEqualsDirect) {
+  PJRT_Client* client = CreateClient(4);
+  PJRT_Device* device = Device(client, 2);
+  PJRT_LoadedExecutable* exe = CompileAdd(client, 2);
+  std::vector<PJRT_Buffer*> inputs = {Upload(client, device, a_), Upload(client, device, b_)};
+  EXPECT_EQ(Run(exe, inputs), expected_);
+  const std::string bytes = Serialize(exe);
+  const int64_t loads = Counter("backend_loads");
+  const int64_t compiles = Counter("backend_compiles");
+  PJRT_LoadedExecutable* loaded = nullptr;
+  ErrorInfo info = TryLoad(client, bytes, &loaded);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  EXPECT_EQ(OnlyDevice(loaded), device);
+  EXPECT_EQ(Run(loaded, inputs), expected_);
+  // The inner executable was loaded, not compiled again.
+  EXPECT_EQ(Counter("backend_loads"), loads + 1);
+  EXPECT_EQ(Counter("backend_compiles"), compiles);
+  // Written again from the loaded one (the inner bytes it came from), and loaded again.
+  PJRT_LoadedExecutable* again = nullptr;
+  info = TryLoad(client, Serialize(loaded), &again);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  EXPECT_EQ(Run(again, inputs), expected_);
+}
+
+TEST_F(SerializationTest, LoadsIntoAClientWithAnotherPolicyAndDeviceCount) {
+  PJRT_Client* writer = CreateClient(4);
+  PJRT_LoadedExecutable* exe = CompileAdd(writer, 3);
+  const std::string bytes = Serialize(exe);
+  PJRT_Client* reader = nullptr;
+  ErrorInfo info = TryCreateClient(
+      {IntOption("num_virtual_devices", 8), StringOption("policy", "dynamic")}, &reader);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  PJRT_LoadedExecutable* loaded = nullptr;
+  info = TryLoad(reader, bytes, &loaded);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  PJRT_Device* device = Device(reader, 3);
+  EXPECT_EQ(OnlyDevice(loaded), device);
+  EXPECT_EQ(Run(loaded, {Upload(reader, device, a_), Upload(reader, device, b_)}), expected_);
+}
+
+TEST_F(SerializationTest, PortableExecutablesLoadPortableAndAsPinnedWhereWanted) {
+  PJRT_Client* writer = nullptr;
+  ErrorInfo info = TryCreateClient({IntOption("num_virtual_devices", 4),
+                                    StringOption("single_device_compile", "portable")},
+                                   &writer);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  const std::string bytes = Serialize(CompileAdd(writer, 2));
+  // A portable client loads the portable variant and runs it where it is placed.
+  PJRT_Client* portable = nullptr;
+  info = TryCreateClient({IntOption("num_virtual_devices", 4),
+                          StringOption("single_device_compile", "portable")},
+                         &portable);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  int64_t loads = Counter("backend_loads");
+  PJRT_LoadedExecutable* loaded = nullptr;
+  info = TryLoad(portable, bytes, &loaded);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  EXPECT_EQ(Counter("backend_loads"), loads + 1);
+  PJRT_Device* device = Device(portable, 2);
+  EXPECT_EQ(Run(loaded, {Upload(portable, device, a_), Upload(portable, device, b_)}), expected_);
+  // A pinned client wants a pinned variant the envelope lacks: compiled from the program.
+  PJRT_Client* pinned = nullptr;
+  info = TryCreateClient({IntOption("num_virtual_devices", 4),
+                          StringOption("single_device_compile", "pinned")},
+                         &pinned);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  const int64_t compiles = Counter("backend_compiles");
+  info = TryLoad(pinned, bytes, &loaded);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  EXPECT_EQ(Counter("backend_compiles"), compiles + 1);
+  device = Device(pinned, 2);
+  EXPECT_EQ(OnlyDevice(loaded), device);
+  EXPECT_EQ(Run(loaded, {Upload(pinned, device, a_), Upload(pinned, device, b_)}), expected_);
+}
+
+TEST_F(SerializationTest, AProgramForADeviceTheClientLacksIsRejectedByName) {
+  PJRT_Client* writer = CreateClient(8);
+  const std::string bytes = Serialize(CompileAdd(writer, 6));
+  PJRT_Client* reader = CreateClient(4);
+  PJRT_LoadedExecutable* loaded = nullptr;
+  ErrorInfo info = TryLoad(reader, bytes, &loaded);
+  EXPECT_EQ(info.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(info.message.find("PJRT_Executable_DeserializeAndLoad"), std::string::npos);
+  EXPECT_NE(info.message.find("virtual device id 6"), std::string::npos) << info.message;
+}
+
+TEST_F(SerializationTest, HandWrittenEnvelopeFromAnotherInnerBuildIsCompiledFromItsProgram) {
+  PJRT_Client* client = CreateClient(4);
+  const int64_t compiles = Counter("backend_compiles");
+  PJRT_LoadedExecutable* loaded = nullptr;
+  ErrorInfo info = TryLoad(client, Envelope(1, "flexnpu 0.0.9 over cpu (another build)", "cpu", 1),
+                           &loaded);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  PJRT_Device* device = Device(client, 1);
+  EXPECT_EQ(OnlyDevice(loaded), device);
+  EXPECT_EQ(Run(loaded, {Upload(client, device, a_), Upload(client, device, b_)}), expected_);
+  EXPECT_EQ(Counter("backend_compiles"), compiles + 1);
+}
+
+TEST_F(SerializationTest, AnotherPhysicalPlatformOrFormatIsRejectedNamingIt) {
+  PJRT_Client* client = CreateClient(4);
+  PJRT_LoadedExecutable* loaded = nullptr;
+  ErrorInfo info = TryLoad(client, Envelope(1, "flexnpu 0.1.0 over cuda", "cuda", 0), &loaded);
+  EXPECT_EQ(info.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(info.message.find("physical platform 'cuda'"), std::string::npos) << info.message;
+  EXPECT_NE(info.message.find("runs over 'cpu'"), std::string::npos) << info.message;
+
+  info = TryLoad(client, Envelope(2, "x", "cpu", 0), &loaded);
+  EXPECT_EQ(info.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(info.message.find("FlexNPU executable format 2"), std::string::npos) << info.message;
+}
+
+TEST_F(SerializationTest, CorruptOrTruncatedBytesAreInvalidArgument) {
+  PJRT_Client* client = CreateClient(4);
+  const std::string bytes = Serialize(CompileAdd(client, 0));
+  ASSERT_GT(bytes.size(), 100u);
+  auto expect_rejected = [&](const std::string& bad, const std::string& what) {
+    PJRT_LoadedExecutable* loaded = nullptr;
+    ErrorInfo info = TryLoad(client, bad, &loaded);
+    EXPECT_EQ(info.code, PJRT_Error_Code_INVALID_ARGUMENT) << what << ": " << info.message;
+    EXPECT_NE(info.message.find("PJRT_Executable_DeserializeAndLoad"), std::string::npos)
+        << what << ": " << info.message;
+  };
+  // Every prefix up to 64 bytes, then every 97th length.
+  for (size_t n = 1; n < bytes.size(); n += n < 64 ? 1 : 97) {
+    expect_rejected(bytes.substr(0, n), "truncated to " + std::to_string(n));
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 300; ++i) {
+    std::string bad = bytes;
+    const size_t at = rng() % bad.size();
+    bad[at] = static_cast<char>(bad[at] ^ (1 << (rng() % 8)));
+    expect_rejected(bad, "bit flipped at " + std::to_string(at));
+  }
+  expect_rejected("not an executable", "text");
+  PJRT_LoadedExecutable* loaded = nullptr;
+  PJRT_Executable_DeserializeAndLoad_Args args{};
+  args.struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE;
+  args.client = client;
+  ErrorInfo info = Info(api->PJRT_Executable_DeserializeAndLoad(&args));
+  EXPECT_EQ(info.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(info.message.find("null or empty"), std::string::npos) << info.message;
+  (void)loaded;
+}
+
+}  // namespace
