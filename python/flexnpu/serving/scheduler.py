@@ -32,12 +32,13 @@ so the runner writes their KV before the step runs.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
 from collections.abc import Hashable, Mapping
 from collections.abc import Sequence as SequenceOf
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any
 
@@ -90,26 +91,83 @@ class SchedulerConfig:
         self.role = Role(self.role)
 
 
-@dataclass(eq=False, slots=True)
+class _Cohort:
+    """The running sequences in steady decode (each step: one new position, one sampled
+    token), kept in aggregate: a member stores its token counts as offsets from `tick`, the
+    number of steps the cohort has taken, so one step advances every member by `tick += 1`.
+    A member is touched one by one only at its next event (a KV block boundary or its last
+    token by length), found in `events` (tick -> members), or when it leaves (finish, stop,
+    abort, preemption). Lists in running (admission) order."""
+
+    __slots__ = ("tick", "seqs", "offs", "serials", "off_sum", "events")
+
+    def __init__(self) -> None:
+        self.tick = 0
+        self.seqs: list[Sequence] = []
+        self.offs: list[int] = []  # num_computed_tokens - tick of each member
+        self.serials: list[int] = []
+        self.off_sum = 0
+        self.events: dict[int, list[Sequence]] = {}
+
+
 class Sequence:
-    request_id: Hashable
-    num_prompt_tokens: int
-    max_tokens: int
-    arrival: float
-    deadline: float | None = None  # absolute; passed while waiting or running -> "timeout"
-    priority: int = 0  # lower is served first
-    payload: Any = None  # the caller's own object
-    # Kept by the scheduler; read-only for callers.
-    status: SeqStatus = SeqStatus.WAITING
-    num_output_tokens: int = 0
-    num_computed_tokens: int = 0
-    blocks: list[int] = field(default_factory=list)
-    num_preemptions: int = 0
-    finish_reason: str | None = None
-    needs_kv_insert: bool = False  # DECODE role: handed-off KV not yet written into `blocks`
-    # Its last token is scheduled: not scheduled again; finishes with this reason when that
-    # step is done ("length", or "prefilled" in a PREFILL instance).
-    pending_finish: str | None = None
+    """One request as the scheduler sees it. Fields below `payload` are kept by the scheduler
+    and read-only for callers (num_computed_tokens / num_output_tokens are exact at any time;
+    while the sequence is in steady decode they are derived from the scheduler's step count)."""
+
+    __slots__ = ("request_id", "num_prompt_tokens", "max_tokens", "arrival", "deadline",
+                 "priority", "payload", "status", "_output", "_computed", "blocks",
+                 "num_preemptions", "finish_reason", "needs_kv_insert", "pending_finish",
+                 "_cohort", "_serial", "_event")
+
+    def __init__(self, request_id: Hashable, num_prompt_tokens: int, max_tokens: int,
+                 arrival: float, deadline: float | None = None, priority: int = 0,
+                 payload: Any = None, status: SeqStatus = SeqStatus.WAITING,
+                 num_output_tokens: int = 0, num_computed_tokens: int = 0,
+                 blocks: list[int] | None = None, num_preemptions: int = 0,
+                 finish_reason: str | None = None, needs_kv_insert: bool = False,
+                 pending_finish: str | None = None) -> None:
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.arrival = arrival
+        self.deadline = deadline  # absolute; passed while waiting or running -> "timeout"
+        self.priority = priority  # lower is served first
+        self.payload = payload  # the caller's own object
+        self.status = status
+        self._cohort: _Cohort | None = None  # set while in steady decode (see _Cohort)
+        self._output = num_output_tokens
+        self._computed = num_computed_tokens
+        self.blocks: list[int] = [] if blocks is None else blocks
+        self.num_preemptions = num_preemptions
+        self.finish_reason = finish_reason
+        # DECODE role: handed-off KV not yet written into `blocks`.
+        self.needs_kv_insert = needs_kv_insert
+        # Its last token is scheduled: not scheduled again; finishes with this reason when
+        # that step is done ("length", or "prefilled" in a PREFILL instance).
+        self.pending_finish = pending_finish
+        self._serial = 0  # admission order into the running batch
+        self._event = -1  # the cohort tick of its next event
+
+    @property
+    def num_output_tokens(self) -> int:
+        c = self._cohort
+        return self._output if c is None else self._output + c.tick
+
+    @num_output_tokens.setter
+    def num_output_tokens(self, value: int) -> None:
+        c = self._cohort
+        self._output = value if c is None else value - c.tick
+
+    @property
+    def num_computed_tokens(self) -> int:
+        c = self._cohort
+        return self._computed if c is None else self._computed + c.tick
+
+    @num_computed_tokens.setter
+    def num_computed_tokens(self, value: int) -> None:
+        c = self._cohort
+        self._computed = value if c is None else value - c.tick
 
     @property
     def num_tokens(self) -> int:
@@ -118,6 +176,13 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (f"Sequence(request_id={self.request_id!r}, num_prompt_tokens="
+                f"{self.num_prompt_tokens}, max_tokens={self.max_tokens}, status="
+                f"{self.status}, num_output_tokens={self.num_output_tokens}, "
+                f"num_computed_tokens={self.num_computed_tokens}, blocks={self.blocks}, "
+                f"finish_reason={self.finish_reason!r})")
 
 
 @dataclass(slots=True)
@@ -133,21 +198,80 @@ class ScheduledSeq:
         return self.num_tokens == 1 and self.start >= self.seq.num_prompt_tokens
 
 
-@dataclass
 class StepPlan:
-    step_id: int
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    kv_inserts: list[Sequence] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    finished: list[Sequence] = field(default_factory=list)
+    """One step. `scheduled` lists its entries: decodes in running order, then prompt chunks,
+    then newly admitted sequences. The scheduler may hold the leading decodes in aggregate
+    (`bulk_decodes`) and build their entries only when `scheduled` is first read; callers
+    that need only totals (the cluster simulator) read `bulk_decodes`, `entries_after_bulk`
+    and `num_scheduled` instead and never pay for the entries."""
+
+    __slots__ = ("step_id", "kv_inserts", "preempted", "finished", "_bulk", "_entries",
+                 "_finishing")
+
+    def __init__(self, step_id: int, scheduled: list[ScheduledSeq] | None = None,
+                 kv_inserts: list[Sequence] | None = None,
+                 preempted: list[Sequence] | None = None,
+                 finished: list[Sequence] | None = None) -> None:
+        self.step_id = step_id
+        self.kv_inserts: list[Sequence] = [] if kv_inserts is None else kv_inserts
+        self.preempted: list[Sequence] = [] if preempted is None else preempted
+        self.finished: list[Sequence] = [] if finished is None else finished
+        # Bulk decodes: (tick, members, their offsets, the entries of those that finish by
+        # id(seq), the sum of the offsets); start of a member's entry = offset + tick.
+        self._bulk: tuple[int, list[Sequence], list[int], dict[int, ScheduledSeq], int] \
+            | None = None
+        self._entries: list[ScheduledSeq] = [] if scheduled is None else scheduled
+        # Entries that finish, in plan order (None: not tracked, scan `scheduled`).
+        self._finishing: list[ScheduledSeq] | None = None if scheduled else []
+
+    @property
+    def scheduled(self) -> list[ScheduledSeq]:
+        if self._bulk is not None:
+            tick, seqs, offs, last, _ = self._bulk
+            self._bulk = None
+            get = last.get
+            bulk = [get(id(s)) or ScheduledSeq(s, off + tick, 1, True)
+                    for s, off in zip(seqs, offs, strict=True)]
+            self._entries[:0] = bulk
+        return self._entries
+
+    @scheduled.setter
+    def scheduled(self, entries: list[ScheduledSeq]) -> None:
+        self._bulk, self._entries, self._finishing = None, entries, None
+
+    @property
+    def num_scheduled(self) -> int:
+        b = self._bulk
+        return len(self._entries) + (len(b[1]) if b is not None else 0)
+
+    @property
+    def bulk_decodes(self) -> tuple[int, int]:
+        """(count, sum of start positions) of the leading decode entries held in aggregate,
+        not in `entries_after_bulk`. Each is a single-token entry that samples."""
+        b = self._bulk
+        if b is None:
+            return 0, 0
+        return len(b[1]), b[4] + b[0] * len(b[1])
+
+    @property
+    def entries_after_bulk(self) -> list[ScheduledSeq]:
+        """The entries not counted by `bulk_decodes` (all of them once `scheduled` is read)."""
+        return self._entries
+
+    @property
+    def finishing(self) -> list[ScheduledSeq]:
+        """Entries whose token is their sequence's last (`finishes`), in plan order."""
+        if self._finishing is None:
+            return [e for e in self.scheduled if e.finishes]
+        return self._finishing
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled and not self.kv_inserts
+        return not self.num_scheduled and not self.kv_inserts
 
     @property
     def num_tokens(self) -> int:
-        return sum(e.num_tokens for e in self.scheduled)
+        return self.bulk_decodes[0] + sum(e.num_tokens for e in self._entries)
 
     @property
     def decodes(self) -> list[ScheduledSeq]:
@@ -158,8 +282,16 @@ class StepPlan:
         return [e for e in self.scheduled if not e.is_decode]
 
     @property
-    def num_prefill_tokens(self) -> int:
-        return sum(e.num_tokens for e in self.scheduled if not e.is_decode)
+    def num_prefill_tokens(self) -> int:  # bulk entries are decodes
+        return sum(e.num_tokens for e in self._entries if not e.is_decode)
+
+    def __repr__(self) -> str:
+        return (f"StepPlan(step_id={self.step_id}, scheduled={self.scheduled}, kv_inserts="
+                f"{self.kv_inserts}, preempted={self.preempted}, finished={self.finished})")
+
+
+def _serial_of(seq: Sequence) -> int:
+    return seq._serial
 
 
 class _WaitQueue:
@@ -212,6 +344,12 @@ class Scheduler:
         self._step_ids = itertools.count()
         self._waiting_tokens = 0
         self._num_deadlines = 0  # live sequences with a deadline (skip the expiry scan if none)
+        self._serials = itertools.count(1)
+        # Steady decodes in aggregate (see _Cohort); a PREFILL instance hands a sequence off
+        # at its first token, so it has none.
+        self._cohort = _Cohort()
+        self._bulk_ok = config.role is not Role.PREFILL
+        self._joiners: list[Sequence] = []  # sampled in this step: decoding from the next
 
     # ---- admission -------------------------------------------------------------------------
 
@@ -290,6 +428,14 @@ class Scheduler:
         plan = StepPlan(next(self._step_ids))
         if self._num_deadlines:
             self._expire(now, plan)
+        if self._bulk_ok:
+            self._joiners.clear()
+            if self._schedule_bulk(plan):
+                self._join_new()
+                return plan
+            # A step the aggregate cannot take exactly (decodes beyond the token budget, or
+            # blocks that need a preemption): every sequence one by one, as below.
+            self._dissolve()
         decoding: list[Sequence] = []
         chunking: list[Sequence] = []
         for seq in self._running:
@@ -309,13 +455,151 @@ class Scheduler:
             self._admit(plan, budget, prefills)
         else:  # a decode-only step
             self._schedule_running(decoding, plan)
+        if self._bulk_ok:
+            self._join_all()
         return plan
 
-    def _schedule_running(self, seqs: list[Sequence], plan: StepPlan) -> tuple[int, int]:
+    # ---- steady decode in aggregate (the same decisions as the loop in _schedule_running) --
+
+    def _schedule_bulk(self, plan: StepPlan) -> bool:
+        """schedule()'s step with the cohort advanced in aggregate. False, having changed
+        nothing, when this step needs the per-sequence path."""
+        c, co, running = self.config, self._cohort, self._running
+        chunking: list[Sequence] = []
+        if len(running) > len(co.seqs):
+            for seq in running:
+                if seq._cohort is None and seq.pending_finish is None:
+                    if seq.num_prompt_tokens + seq._output - seq._computed == 1:
+                        return False  # a decode outside the cohort (not expected)
+                    chunking.append(seq)
+        decode_step = True
+        if not (c.mixed_batches or c.role is Role.DECODE):
+            chunking = [s for s in chunking if self._fits(s)]
+            if chunking or self._admissible_prompt() is not None:
+                decode_step = False  # prefill-only
+            else:
+                chunking = []  # decode-only: no chunks, no admission
+        n = len(co.seqs)
+        due: list[Sequence] = []
+        if decode_step and n:
+            if n > c.max_num_batched_tokens:
+                return False
+            tick, bs = co.tick, c.block_size
+            bucket = co.events.get(tick)
+            if bucket:
+                due = [s for s in dict.fromkeys(bucket) if s._cohort is co and
+                       s._event == tick]
+                due.sort(key=_serial_of)
+                need = sum(1 for s in due if len(s.blocks) * bs <= s._computed + tick)
+                if need > len(self._free_blocks):
+                    return False
+            self._advance(plan, due)
+        if decode_step and not (c.mixed_batches or c.role is Role.DECODE):
+            return True
+        budget, prefills = self._schedule_running(chunking, plan,
+                                                  c.max_num_batched_tokens - n * decode_step)
+        self._admit(plan, budget, prefills)
+        return True
+
+    def _advance(self, plan: StepPlan, due: list[Sequence]) -> None:
+        """Every cohort member decodes one token; `due` (in running order) are the members
+        whose event is now: a new KV block, or the last token by length."""
+        co = self._cohort
+        tick = co.tick
+        co.events.pop(tick, None)
+        bs, max_len, free = self.config.block_size, self.config.max_model_len, self._free_blocks
+        last: dict[int, ScheduledSeq] = {}
+        ending: list[Sequence] = []
+        for seq in due:
+            computed = seq._computed + tick
+            if len(seq.blocks) * bs <= computed:  # position `computed` opens a block
+                seq.blocks.append(free.popleft())
+            out = seq._output + tick + 1
+            if out >= seq.max_tokens or seq.num_prompt_tokens + out >= max_len:
+                e = ScheduledSeq(seq, computed, 1, True, True)
+                last[id(seq)] = e
+                plan._finishing.append(e)  # type: ignore[union-attr]
+                ending.append(seq)
+            else:
+                self._schedule_event(seq)
+        plan._bulk = (tick, co.seqs.copy(), co.offs.copy(), last, co.off_sum)
+        co.tick = tick + 1
+        for seq in ending:
+            self._leave(seq)
+            seq.pending_finish = "length"
+
+    def _schedule_event(self, seq: Sequence) -> None:
+        """Files a member under the tick of its next event. With offsets (count - tick) the
+        event ticks do not depend on the current tick."""
+        c = self.config
+        tick = min(len(seq.blocks) * c.block_size - seq._computed,
+                   min(seq.max_tokens, c.max_model_len - seq.num_prompt_tokens)
+                   - seq._output - 1)
+        seq._event = tick
+        bucket = self._cohort.events.get(tick)
+        if bucket is None:
+            self._cohort.events[tick] = [seq]
+        else:
+            bucket.append(seq)
+
+    def _join(self, seq: Sequence) -> None:
+        co = self._cohort
+        seq._computed -= co.tick
+        seq._output -= co.tick
+        seq._cohort = co
+        i = bisect.bisect_left(co.serials, seq._serial)
+        co.seqs.insert(i, seq)
+        co.offs.insert(i, seq._computed)
+        co.serials.insert(i, seq._serial)
+        co.off_sum += seq._computed
+        self._schedule_event(seq)
+
+    def _leave(self, seq: Sequence) -> None:
+        co = seq._cohort
+        if co is None:
+            return
+        i = bisect.bisect_left(co.serials, seq._serial)
+        del co.seqs[i], co.offs[i], co.serials[i]
+        co.off_sum -= seq._computed
+        seq._computed += co.tick
+        seq._output += co.tick
+        seq._cohort = None
+        seq._event = -1
+
+    def _dissolve(self) -> None:
+        co = self._cohort
+        for seq in co.seqs:
+            seq._computed += co.tick
+            seq._output += co.tick
+            seq._cohort = None
+            seq._event = -1
+        co.seqs, co.offs, co.serials, co.off_sum = [], [], [], 0
+        co.events.clear()
+
+    @staticmethod
+    def _decoding(seq: Sequence) -> bool:
+        return seq._cohort is None and seq.status is SeqStatus.RUNNING and \
+            seq.pending_finish is None and \
+            seq.num_prompt_tokens + seq._output - seq._computed == 1
+
+    def _join_new(self) -> None:
+        for seq in self._joiners:
+            if self._decoding(seq):
+                self._join(seq)
+
+    def _join_all(self) -> None:
+        for seq in self._running:
+            if self._decoding(seq):
+                self._join(seq)
+
+    def _schedule_running(self, seqs: list[Sequence], plan: StepPlan,
+                          budget: int | None = None) -> tuple[int, int]:
         """Schedules running sequences in order; returns (budget left, prompt chunks)."""
         c = self.config
-        budget, prefills = c.max_num_batched_tokens, 0
-        bs, free, scheduled = c.block_size, self._free_blocks, plan.scheduled
+        budget = c.max_num_batched_tokens if budget is None else budget
+        prefills = 0
+        bs, free, scheduled = c.block_size, self._free_blocks, plan._entries
+        finishing = plan._finishing
         max_len, prefill_role = c.max_model_len, c.role is Role.PREFILL
         running = SeqStatus.RUNNING
         for seq in seqs:
@@ -338,15 +622,17 @@ class Scheduler:
                     seq.pending_finish = "length"
                 elif prefill_role:
                     seq.pending_finish = "prefilled"
-                scheduled.append(ScheduledSeq(seq, computed, 1, True,
-                                              seq.pending_finish is not None))
+                e = ScheduledSeq(seq, computed, 1, True, seq.pending_finish is not None)
+                scheduled.append(e)
+                if e.finishes and finishing is not None:
+                    finishing.append(e)
                 budget -= 1
                 continue
             is_prefill = True
             if is_prefill and c.max_prefill_seqs and prefills >= c.max_prefill_seqs:
                 continue
             n = min(remaining, budget) if c.chunked_prefill else remaining
-            if n <= 0 or (n > budget and plan.scheduled):
+            if n <= 0 or (n > budget and plan.num_scheduled):
                 continue
             if not self._grow(seq, seq.num_computed_tokens + n, plan):
                 continue  # seq itself was preempted
@@ -396,7 +682,7 @@ class Scheduler:
             upto = self._first_chunk(seq, budget)
             n = upto - seq.num_computed_tokens
             if not seq.needs_kv_insert and not c.chunked_prefill and n > budget and \
-                    plan.scheduled:
+                    plan.num_scheduled:
                 break  # a whole prompt that does not fit this step waits for the next
             need = self.blocks_needed(upto)
             if need + self._reserve(seq) > len(self._free_blocks):
@@ -405,6 +691,7 @@ class Scheduler:
             self._dequeue(seq)
             seq.blocks = [self._free_blocks.popleft() for _ in range(need)]
             seq.status = SeqStatus.RUNNING
+            seq._serial = next(self._serials)
             self._running.append(seq)
             if seq.needs_kv_insert:
                 plan.kv_inserts.append(seq)
@@ -425,8 +712,12 @@ class Scheduler:
                 seq.pending_finish = "length"
             elif self.config.role is Role.PREFILL:
                 seq.pending_finish = "prefilled"
-        plan.scheduled.append(ScheduledSeq(seq, start, n, samples,
-                                           seq.pending_finish is not None))
+            else:
+                self._joiners.append(seq)
+        e = ScheduledSeq(seq, start, n, samples, seq.pending_finish is not None)
+        plan._entries.append(e)
+        if e.finishes and plan._finishing is not None:
+            plan._finishing.append(e)
 
     def _grow(self, seq: Sequence, upto: int, plan: StepPlan) -> bool:
         """Blocks for `upto` positions of a running sequence, preempting others if needed.
@@ -448,12 +739,15 @@ class Scheduler:
         return max(candidates, key=lambda s: s.priority)
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
+        self._leave(seq)
         self._running.remove(seq)
         self._free(seq)
         # Drop its entry already in this plan (it restarts from scratch), with the placeholder
         # token that entry counted.
         for e in [e for e in plan.scheduled if e.seq is seq]:
             plan.scheduled.remove(e)
+            if plan._finishing is not None and e in plan._finishing:
+                plan._finishing.remove(e)
             if e.samples:
                 seq.num_output_tokens -= 1
                 seq.pending_finish = None
@@ -476,8 +770,8 @@ class Scheduler:
         """Record a completed step; returns the sequences it finished (blocks freed)."""
         stopped = stopped or {}
         done: list[Sequence] = []
-        for e in plan.scheduled:
-            if e.finishes and not e.seq.finished:
+        for e in plan.finishing:
+            if not e.seq.finished:
                 reason = stopped.get(e.seq.request_id, e.seq.pending_finish)
                 self._finish(e.seq, reason or "length")
                 done.append(e.seq)
@@ -491,6 +785,7 @@ class Scheduler:
     def _finish(self, seq: Sequence, reason: str) -> None:
         if seq.finished:
             return
+        self._leave(seq)
         if seq.status is SeqStatus.WAITING:
             self._waiting.remove(seq)
             self._dequeue(seq)

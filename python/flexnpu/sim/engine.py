@@ -352,24 +352,30 @@ class Simulation:
         if plan.is_empty:
             return False  # woken by the next add / handoff / finished step
         timer = self.timer
-        scheduled = plan.scheduled
-        flops, nbytes = timer.step_cost(scheduled)
+        # The plan's steady decodes come in aggregate (count, sum of starts): the step's cost
+        # and everything below need no per-sequence work for them.
+        if timer.shapes is not None:
+            plan.scheduled  # noqa: B018 -- padded programs look at every entry
+        bulk, bulk_starts = plan.bulk_decodes
+        rest = plan.entries_after_bulk
+        flops, nbytes = timer.step_cost(rest, bulk, bulk_starts)
+        num_scheduled = bulk + len(rest)
         # The engine's program decides the phase (a step with prompt tokens is its prefill
         # program), not the roofline: on a 910C group a short DeepSeek prefill is bandwidth-
         # bound (it reads every touched expert) and would be classed "decode".
-        phase = "decode" if plan.scheduled and plan.scheduled[-1].is_decode else "prefill"
+        phase = "decode" if (rest[-1].is_decode if rest else bulk) else "prefill"
         kv_bytes = 0
         if inst.role is not Role.PREFILL:
             used = sched.config.num_blocks - sched.num_free_blocks
             kv_bytes = used * sched.config.block_size * self.kv_per_token
         now_ns = int(now * 1e9)
         inputs = ((inst.kv_unit, kv_bytes),) if kv_bytes else ()
-        exe = (_PHASE_CODE[phase] << 32) | max(1, len(scheduled)).bit_length() << 8 | \
+        exe = (_PHASE_CODE[phase] << 32) | max(1, num_scheduled).bit_length() << 8 | \
             min(255, int(plan.num_tokens).bit_length())
         # weight: the sequences whose latency this step's placement decides (the engine knows
         # them): its batch, and for a prefill also the prompts queued behind it, which wait as
         # long as it does. The core weighs them against the decode sequences it would delay.
-        weight = len(scheduled) + (sched.num_waiting if phase == "prefill" else 0) \
+        weight = num_scheduled + (sched.num_waiting if phase == "prefill" else 0) \
             if self.request_weights else 0
         d = self.core.place(inst.idx, fp.Profile(phase, flops, nbytes), now_ns=now_ns,
                             inputs=inputs, executable_id=exe, weight=weight)
@@ -416,8 +422,8 @@ class Simulation:
         self.core.on_finish(ticket, int(now * 1e9))
         self._inflight[unit] -= 1
         inst.inflight -= 1
-        sampled = len(plan.scheduled)
-        for e in reversed(plan.scheduled):  # decodes first, then prompt chunks
+        sampled = plan.num_scheduled
+        for e in reversed(plan.entries_after_bulk):  # decodes first, then prompt chunks
             if e.is_decode:
                 break
             if e.samples:

@@ -201,12 +201,18 @@ class StepTimer:
             self._program_cost[key] = cost
         return cost
 
-    def step_cost(self, scheduled) -> tuple[float, float]:
+    def step_cost(self, scheduled, decodes: int = 0,
+                  decode_starts: int = 0) -> tuple[float, float]:
         """FLOPs and bytes of a step straight from the scheduler's entries (the hot path:
-        the features of steptime.step_features, summed without building arrays)."""
+        the features of steptime.step_features, summed without building arrays). `decodes`
+        more single-token sampling entries whose starts sum to `decode_starts` may be given
+        in aggregate (StepPlan.bulk_decodes; not with padded programs)."""
         if self.shapes is not None:
+            if decodes:
+                raise ValueError("step_cost: padded programs need every entry")
             return self.program_cost(*self.shapes.program(scheduled))
-        n = a = k = s = 0
+        n, s = decodes, decodes
+        a = k = decode_starts + decodes
         for e in scheduled:
             num, st = e.num_tokens, e.start
             n += num
