@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="serve jax.export artifacts from DIR (no model code; the engine shapes "
                         "are the export's)")
     p.add_argument("--no-warmup", action="store_true", help="compile lazily")
+    p.add_argument("--compilation-cache", metavar="DIR", default=None,
+                   help="JAX's persistent compilation cache in DIR (every program is cached): "
+                        "a restart loads the step programs instead of compiling them")
     p.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn) log level")
     logs.add_argument(p)
     return p
@@ -114,6 +117,10 @@ def serve(args: argparse.Namespace) -> int:
     import jax
 
     from flexnpu.serving.engine import Engine
+
+    if args.compilation_cache:
+        jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
     devices = jax.devices()
     print(f"JAX platform {devices[0].platform}: {len(devices)} devices", flush=True)
