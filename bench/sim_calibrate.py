@@ -1,17 +1,27 @@
-"""Fit the simulator's `cpu` preset to real SmolLM2-135M steps measured on this machine.
+"""Fit the simulator's `cpu` preset to the serving engine's own programs, timed on this machine.
 
-Runs the serving model's own prefill and decode (flexnpu.serving.model, SmolLM2-135M shapes,
-random weights, float32 as served on this CPU, JAX_PLATFORMS=cpu), times each point (median of
---repeats after a warm-up), and fits the preset's compute / memory efficiency so that
-max(FLOPs / (peak * eff_c), bytes / (bw * eff_m)) + launch matches (least squares in log time)
-with FLOPs and bytes from the simulator's HLO-derived cost model. Writes
-python/flexnpu/sim/data/cpu_calibration.json (read by flexnpu.sim.hardware) and prints the
-per-point error.
+Builds FlexNPU's engine for the given settings (SmolLM2-135M shapes, random float32 weights:
+the times do not depend on the values) on one device of the current JAX platform, runs every
+program it compiles (the decode-only step at each block-table width, the mixed step at each
+prompt-chunk bucket; padded inputs, as the engine's warm-up runs them), and times each (median
+of --repeats after a warm-up, the inputs put on the device and the sampled ids read back every
+call, as the engine's loop does). Then it fits the preset's compute and memory efficiency and
+its fixed per-step time so that
 
-    JAX_PLATFORMS=cpu python bench/sim_calibrate.py            # ~1 min on 2 shared cores
+    max(FLOPs / (peak * eff_compute), bytes / (bandwidth * eff_memory)) + launch_s
 
-The 2 vCPUs are shared: the fit describes one device that has the whole machine (jax uses both
-cores), which is how a single-instance serve.py run uses it.
+with FLOPs and bytes of each padded program from the simulator's HLO-derived cost model
+(steptime.EngineShapes) matches (least squares in log time). Writes the calibration JSON
+(default python/flexnpu/sim/data/cpu_calibration.json, read by flexnpu.sim.hardware) and prints
+the per-program error.
+
+    JAX_PLATFORMS=cpu python bench/sim_calibrate.py            # ~1-2 min on 2 shared cores
+    JAX_PLATFORMS=flexnpu python bench/sim_calibrate.py --max-model-len 256 \\
+        --max-num-batched-tokens 128 --out /tmp/cal.json
+
+The 2 vCPUs are shared by every device of the machine: the fit describes one device that has
+the whole machine (XLA uses both cores), as a one-device serve run uses it, under whatever
+load the machine has while it runs (the load average is printed and stored).
 """
 
 from __future__ import annotations
@@ -21,105 +31,120 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from flexnpu.serving import model  # noqa: E402
-from flexnpu.serving.config import SMOLLM2_135M  # noqa: E402
 from flexnpu.sim.hardware import CPU_CALIBRATION, get_preset  # noqa: E402
 from flexnpu.sim.models import get_model  # noqa: E402
-from flexnpu.sim.steptime import CostModel, step_features  # noqa: E402
+from flexnpu.sim.steptime import CostModel, EngineShapes  # noqa: E402
 
 
-def _time(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+def measure(args: argparse.Namespace) -> tuple[EngineShapes, list[dict]]:
+    """Median seconds of every program of the engine built with these settings."""
+    import jax
+    import jax.numpy as jnp
 
+    from flexnpu.serving import model
+    from flexnpu.serving.config import SMOLLM2_135M
+    from flexnpu.serving.engine import Engine, EngineConfig
 
-def measure(repeats: int) -> list[dict]:
-    cfg = SMOLLM2_135M
-    params = model.random_params(cfg, dtype=jnp.float32)
-    prefill, decode, _ = model.jitted_steps(cfg)  # as the engine runs them (cache donated)
+    ec = EngineConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                      max_num_batched_tokens=args.max_num_batched_tokens,
+                      block_size=args.block_size, num_devices=1)
+    shapes = EngineShapes.of_engine(ec.max_num_seqs, ec.max_num_batched_tokens, ec.block_size,
+                                    ec.max_model_len)
+    params = model.random_params(SMOLLM2_135M, dtype=jnp.float32)
+    dev = jax.devices()[0]
+    eng = Engine(None, params, ec, devices=[dev], model_config=SMOLLM2_135M, eos_ids=())
+    runner = eng.instances[0].runner
+    t0 = time.perf_counter()
+    eng.warmup()
+    print(f"{dev.platform}: compiled {eng.num_warmup_programs()} programs in "
+          f"{time.perf_counter() - t0:.1f} s", flush=True)
     rows = []
-    for t in (32, 128, 256, 512):
-        tokens = jnp.zeros((t,), jnp.int32)
-        s = _time(prefill, params, tokens, jnp.int32(t), repeats=repeats)
-        rows.append({"kind": "prefill", "n": t, "ctx": 0, "seconds": s})
-        print(f"prefill T={t}: {s * 1e3:.2f} ms", flush=True)
-    for b, ctx in ((1, 256), (4, 256), (8, 256), (8, 1024)):
-        ck, cv = model.init_cache(cfg, b, ctx, dtype=jnp.float32)
-        toks = jnp.zeros((b,), jnp.int32)
-        pos = jnp.full((b,), ctx - 1, jnp.int32)
+    for chunk, width in shapes.programs():
+        inp = runner._padding_inputs(chunk, width)
         ts = []
-        for i in range(repeats + 1):  # the cache is donated: thread it through the calls
-            t0 = time.perf_counter()
-            logits, ck, cv = decode(params, ck, cv, toks, pos)
-            jax.block_until_ready(logits)
-            if i:
-                ts.append(time.perf_counter() - t0)
-        s = statistics.median(ts)
-        rows.append({"kind": "decode", "n": b, "ctx": ctx, "seconds": s})
-        print(f"decode B={b} C={ctx}: {s * 1e3:.2f} ms", flush=True)
-    return rows
+        for _ in range(args.repeats + 1):
+            t = time.perf_counter()
+            out = runner.steps.step(runner.params, runner.ck, runner.cv,
+                                    runner.device_inputs(inp))
+            runner.ck, runner.cv = out[4], out[5]
+            np.asarray(out[0])
+            ts.append(time.perf_counter() - t)
+        s = statistics.median(ts[1:])
+        rows.append({"chunk": chunk, "width": width, "seconds": s,
+                     "min_seconds": min(ts[1:])})
+        print(f"program chunk={chunk:4d} width={width:3d}: {s * 1e3:8.1f} ms "
+              f"(min {min(ts[1:]) * 1e3:.1f})", flush=True)
+    return shapes, rows
 
 
-def fit(rows: list[dict]) -> tuple[float, float, list[float]]:
+def fit(shapes: EngineShapes, rows: list[dict]) -> tuple[float, float, float, list[float]]:
+    """(eff_compute, eff_memory, launch_s, relative error per program)."""
     m = get_model("smollm2-135m")
     cm = CostModel.load(m)
     dev = get_preset("cpu").device
-    fb = []
-    for r in rows:
-        if r["kind"] == "prefill":
-            f = step_features(m, [(0, r["n"], True)])
-            f[2] = float(r["n"]) ** 2  # the served graph scores every pair, as the table's
-        else:
-            f = step_features(m, [(r["ctx"] - 1, 1, True)] * r["n"])
-        fb.append(cm.flops_bytes(f, fused_attention=False))
+    fb = np.array([cm.flops_bytes(shapes.features(r["chunk"], r["width"]),
+                                  fused_attention=False) for r in rows])
     meas = np.array([r["seconds"] for r in rows])
-
-    def predict(ec: float, em: float) -> np.ndarray:
-        return np.array([max(f / (dev.peak_flops * ec), b / (dev.mem_bandwidth * em))
-                         + dev.small_work_s for f, b in fb])
-
-    best = (1e30, 1.0, 1.0)
-    for ec in np.geomspace(0.01, 1.0, 60):
-        for em in np.geomspace(0.01, 2.0, 60):
-            err = float(np.sum(np.log(predict(ec, em) / meas) ** 2))
-            if err < best[0]:
-                best = (err, float(ec), float(em))
-    _, ec, em = best
-    rel = (predict(ec, em) / meas - 1).tolist()
-    return ec, em, rel
+    ecs = np.geomspace(0.005, 1.0, 80)
+    ems = np.geomspace(0.005, 2.0, 80)
+    launches = np.concatenate([[0.0], np.geomspace(1e-4, meas.min() * 0.9, 40)])
+    tc = fb[:, 0][None, :] / (dev.peak_flops * ecs[:, None])  # [ec, program]
+    tm = fb[:, 1][None, :] / (dev.mem_bandwidth * ems[:, None])  # [em, program]
+    roof = np.maximum(tc[:, None, :], tm[None, :, :])  # [ec, em, program]
+    best = (np.inf, 0.0, 0.0, 0.0)
+    for launch in launches:
+        err = np.sum(np.log((roof + launch) / meas) ** 2, axis=-1)
+        i, j = np.unravel_index(np.argmin(err), err.shape)
+        if err[i, j] < best[0]:
+            best = (float(err[i, j]), float(ecs[i]), float(ems[j]), float(launch))
+    _, ec, em, launch = best
+    pred = np.maximum(fb[:, 0] / (dev.peak_flops * ec), fb[:, 1] / (dev.mem_bandwidth * em))
+    return ec, em, launch, (pred + launch) / meas - 1
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-num-batched-tokens", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", type=Path, default=CPU_CALIBRATION, help="calibration JSON")
     p.add_argument("--dry-run", action="store_true", help="measure and fit, write nothing")
     args = p.parse_args(argv)
-    rows = measure(args.repeats)
-    ec, em, rel = fit(rows)
+    load_before = os.getloadavg()
+    t0 = time.time()
+    shapes, rows = measure(args)
+    load_after = os.getloadavg()
+    ec, em, launch, rel = fit(shapes, rows)
     for r, e in zip(rows, rel, strict=True):
-        print(f"{r['kind']:8s} n={r['n']:4d} ctx={r['ctx']:5d} measured "
-              f"{r['seconds'] * 1e3:7.2f} ms  model error {e * 100:+6.1f}%")
-    print(f"eff_compute {ec:.3f}  eff_memory {em:.3f}")
-    doc = {"eff_compute": ec, "eff_memory": em, "points": rows, "relative_error": rel,
-           "source": "fitted to SmolLM2-135M steps (serving model, f32) measured on this "
-                     "machine by bench/sim_calibrate.py",
+        r["model_error"] = float(e)
+        print(f"chunk={r['chunk']:4d} width={r['width']:3d} measured {r['seconds'] * 1e3:8.1f} ms"
+              f"  model error {e * 100:+6.1f}%")
+    print(f"eff_compute {ec:.4f}  eff_memory {em:.4f}  launch_s {launch * 1e3:.1f} ms  "
+          f"(load average {load_before[0]:.1f} -> {load_after[0]:.1f})")
+    import jax
+
+    doc = {"eff_compute": ec, "eff_memory": em, "launch_s": launch,
+           "engine": {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len,
+                      "max_num_batched_tokens": args.max_num_batched_tokens,
+                      "block_size": args.block_size},
+           "platform": jax.devices()[0].platform,
+           "measured_at_unix": t0, "load_average_1m": [load_before[0], load_after[0]],
+           "programs": rows,
+           "source": "fitted to the serving engine's padded SmolLM2-135M programs (f32) timed "
+                     "on this machine by bench/sim_calibrate.py",
            "regenerate": "JAX_PLATFORMS=cpu python bench/sim_calibrate.py"}
     if not args.dry_run:
-        CPU_CALIBRATION.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {CPU_CALIBRATION}")
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.out}")
     return 0
 
 

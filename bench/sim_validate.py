@@ -1,0 +1,414 @@
+"""Validate the simulator against a real serve run on this machine: the same trace, side by side.
+
+For each configuration: a fixed-seed trace (Poisson arrivals; log-normal prompt and output
+lengths) is generated; `python -m flexnpu serve` (SmolLM2-135M-Instruct, one device of the
+configured platform: its programs have the whole machine) is started and compiled; real
+streaming HTTP clients send each request at its arrival time (the prompt as token ids, so its
+length is exact; max_tokens = its output length with ignore_eos) and record TTFT (request sent ->
+first chunk with a token) and TPOT ((last token - first token) / (tokens - 1)); the requests as
+they were actually sent are written as the simulator's --trace CSV (timestamp, input_tokens,
+output_tokens); `python -m flexnpu simulate --device cpu --model smollm2-135m --policies
+chunked-colocate` (the engine's co-located layout: chunked prefill in mixed batches) runs that
+trace with the server's engine settings; the table compares p50 / p90 TTFT and TPOT.
+
+The step-time model is measured in the same window: bench/sim_calibrate.py times the engine's
+own programs for these settings just before the serve runs (and again after them, to show the
+drift), and the simulator reads that calibration (FLEXNPU_SIM_CPU_CALIBRATION). The machine is
+shared by other users: the load average is printed with every phase; --write-calibration also
+stores the pre-run calibration as the package's cpu preset.
+
+    python bench/sim_validate.py                        # configurations light and heavy
+    python bench/sim_validate.py --configs light --json /tmp/simval.json --keep DIR
+
+Each configuration takes about 1 min of compiling plus --duration (default 100 s) of load plus
+the drain; the whole run about 7-9 min on 2 shared cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = {"max_num_seqs": 8, "max_model_len": 256, "max_num_batched_tokens": 128,
+          "block_size": 16}
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    rate: float  # requests/s (Poisson)
+    prompt_median: int
+    output_median: int
+    sigma: float = 0.6
+    prompt_range: tuple[int, int] = (8, 160)
+    output_range: tuple[int, int] = (4, 48)
+
+
+CONFIGS = {
+    "light": Config("light", rate=0.1, prompt_median=48, output_median=16),
+    "heavy": Config("heavy", rate=0.4, prompt_median=48, output_median=16),
+}
+
+
+@dataclass
+class Sent:
+    rid: int
+    prompt: int
+    output: int
+    planned: float  # seconds from the start of the run
+    sent: float = -1.0
+    ttft: float = -1.0
+    tpot: float = -1.0
+    tokens: int = 0
+    error: str = ""
+    times: list[float] = field(default_factory=list)
+
+
+def make_trace(cfg: Config, duration: float, seed: int) -> list[Sent]:
+    rng = np.random.default_rng(seed)
+    n = rng.poisson(cfg.rate * duration)
+    t = np.sort(rng.uniform(0.0, duration, n))
+
+    def lengths(median: int, lo_hi: tuple[int, int]) -> np.ndarray:
+        x = rng.lognormal(np.log(median), cfg.sigma, n)
+        return np.clip(np.round(x), *lo_hi).astype(int)
+
+    p, o = lengths(cfg.prompt_median, cfg.prompt_range), lengths(cfg.output_median,
+                                                                  cfg.output_range)
+    o = np.minimum(o, ENGINE["max_model_len"] - p)
+    return [Sent(i, int(p[i]), int(o[i]), float(t[i])) for i in range(n)]
+
+
+def write_trace(reqs: list[Sent], path: Path) -> None:
+    """The simulator's --trace CSV: the requests as they were sent (seconds)."""
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["timestamp", "input_tokens", "output_tokens"])
+        for r in sorted(reqs, key=lambda r: r.sent):
+            w.writerow([f"{r.sent:.6f}", r.prompt, r.output])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """The subprocesses run this working tree's flexnpu (even where the installed copy is not
+    an editable one)."""
+    path = os.pathsep.join(x for x in (str(ROOT / "python"), os.environ.get("PYTHONPATH"))
+                           if x)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "flexnpu", "serve", "--port", str(port), "--devices", "1",
+           "--max-num-seqs", str(ENGINE["max_num_seqs"]),
+           "--max-model-len", str(ENGINE["max_model_len"]),
+           "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),
+           "--block-size", str(ENGINE["block_size"])]
+    if args.model:
+        cmd += ["--model", args.model]
+    env = _env(JAX_PLATFORMS=args.platform)
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                            cwd=ROOT)
+    deadline = time.time() + args.startup_timeout
+    import httpx
+
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}); log: {log}\n"
+                               + log.read_text()[-2000:])
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    proc.kill()
+    raise RuntimeError(f"the server did not come up within {args.startup_timeout} s; log: {log}")
+
+
+async def _one(client, r: Sent, t0: float, vocab_ids: np.ndarray) -> None:
+    await asyncio.sleep(max(0.0, t0 + r.planned - time.perf_counter()))
+    body = {"prompt": vocab_ids[: r.prompt].tolist(), "max_tokens": r.output, "stream": True,
+            "ignore_eos": True, "temperature": 0.0, "logprobs": 1,  # a chunk for every token
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    r.sent = start - t0
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                r.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                d = json.loads(line[6:])
+                if "error" in d:
+                    r.error = str(d["error"])
+                    return
+                if d.get("choices"):
+                    r.times.append(time.perf_counter())
+                if d.get("usage"):
+                    r.tokens = d["usage"]["completion_tokens"]
+    except Exception as e:  # noqa: BLE001 - a failed request is reported, not hidden
+        r.error = f"{type(e).__name__}: {e}"
+        return
+    if not r.times or r.tokens != r.output:
+        r.error = f"{r.tokens} tokens of {r.output}"
+        return
+    r.ttft = r.times[0] - start
+    if r.tokens > 1:
+        r.tpot = (r.times[-1] - r.times[0]) / (r.tokens - 1)
+
+
+async def drive(port: int, reqs: list[Sent], seed: int) -> None:
+    import httpx
+
+    rng = np.random.default_rng(seed + 1)
+    # Ordinary vocabulary ids (no control tokens): every request's prompt is a prefix.
+    ids = rng.integers(300, 40000, max(r.prompt for r in reqs))
+    limits = httpx.Limits(max_connections=len(reqs) + 4)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600,
+                                 limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_one(client, r, t0, ids) for r in reqs))
+
+
+def bare_calibration(args: argparse.Namespace, out: Path) -> dict:
+    """bench/sim_calibrate.py: the engine's programs timed bare, in a process of their own."""
+    cmd = [sys.executable, str(ROOT / "bench" / "sim_calibrate.py"), "--out", str(out),
+           "--repeats", str(args.calibrate_repeats)]
+    for k, v in ENGINE.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    subprocess.run(cmd, check=True, env=_env(JAX_PLATFORMS=args.platform), cwd=ROOT)
+    return json.loads(out.read_text())
+
+
+def probe_requests() -> list[tuple[int, int, int, int, str]]:
+    """(prompt, output, chunk, width, what it times) of requests that, run alone, time one
+    program each: a prompt of exactly one chunk bucket (TTFT: that mixed step), and for each
+    decode width a request whose context stays within that width and above the narrower one
+    (TPOT: that decode-only step)."""
+    from flexnpu.sim.steptime import EngineShapes
+
+    sh = EngineShapes.of_engine(**ENGINE)
+    out = [(c, 4, c, sh.max_blocks, "ttft") for c in sh.chunk_buckets]
+    lo = 0
+    for w in sh.decode_widths:
+        prompt = lo * sh.block_size + 8
+        output = min(16, w * sh.block_size - prompt)
+        if output >= 4:
+            out.append((prompt, output, 0, w, "tpot"))
+        lo = w
+    return out
+
+
+async def probe(port: int, repeats: int, seed: int) -> list[dict]:
+    """Times every program inside the running server: the probe requests one at a time."""
+    import httpx
+
+    ids = np.random.default_rng(seed + 2).integers(300, 40000, ENGINE["max_model_len"])
+    rows = []
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+        for prompt, output, chunk, width, what in probe_requests():
+            xs = []
+            for _ in range(repeats):
+                r = Sent(-1, prompt, output, 0.0)
+                await _one(client, r, time.perf_counter(), ids)
+                if r.error:
+                    raise RuntimeError(f"probe request failed: {r.error}")
+                xs.append(r.ttft if what == "ttft" else r.tpot)
+            rows.append({"chunk": chunk, "width": width, "seconds": float(np.median(xs)),
+                         "samples": xs, "from": f"{what} of prompt {prompt}, {output} tokens"})
+    return rows
+
+
+def calibration_doc(rows: list[dict], label: str) -> dict:
+    """The simulator's cpu calibration fitted to program times (sim_calibrate.fit)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import sim_calibrate
+
+    from flexnpu.sim.steptime import EngineShapes
+
+    ec, em, launch, rel = sim_calibrate.fit(EngineShapes.of_engine(**ENGINE), rows)
+    for r, e in zip(rows, rel, strict=True):
+        r["model_error"] = float(e)
+    return {"eff_compute": ec, "eff_memory": em, "launch_s": launch, "engine": ENGINE,
+            "programs": rows, "source": f"bench/sim_validate.py: {label}"}
+
+
+def _mean_rows(a: list[dict], b: list[dict]) -> list[dict]:
+    return [{"chunk": x["chunk"], "width": x["width"],
+             "seconds": (x["seconds"] + y["seconds"]) / 2} for x, y in zip(a, b, strict=True)]
+
+
+def simulate(trace: Path, duration: float, calibration: Path, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "flexnpu", "simulate", "--devices", "1", "--device", "cpu",
+           "--model", "smollm2-135m", "--policies", "chunked-colocate", "--trace", str(trace),
+           "--rate", "0", "--duration", f"{duration:.3f}", "--seeds", "1",
+           "--max-prompt", str(ENGINE["max_model_len"]),
+           "--max-output", str(ENGINE["max_model_len"]), "--json", str(out), "--no-progress"]
+    for k, v in ENGINE.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    env = _env(FLEXNPU_SIM_CPU_CALIBRATION=str(calibration))
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["policies"]["chunked-colocate"]
+
+
+def _pct(xs: list[float]) -> dict[str, float]:
+    p = np.percentile(np.array(xs), [50, 90]) if xs else [float("nan")] * 2
+    return {"p50": float(p[0]), "p90": float(p[1])}
+
+
+def run_config(cfg: Config, args: argparse.Namespace, work: Path,
+               bare: Path | None) -> dict:
+    reqs = make_trace(cfg, args.duration, args.seed)
+    print(f"\n== {cfg.name}: {len(reqs)} requests over {args.duration:.0f} s "
+          f"(rate {cfg.rate} req/s, prompt median {cfg.prompt_median}, output median "
+          f"{cfg.output_median}); load average {_load():.1f}", flush=True)
+    port = _free_port()
+    t = time.time()
+    proc = start_server(args, port, work / f"server_{cfg.name}.log")
+    print(f"server up in {time.time() - t:.0f} s (compiled); load average {_load():.1f}",
+          flush=True)
+    loads = {}
+    try:
+        loads["probe_before"] = _load()
+        before = asyncio.run(probe(port, args.probe_repeats, args.seed))
+        t = time.time()
+        loads["load_start"] = _load()
+        asyncio.run(drive(port, reqs, args.seed))
+        loads["load_end"] = _load()
+        print(f"load done in {time.time() - t:.0f} s; load average {_load():.1f}", flush=True)
+        after = asyncio.run(probe(port, args.probe_repeats, args.seed))
+        loads["probe_after"] = _load()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    bad = [r for r in reqs if r.error]
+    if bad:
+        raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error}")
+    for b, a in zip(before, after, strict=True):
+        print(f"program chunk={b['chunk']:3d} width={b['width']:2d} in the server: "
+              f"{b['seconds'] * 1e3:6.0f} ms before the load, {a['seconds'] * 1e3:6.0f} ms "
+              f"after ({(a['seconds'] / b['seconds'] - 1) * 100:+.0f}%)")
+    trace = work / f"trace_{cfg.name}.csv"
+    write_trace(reqs, trace)
+    cals = {"before": calibration_doc(before, f"in-server probes before the {cfg.name} load"),
+            "after": calibration_doc(after, f"in-server probes after the {cfg.name} load"),
+            "mean": calibration_doc(_mean_rows(before, after),
+                                    f"mean of the in-server probes around the {cfg.name} load")}
+    paths = {}
+    for k, doc in cals.items():
+        paths[k] = work / f"calibration_{cfg.name}_{k}.json"
+        paths[k].write_text(json.dumps(doc, indent=1) + "\n")
+    if bare is not None:
+        paths["bare"] = bare
+    duration = max(r.sent for r in reqs) + 1.0
+    sims = {k: simulate(trace, duration, path, work / f"sim_{cfg.name}_{k}.json")
+            for k, path in paths.items()}
+    real = {"ttft_s": _pct([r.ttft for r in reqs]),
+            "tpot_s": _pct([r.tpot for r in reqs if r.tpot >= 0])}
+    return {"config": cfg.__dict__, "requests": len(reqs),
+            "sim_requests_finished": {k: v["requests_finished"] for k, v in sims.items()},
+            "load_average": loads, "real": real, "calibrations": cals,
+            "sim": {k: {"ttft_s": v["ttft_s"], "tpot_s": v["tpot_s"]} for k, v in sims.items()},
+            "per_request": [{"prompt": r.prompt, "output": r.output, "sent_s": r.sent,
+                             "ttft_s": r.ttft, "tpot_s": r.tpot} for r in reqs],
+            "trace": str(trace)}
+
+
+def print_table(results: list[dict], which: str) -> None:
+    print(f"\nsimulator calibrated on: {which}")
+    print("| config | requests | metric | real | sim | error |\n|---|---|---|---|---|---|")
+    for res in results:
+        c = res["config"]["name"]
+        for metric in ("ttft_s", "tpot_s"):
+            for p in ("p50", "p90"):
+                real, sim = res["real"][metric][p], res["sim"][which][metric][p]
+                err = (sim / real - 1) * 100 if real > 0 else float("nan")
+                print(f"| {c} | {res['requests']} | {metric[:4].upper()} {p} | "
+                      f"{real * 1e3:.0f} ms | {sim * 1e3:.0f} ms | {err:+.1f}% |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="light,heavy",
+                   help=f"comma-separated, of {', '.join(CONFIGS)}")
+    p.add_argument("--duration", type=float, default=100.0, help="arrival window, seconds")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--platform", default="flexnpu", help="JAX_PLATFORMS of the server")
+    p.add_argument("--model", default=None, help="serve --model (default: SmolLM2 GGUF)")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--probe-repeats", type=int, default=2,
+                   help="runs of each in-server probe request (median)")
+    p.add_argument("--bare-calibration", action="store_true",
+                   help="also time the programs bare (bench/sim_calibrate.py, own process) "
+                   "before the runs and simulate with that calibration too")
+    p.add_argument("--calibrate-repeats", type=int, default=7)
+    p.add_argument("--write-calibration", action="store_true",
+                   help="store the last configuration's mean in-server calibration as the "
+                   "package's cpu preset (python/flexnpu/sim/data/cpu_calibration.json)")
+    p.add_argument("--keep", type=Path, default=None, help="keep traces, logs, JSON here")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    names = [x.strip() for x in args.configs.split(",") if x.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or not names:
+        p.error(f"--configs: unknown {unknown} (known: {', '.join(CONFIGS)})")
+    if not args.duration > 0:
+        p.error("--duration must be > 0")
+    work = args.keep or Path(tempfile.mkdtemp(prefix="sim_validate_"))
+    work.mkdir(parents=True, exist_ok=True)
+    bare = None
+    if args.bare_calibration:
+        bare = work / "calibration_bare.json"
+        print(f"timing the programs bare (load average {_load():.1f})", flush=True)
+        bare_calibration(args, bare)
+    results = [run_config(CONFIGS[n], args, work, bare) for n in names]
+    for which in ("mean", "before", "after", *(["bare"] if bare else [])):
+        print_table(results, which)
+    if args.write_calibration:
+        dest = ROOT / "python" / "flexnpu" / "sim" / "data" / "cpu_calibration.json"
+        doc = results[-1]["calibrations"]["mean"] | {
+            "platform": args.platform, "measured_at_unix": time.time(),
+            "load_average_1m": results[-1]["load_average"],
+            "regenerate": "python bench/sim_validate.py --write-calibration (in-server "
+                          "probes), or JAX_PLATFORMS=cpu python bench/sim_calibrate.py (bare)"}
+        dest.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {dest}")
+    doc = {"engine": ENGINE, "platform": args.platform, "seed": args.seed,
+           "results": results}
+    if args.json:
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    print(f"work files in {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""Simulator validation plumbing: the bench's trace round trip, the engine's padded programs as
+the cpu preset costs them, the calibration file override and the calibration fit."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flexnpu.__main__ import main as flexnpu_main
+from flexnpu.serving.engine import EngineConfig
+from flexnpu.serving.runner import RunnerShapes
+from flexnpu.serving.scheduler import ScheduledSeq, Sequence
+from flexnpu.sim.engine import InstanceConfig, Simulation
+from flexnpu.sim.hardware import CPU_CALIBRATION_ENV, StepTimer, get_preset
+from flexnpu.sim.models import get_model
+from flexnpu.sim.steptime import EngineShapes
+from flexnpu.sim.workload import load_trace
+
+BENCH = Path(__file__).parents[2] / "bench"
+ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=128, block_size=16, max_model_len=256)
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _entry(start: int, n: int, blocks: int, prompt: int = 10_000) -> ScheduledSeq:
+    seq = Sequence(object(), prompt, 8, 0.0)
+    seq.blocks = list(range(blocks))
+    return ScheduledSeq(seq, start, n, True)
+
+
+def test_bench_trace_round_trips_through_simulate(tmp_path):
+    v = _bench("sim_validate")
+    reqs = v.make_trace(v.CONFIGS["heavy"], 30.0, seed=3)
+    assert len(reqs) > 5
+    for r in reqs:  # as the clients record them: sent a little after the planned time
+        r.sent = r.planned + 0.01
+    trace = tmp_path / "trace.csv"
+    v.write_trace(reqs, trace)
+    wl = load_trace(trace, max_prompt=256, max_output=256)
+    assert len(wl) == len(reqs)
+    assert wl.prompt_tokens.tolist() == [r.prompt for r in reqs]
+    assert wl.output_tokens.tolist() == [r.output for r in reqs]
+    assert np.allclose(wl.arrivals, [r.sent - reqs[0].sent for r in reqs], atol=1e-5)
+    assert all(r.prompt + r.output <= ENGINE["max_model_len"] for r in reqs)
+    out = tmp_path / "sim.json"
+    rc = flexnpu_main(["simulate", "--devices", "1", "--device", "cpu", "--model",
+                       "smollm2-135m", "--policies", "chunked-colocate", "--trace", str(trace),
+                       "--rate", "0", "--duration", "40", "--seeds", "1", "--max-prompt",
+                       "256", "--max-output", "256", "--json", str(out), "--no-progress",
+                       *[x for k, val in ENGINE.items()
+                         for x in (f"--{k.replace('_', '-')}", str(val))]])
+    assert rc == 0
+    pol = json.loads(out.read_text())["policies"]["chunked-colocate"]
+    assert pol["requests_total"] == len(reqs)
+    assert pol["requests_finished"] == len(reqs)
+
+
+def test_engine_shapes_pick_the_runners_programs():
+    shapes = EngineShapes.of_engine(**ENGINE)
+    ec = EngineConfig(**ENGINE)
+    runner = RunnerShapes(num_seqs=8, block_size=16, num_blocks=ec.blocks_per_instance(),
+                          max_blocks_per_seq=ec.max_blocks_per_seq,
+                          chunk_buckets=ec.resolved_chunk_buckets(),
+                          decode_widths=ec.resolved_decode_widths())
+    assert shapes.chunk_buckets == runner.chunk_buckets == (64, 128)
+    assert shapes.decode_widths == runner.widths == (4, 16)
+    assert shapes.programs() == [(c, w) for _, c, w in _runner_programs(runner)]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        decodes = [_entry(0, 1, int(rng.integers(1, 17)), prompt=0)
+                   for _ in range(int(rng.integers(0, 9)))]
+        chunk = [_entry(0, int(rng.integers(2, 129)), 8)] if rng.random() < 0.5 or not \
+            decodes else []
+        c, w = shapes.program(decodes + chunk)
+        if chunk:
+            assert (c, w) == (runner.chunk_bucket(chunk[0].num_tokens), 16)
+        else:
+            longest = max(len(e.seq.blocks) for e in decodes)
+            assert (c, w) == (0, runner.decode_width(longest))
+
+
+def _runner_programs(sh: RunnerShapes):
+    return [*(("step", 0, w) for w in sh.widths),
+            *(("step", c, sh.max_blocks_per_seq) for c in sh.chunk_buckets)]
+
+
+def test_cpu_preset_costs_the_padded_program_not_the_batch():
+    ic = InstanceConfig(**ENGINE)
+    cpu = StepTimer.create(get_model("smollm2-135m"), get_preset("cpu"), 1, ic)
+    one = [_entry(40, 1, 3, prompt=0)]
+    eight = [_entry(40, 1, 3, prompt=0) for _ in range(8)]
+    assert cpu.step_cost(one) == cpu.step_cost(eight)  # 8 rows are computed either way
+    assert cpu.step_cost([_entry(0, 65, 5)]) == cpu.step_cost([_entry(0, 128, 8)])
+    assert cpu.step_cost([_entry(0, 64, 4)]) < cpu.step_cost([_entry(0, 65, 5)])
+    long_rows = [_entry(100, 1, 7, prompt=0)]  # 7 blocks: past the narrow width 4
+    assert cpu.step_cost(one) < cpu.step_cost(long_rows)
+    # An accelerator preset (a runtime with kernels sized to the batch) costs the batch.
+    h100 = StepTimer.create(get_model("smollm2-135m"), get_preset("h100"), 1, ic)
+    assert h100.shapes is None
+    assert h100.step_cost(one) < h100.step_cost(eight)
+
+
+def test_cpu_preset_schedules_like_the_engine():
+    sim = Simulation(model=get_model("smollm2-135m"), preset=get_preset("cpu"), devices=1,
+                     parallel=1, policy="chunked-colocate", instance=InstanceConfig(**ENGINE))
+    (inst,) = sim.instances
+    assert inst.sched.config.max_prefill_seqs == 1  # the runner takes one prompt chunk
+    assert inst.max_inflight == 2  # step k+1 is dispatched before step k is waited for
+    h100 = Simulation(model=get_model("smollm2-135m"), preset=get_preset("h100"), devices=1,
+                      parallel=1, policy="chunked-colocate", instance=InstanceConfig(**ENGINE))
+    assert h100.instances[0].sched.config.max_prefill_seqs == 0
+    assert h100.instances[0].max_inflight == 1
+
+
+def test_cpu_calibration_file_override(tmp_path, monkeypatch):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"eff_compute": 0.5, "eff_memory": 0.25, "launch_s": 0.125,
+                               "source": "a test calibration"}))
+    monkeypatch.setenv(CPU_CALIBRATION_ENV, str(cal))
+    p = get_preset("cpu")
+    assert (p.eff_compute, p.eff_memory, p.launch_s) == (0.5, 0.25, 0.125)
+    assert p.efficiency_source == "a test calibration"
+    timer = StepTimer.create(get_model("smollm2-135m"), p, 1)
+    assert timer.launch_s == 0.125
+    monkeypatch.setenv(CPU_CALIBRATION_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match=f"{CPU_CALIBRATION_ENV}=.*missing.json: no such"):
+        get_preset("cpu")
+
+
+def test_calibration_fit_recovers_known_efficiencies():
+    cal = _bench("sim_calibrate")
+    shapes = EngineShapes.of_engine(**ENGINE)
+    from flexnpu.sim.steptime import CostModel
+
+    cm = CostModel.load("smollm2-135m")
+    dev = get_preset("cpu").device
+    ec, em, launch = 0.2, 0.5, 0.05
+    rows = []
+    for c, w in shapes.programs():
+        f, b = cm.flops_bytes(shapes.features(c, w), fused_attention=False)
+        s = max(f / (dev.peak_flops * ec), b / (dev.mem_bandwidth * em)) + launch
+        rows.append({"chunk": c, "width": w, "seconds": s})
+    fec, fem, flaunch, rel = cal.fit(shapes, rows)
+    assert max(abs(x) for x in rel) < 0.05
+    assert fec == pytest.approx(ec, rel=0.1)
+    assert flaunch == pytest.approx(launch, rel=0.2)
+
+
+def test_probe_requests_each_time_the_program_they_name():
+    v = _bench("sim_validate")
+    shapes = EngineShapes.of_engine(**v.ENGINE)
+    probes = v.probe_requests()
+    assert sorted((c, w) for _, _, c, w, _ in probes) == sorted(shapes.programs())
+    bs = shapes.block_size
+    for prompt, output, chunk, width, what in probes:
+        assert prompt + output <= v.ENGINE["max_model_len"]
+        if what == "ttft":  # the whole prompt in one step, alone
+            assert prompt <= v.ENGINE["max_num_batched_tokens"]
+            assert shapes.program([_entry(0, prompt, -(-prompt // bs))]) == (chunk, width)
+        else:  # every decode step of the request, alone, runs that width
+            for pos in range(prompt, prompt + output - 1):
+                row = _entry(pos, 1, pos // bs + 1, prompt=prompt)
+                assert shapes.program([row]) == (0, width), (prompt, output, pos)
