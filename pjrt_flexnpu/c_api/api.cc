@@ -1,6 +1,7 @@
 // The PJRT_Api table: FlexNPU's entry points, and explicit UNIMPLEMENTED stubs (each with
 // its reason) for the slots FlexNPU does not offer.
 #include "pjrt_flexnpu/c_api/entry_points.h"
+#include "pjrt_flexnpu/c_api/extensions.h"
 
 namespace flexnpu::c_api {
 namespace {
@@ -20,8 +21,6 @@ FLEXNPU_STUB(TopologyDescription_Create, "ahead-of-time topologies need a client
 FLEXNPU_STUB(TopologyDescription_Serialize, "the virtual topology is not serializable")
 FLEXNPU_STUB(TopologyDescription_Deserialize, "the virtual topology is not serializable")
 FLEXNPU_STUB(Compile, "ahead-of-time compilation without a client is not offered")
-FLEXNPU_STUB(ExecuteContext_Create, "execute contexts carry FFI user data and FlexNPU offers no FFI extension")
-FLEXNPU_STUB(ExecuteContext_Destroy, "execute contexts carry FFI user data and FlexNPU offers no FFI extension")
 FLEXNPU_STUB(AsyncHostToDeviceTransferManager_Destroy, "async host-to-device transfers are not offered")
 FLEXNPU_STUB(AsyncHostToDeviceTransferManager_TransferData, "async host-to-device transfers are not offered")
 FLEXNPU_STUB(AsyncHostToDeviceTransferManager_RetrieveBuffer, "async host-to-device transfers are not offered")
@@ -42,7 +41,7 @@ FLEXNPU_STUB(Client_FulfillAliasBuffer, "alias buffers are not offered")
 PJRT_Api MakeApi() {
   PJRT_Api api{};
   api.struct_size = PJRT_Api_STRUCT_SIZE;
-  api.extension_start = nullptr;  // no Layouts/FFI extensions: JAX uses its defaults
+  api.extension_start = ExtensionChain();  // c_api/extensions.cc: those the backend has
   api.pjrt_api_version.struct_size = PJRT_Api_Version_STRUCT_SIZE;
   api.pjrt_api_version.major_version = PJRT_API_MAJOR;
   api.pjrt_api_version.minor_version = PJRT_API_MINOR;
@@ -147,8 +146,8 @@ PJRT_Api MakeApi() {
   api.PJRT_Compile = Stub_Compile;
   api.PJRT_Executable_Serialize = Executable_Serialize;  // c_api/serialization.cc
   api.PJRT_Executable_DeserializeAndLoad = Executable_DeserializeAndLoad;
-  api.PJRT_ExecuteContext_Create = Stub_ExecuteContext_Create;
-  api.PJRT_ExecuteContext_Destroy = Stub_ExecuteContext_Destroy;
+  api.PJRT_ExecuteContext_Create = ExecuteContext_Create;  // c_api/extensions.cc
+  api.PJRT_ExecuteContext_Destroy = ExecuteContext_Destroy;
   api.PJRT_AsyncHostToDeviceTransferManager_Destroy = Stub_AsyncHostToDeviceTransferManager_Destroy;
   api.PJRT_AsyncHostToDeviceTransferManager_TransferData = Stub_AsyncHostToDeviceTransferManager_TransferData;
   api.PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer = Stub_AsyncHostToDeviceTransferManager_RetrieveBuffer;

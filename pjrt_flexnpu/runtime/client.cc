@@ -9,6 +9,7 @@
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable.h"
 #include "pjrt_flexnpu/runtime/executable_serialization.h"
+#include "pjrt_flexnpu/runtime/ffi.h"
 #include "pjrt_flexnpu/runtime/profile.h"
 
 namespace flexnpu {
@@ -101,6 +102,8 @@ Status VirtualClient::Init() {
   name_args.client = inner_.get();
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_PlatformName, &name_args));
   backend_platform_.assign(name_args.platform_name, name_args.platform_name_size);
+  // FFI targets registered with FlexNPU (e.g. jaxlib's LAPACK kernels) reach this backend.
+  FLEXNPU_RETURN_IF_ERROR(AttachFfiBackend(b, backend_platform_));
   PJRT_Client_PlatformVersion_Args version_args{};
   version_args.struct_size = PJRT_Client_PlatformVersion_Args_STRUCT_SIZE;
   version_args.client = inner_.get();

@@ -8,6 +8,7 @@
 #include "pjrt_flexnpu/runtime/client.h"
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable_serialization.h"
+#include "pjrt_flexnpu/runtime/ffi.h"
 #include "pjrt_flexnpu/runtime/profile.h"
 #include "pjrt_flexnpu/runtime/small_vector.h"
 #include "pjrt_flexnpu/runtime/tsan.h"
@@ -91,7 +92,7 @@ PJRT_ExecuteOptions TranslateOptions(const PJRT_ExecuteOptions* options) {
   FLEXNPU_COPY_IF_PRESENT(task_ids)
   FLEXNPU_COPY_IF_PRESENT(incarnation_ids)
 #undef FLEXNPU_COPY_IF_PRESENT
-  // Execute contexts carry FFI user data; FlexNPU does not offer them (no FFI extension).
+  // The caller's context is FlexNPU's: the execution passes the inner one (runtime/ffi.h).
   inner.context = nullptr;
   return inner;
 }
@@ -471,6 +472,9 @@ Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args
 
   const PhysicalBackend& b = client_->backend();
   PJRT_ExecuteOptions options = TranslateOptions(args->options);
+  auto inner_context = InnerExecuteContext(args->options, b);  // FFI user data (runtime/ffi.h)
+  if (!inner_context.ok()) return inner_context.status();
+  options.context = *inner_context;
   SmallVector<PJRT_Buffer*, kInlineArgs> inner_outputs(num_outputs_);
   PJRT_Buffer* const* argument_list = inner_args.data();
   PJRT_Buffer** output_list = inner_outputs.data();
@@ -569,6 +573,9 @@ Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* 
 
   const PhysicalBackend& b = client_->backend();
   PJRT_ExecuteOptions options = TranslateOptions(args->options);
+  auto inner_context = InnerExecuteContext(args->options, b);  // FFI user data (runtime/ffi.h)
+  if (!inner_context.ok()) return inner_context.status();
+  options.context = *inner_context;
   PJRT_LoadedExecutable_Execute_Args inner{};
   inner.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
   inner.executable = c.executable.get();

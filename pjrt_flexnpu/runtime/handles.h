@@ -31,6 +31,7 @@ enum class Tag : uint32_t {
   kEvent = 0xF1E00007,
   kExecutable = 0xF1E00008,
   kLoadedExecutable = 0xF1E00009,
+  kExecuteContext = 0xF1E0000A,
 };
 
 // The first base of every handle class (none of them has virtual functions, so the tag sits

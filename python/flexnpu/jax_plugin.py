@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 PLATFORM_NAME = "flexnpu"
 logger = logging.getLogger(__name__)
@@ -41,13 +42,32 @@ def _enable_donation() -> None:
         mlir._platforms_with_donation.append(PLATFORM_NAME)
 
 
+def _make_client() -> Any:
+    from jax._src import xla_bridge
+
+    from flexnpu import lowering
+
+    client = xla_bridge.make_pjrt_c_api_client(PLATFORM_NAME, options=_default_options)
+    # Lower as the physical platform does (LAPACK, callbacks): flexnpu/lowering.py.
+    kind = lowering.backend_kind(client.platform_version)
+    try:
+        lowering.install(kind)
+    except (ValueError, RuntimeError) as error:
+        # A backend JAX has no rules for still runs everything generic.
+        logger.warning("flexnpu: %s; platform-specific lowering rules are not used", error)
+    return client
+
+
 def initialize() -> None:
     from jax._src import xla_bridge
 
-    from flexnpu._paths import plugin_library_path
+    from flexnpu._paths import cpu_plugin_path, plugin_library_path
 
+    # FlexNPU's C++ side offers the PJRT extensions (FFI, ...) of the backend it will use; it
+    # decides when JAX loads it, before any create option, so it reads the default from here.
+    os.environ.setdefault("FLEXNPU_CPU_PLUGIN_PATH", str(cpu_plugin_path()))
     xla_bridge.register_plugin(
-        PLATFORM_NAME, library_path=str(plugin_library_path()), options=_default_options
+        PLATFORM_NAME, library_path=str(plugin_library_path()), factory=_make_client
     )
     _enable_donation()
     # JAX's persistent compilation cache only serves listed platforms: flexnpu/compilation_cache.py.

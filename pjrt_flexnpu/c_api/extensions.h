@@ -1,0 +1,20 @@
+// FlexNPU's PJRT extension chain (PJRT_Api.extension_start): each extension FlexNPU offers
+// forwards to the physical backend's, and is offered only when that backend has it.
+#ifndef FLEXNPU_C_API_EXTENSIONS_H_
+#define FLEXNPU_C_API_EXTENSIONS_H_
+
+#include "pjrt_flexnpu/c_api/common.h"
+
+namespace flexnpu::c_api {
+
+// The head of the chain (nullptr: none). Decided once, from the physical backend the
+// environment names (FLEXNPU_BACKEND, FLEXNPU_CPU_PLUGIN_PATH: the jax plugin sets the latter
+// before it loads FlexNPU); without one FlexNPU offers no extension.
+PJRT_Extension_Base* ExtensionChain();
+
+PJRT_Error* ExecuteContext_Create(PJRT_ExecuteContext_Create_Args* args);
+PJRT_Error* ExecuteContext_Destroy(PJRT_ExecuteContext_Destroy_Args* args);
+
+}  // namespace flexnpu::c_api
+
+#endif  // FLEXNPU_C_API_EXTENSIONS_H_

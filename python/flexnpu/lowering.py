@@ -1,0 +1,359 @@
+"""Lowering rules and FFI targets by physical backend kind: the one place that makes JAX lower
+for `flexnpu` as it lowers for the physical backend's platform.
+
+JAX picks lowering rules by platform name, and "flexnpu" has none of its own: LAPACK/FFT
+custom calls, `jax.debug.print` and Python callbacks are registered for "cpu" (or "cuda").
+`install(kind)` makes flexnpu use the rules of `kind`, the platform the physical backend
+reports (`flexnpu X over <kind> (...)` in the client's platform_version):
+
+* `mlir._platform_specific_lowerings["flexnpu"]` becomes a view: flexnpu's own rules first,
+  then `kind`'s, live (rules registered for `kind` later are seen too). Each rule of `kind`
+  runs with the module context's platforms set to `(kind,)`, as it would on `kind` itself.
+* The platform-generic callback rules (pure_callback, io_callback, buffer_callback) check the
+  platform name themselves; flexnpu gets wrappers that run them as `kind`.
+* FFI targets: `register_custom_call_handler("flexnpu", ...)` sends targets registered for
+  "flexnpu" into FlexNPU's FFI registry (the plugin forwards them to the physical backend).
+  For the cpu kind, jaxlib's own CPU targets (LAPACK, sparse, the Python-callback handlers),
+  compiled into jaxlib and registered only with jaxlib's in-process XLA, are mirrored into
+  it too, now and when registered later. A CUDA backend needs no mirror: JAX's CUDA plugin
+  registers its targets into the same CUDA plugin library FlexNPU loads.
+
+The JAX hooks used are listed in HOOKS; tests/python/test_lowering_hooks.py pins each, so a
+JAX upgrade that removes one fails loudly rather than lowering silently differently.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import ctypes
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+PLATFORM_NAME = "flexnpu"
+logger = logging.getLogger(__name__)
+
+# (module, attribute) of every JAX / jaxlib internal this module relies on.
+HOOKS: tuple[tuple[str, str], ...] = (
+    ("jax._src.interpreters.mlir", "_platform_specific_lowerings"),
+    ("jax._src.interpreters.mlir", "_lowerings"),
+    ("jax._src.interpreters.mlir", "LoweringRuleEntry"),
+    ("jax._src.interpreters.mlir", "ModuleContext"),
+    ("jax._src.interpreters.mlir", "LoweringRuleContext"),
+    ("jax._src.callback", "pure_callback_p"),
+    ("jax._src.callback", "io_callback_p"),
+    ("jax._src.buffer_callback", "buffer_callback_p"),
+    ("jax._src.debugging", "debug_callback_p"),
+    ("jax._src.debugging", "debug_print_p"),
+    ("jaxlib.xla_client", "register_custom_call_handler"),
+    ("jaxlib.xla_client", "register_custom_type_handler"),
+    ("jaxlib.xla_client", "_custom_callback_handler"),
+    ("jaxlib.xla_client", "_custom_callback_lock"),
+    ("jaxlib.xla_client", "xla_platform_names"),
+    ("jaxlib._jax", "custom_call_targets"),
+    ("jaxlib._jax", "register_custom_call_target"),
+)
+
+# Physical platforms (as PJRT clients name them) whose JAX lowering rules flexnpu can use.
+SUPPORTED_KINDS = ("cpu", "cuda", "rocm")
+# The XLA platform name JAX's custom-call registry files a kind's targets under.
+_XLA_PLATFORM = {"cpu": "Host", "cuda": "CUDA", "rocm": "ROCM"}
+# The platform-generic rules that decide on the platform name themselves.
+_CALLBACK_PRIMITIVES = (
+    ("jax._src.callback", "pure_callback_p"),
+    ("jax._src.callback", "io_callback_p"),
+    ("jax._src.buffer_callback", "buffer_callback_p"),
+)
+# Callback primitives with platform-specific rules (run as the kind, like the rest of them,
+# except on cpu where they cannot run at all).
+_KIND_CALLBACK_PRIMITIVES = (
+    ("jax._src.debugging", "debug_callback_p"),
+    ("jax._src.debugging", "debug_print_p"),
+)
+
+_lock = threading.Lock()
+_installed_kind: str | None = None
+
+
+def backend_kind(platform_version: str) -> str:
+    """The physical platform in FlexNPU's platform_version ('flexnpu 0.1.0 over cpu (...)')."""
+    marker = " over "
+    at = platform_version.find(marker)
+    if at < 0:
+        raise ValueError(f"not a FlexNPU platform_version: {platform_version!r}")
+    return platform_version[at + len(marker) :].split(" ", 1)[0].split("(", 1)[0].lower()
+
+
+def installed_kind() -> str | None:
+    """The kind whose rules flexnpu uses, or None before `install`."""
+    return _installed_kind
+
+
+def _module_context_as(kind: str) -> type:
+    from jax._src.interpreters import mlir
+
+    class KindModuleContext(mlir.ModuleContext):
+        """A module context lowering for `kind` while compiling for the flexnpu client."""
+
+        __slots__ = ()
+
+        def get_backend(self, optional: bool = False) -> Any:
+            # The kind's rules only check that the backend matches the lowering platform.
+            return self.backend if self.backend is not None else super().get_backend(optional)
+
+    KindModuleContext.__name__ = f"ModuleContextAs_{kind}"
+    return KindModuleContext
+
+
+_context_classes: dict[str, type] = {}
+
+
+def _as_kind(module_context: Any, kind: str) -> Any:
+    if tuple(module_context.platforms) == (kind,):
+        return module_context
+    cls = _context_classes.get(kind)
+    if cls is None:
+        cls = _context_classes[kind] = _module_context_as(kind)
+    copy = cls.__new__(cls)
+    for field in dataclasses.fields(module_context):
+        setattr(copy, field.name, getattr(module_context, field.name))
+    copy.platforms = (kind,)
+    return copy
+
+
+def run_as(kind: str, rule: Callable[..., Any]) -> Callable[..., Any]:
+    """`rule` run with the module context's platforms set to `(kind,)`."""
+
+    def rule_as_kind(ctx: Any, *args: Any, **params: Any) -> Any:
+        inner = ctx.replace(module_context=_as_kind(ctx.module_context, kind), platforms=None)
+        out = rule(inner, *args, **params)
+        if inner.tokens_out is not None:  # ordered effects: the caller reads its own ctx
+            ctx.set_tokens_out(inner.tokens_out)
+        return out
+
+    rule_as_kind.__name__ = f"{getattr(rule, '__name__', 'rule')}_as_{kind}"
+    rule_as_kind.__wrapped__ = rule  # type: ignore[attr-defined]
+    return rule_as_kind
+
+
+class KindRules(collections.abc.MutableMapping):  # type: ignore[type-arg]
+    """flexnpu's platform-specific rules: its own first, then `kind`'s run as `kind` (live)."""
+
+    def __init__(self, own: dict[Any, Any], kind_rules: dict[Any, Any], kind: str) -> None:
+        self.own = own
+        self.kind_rules = kind_rules
+        self.kind = kind
+        self._wrapped: dict[Any, tuple[Any, Any]] = {}
+
+    def __getitem__(self, primitive: Any) -> Any:
+        if primitive in self.own:
+            return self.own[primitive]
+        entry = self.kind_rules[primitive]
+        cached = self._wrapped.get(primitive)
+        if cached is None or cached[0] is not entry:
+            from jax._src.interpreters import mlir
+
+            wrapped = mlir.LoweringRuleEntry(run_as(self.kind, entry.rule), entry.inline)
+            cached = self._wrapped[primitive] = (entry, wrapped)
+        return cached[1]
+
+    def __contains__(self, primitive: object) -> bool:
+        return primitive in self.own or primitive in self.kind_rules
+
+    def __setitem__(self, primitive: Any, entry: Any) -> None:
+        self.own[primitive] = entry
+
+    def __delitem__(self, primitive: Any) -> None:
+        del self.own[primitive]
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.own
+        yield from (p for p in self.kind_rules if p not in self.own)
+
+    def __len__(self) -> int:
+        return len(self.own) + sum(1 for p in self.kind_rules if p not in self.own)
+
+
+def install_lowering_rules(kind: str) -> None:
+    """Makes JAX lower for flexnpu with the rules it registers for platform `kind`."""
+    import importlib
+
+    from jax._src.interpreters import mlir
+
+    if kind not in SUPPORTED_KINDS:
+        raise ValueError(
+            f"flexnpu: no JAX lowering rules for physical platform {kind!r} "
+            f"(supported: {', '.join(SUPPORTED_KINDS)})"
+        )
+    table = mlir._platform_specific_lowerings
+    current = table.get(PLATFORM_NAME)
+    if isinstance(current, KindRules):
+        if current.kind == kind:
+            return
+        own = current.own
+    else:
+        own = dict(current or {})
+    rules = KindRules(own, table[kind], kind)
+    for module_name, name in _CALLBACK_PRIMITIVES + _KIND_CALLBACK_PRIMITIVES:
+        primitive = getattr(importlib.import_module(module_name), name)
+        base = table[kind].get(primitive) or mlir._lowerings.get(primitive)
+        if base is None or primitive in own:
+            continue
+        rule = _no_host_callbacks if kind == "cpu" else run_as(kind, base.rule)
+        own[primitive] = mlir.LoweringRuleEntry(rule, base.inline)
+    table[PLATFORM_NAME] = rules
+
+
+HOST_CALLBACKS_ON_CPU_PLUGIN = (
+    "flexnpu over a CPU PJRT plugin cannot run host callbacks (jax.debug.print, "
+    "jax.debug.callback, jax.pure_callback, io_callback): jaxlib's CPU callback handler "
+    "(xla_ffi_python_cpu_callback) needs its FFI 'instantiate' stage, which PJRT's FFI "
+    "register_handler cannot register in the plugin, and XLA:CPU has no send/recv for the "
+    "other callback path. See README, Limits"
+)
+
+
+def _no_host_callbacks(ctx: Any, *args: Any, **params: Any) -> Any:
+    raise NotImplementedError(HOST_CALLBACKS_ON_CPU_PLUGIN)
+
+
+# ---- FFI targets ------------------------------------------------------------------------
+
+
+def _capsule_pointer(capsule: Any) -> int:
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype = ctypes.c_char_p
+    get_name.argtypes = [ctypes.py_object]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    pointer = get_pointer(capsule, get_name(capsule))
+    if not pointer:
+        raise ValueError("the FFI handler capsule holds a null pointer")
+    return int(pointer)
+
+
+def _execute_handler(name: str, fn: Any) -> int:
+    if isinstance(fn, dict):
+        unsupported = sorted(stage for stage in fn if stage != "execute")
+        if unsupported:
+            raise NotImplementedError(
+                f"FFI target {name!r} on flexnpu: only the 'execute' stage is forwarded to the "
+                f"physical backend (PJRT FFI register_handler), not {', '.join(unsupported)}"
+            )
+        if "execute" not in fn:
+            raise ValueError(f"FFI target {name!r}: no 'execute' stage in {sorted(fn)}")
+        fn = fn["execute"]
+    return _capsule_pointer(fn)
+
+
+def _native() -> ctypes.CDLL:
+    from flexnpu._paths import plugin_library_path
+
+    library = ctypes.CDLL(str(plugin_library_path()))
+    library.FlexNpu_RegisterFfiHandler.restype = ctypes.c_char_p
+    library.FlexNpu_RegisterFfiHandler.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+    ]
+    library.FlexNpu_RegisterFfiType.restype = ctypes.c_char_p
+    library.FlexNpu_RegisterFfiType.argtypes = [
+        ctypes.c_char_p,
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.c_void_p,
+    ]
+    return library
+
+
+def register_target(name: str, fn: Any, platform: str, api_version: int, traits: Any = 0) -> None:
+    """Registers FFI target `name` with FlexNPU (which forwards it to the physical backend).
+
+    `platform` "flexnpu" means the physical backend's own platform; the signature is jaxlib's
+    CustomCallHandler, so this is what `jax.ffi.register_ffi_target(..., platform="flexnpu")`
+    ends in.
+    """
+    handler = _execute_handler(name, fn)
+    error = _native().FlexNpu_RegisterFfiHandler(
+        name.encode(), platform.encode(), int(api_version), handler, int(traits)
+    )
+    if error is not None:
+        raise RuntimeError(f"flexnpu: registering FFI target {name!r}: {error.decode()}")
+
+
+def register_type(type_name: str, registration: Any) -> None:
+    """Registers FFI type `type_name` with FlexNPU: `registration` is jax.ffi's
+    TypeRegistration ({"type_id": capsule of an XLA_FFI_TypeId, "type_info": capsule}) or a
+    bare type-id capsule. The id the backend assigns is written back into the capsule."""
+    if isinstance(registration, dict):
+        type_id, type_info = registration["type_id"], registration.get("type_info")
+    else:
+        type_id, type_info = registration, None
+    pointer = ctypes.cast(_capsule_pointer(type_id), ctypes.POINTER(ctypes.c_int64))
+    info = None if type_info is None else _capsule_pointer(type_info)
+    error = _native().FlexNpu_RegisterFfiType(type_name.encode(), pointer, info)
+    if error is not None:
+        raise RuntimeError(f"flexnpu: registering FFI type {type_name!r}: {error.decode()}")
+
+
+def _mirror(name: str, fn: Any, api_version: int, traits: Any) -> None:
+    try:
+        register_target(name, fn, PLATFORM_NAME, api_version, traits)
+    except (NotImplementedError, RuntimeError, ValueError) as error:
+        # One target the backend cannot take must not stop the others; using it on flexnpu
+        # fails at compile with the backend's "no handler" error.
+        logger.warning("%s", error)
+
+
+def _mirror_cpu_targets() -> None:
+    """jaxlib's CPU targets (now and later ones) into FlexNPU's FFI registry."""
+    from jaxlib import _jax, xla_client
+
+    host = xla_client.xla_platform_names["cpu"]
+    # Flush the CPU targets JAX registered before any CPU client existed (LAPACK, sparse)
+    # into jaxlib's registry: what creating a CPU client does; a no-op once done.
+    xla_client.register_custom_call_handler("cpu", _jax.register_custom_call_target)
+    with xla_client._custom_callback_lock:
+        jaxlib_handler = xla_client._custom_callback_handler[host]
+        if not getattr(jaxlib_handler, "_flexnpu_mirror", False):
+
+            def host_and_flexnpu(name: str, fn: Any, platform: str, api_version: int,
+                                 traits: Any = 0) -> None:
+                jaxlib_handler(name, fn, platform, api_version, traits)
+                if api_version == 1:
+                    _mirror(name, fn, api_version, traits)
+
+            host_and_flexnpu._flexnpu_mirror = True  # type: ignore[attr-defined]
+            xla_client._custom_callback_handler[host] = host_and_flexnpu
+    for name, stages in _jax.custom_call_targets(host).items():
+        _mirror(name, stages, 1, 0)
+
+
+def install_ffi(kind: str) -> None:
+    """Routes FFI registrations for flexnpu (and, for the cpu kind, jaxlib's CPU targets)."""
+    from jaxlib import xla_client
+
+    xla_client.register_custom_call_handler(PLATFORM_NAME, register_target)
+    xla_client.register_custom_type_handler(PLATFORM_NAME, register_type)
+    if kind == "cpu":
+        _mirror_cpu_targets()
+
+
+def install(kind: str) -> None:
+    """Lowering rules and FFI targets of physical platform `kind` for flexnpu (idempotent)."""
+    global _installed_kind
+    with _lock:
+        if _installed_kind == kind:
+            return
+        if _installed_kind is not None:
+            raise RuntimeError(
+                f"flexnpu already lowers as {_installed_kind!r}; a second client over "
+                f"{kind!r} in the same process is not supported"
+            )
+        install_lowering_rules(kind)
+        install_ffi(kind)
+        _installed_kind = kind

@@ -1,0 +1,248 @@
+"""JAX features that depend on lowering rules and PJRT extensions, on flexnpu vs jaxlib's cpu:
+linear algebra and FFT (LAPACK / DUCC custom calls), host callbacks (debug.print, pure_callback,
+io_callback) and user FFI targets. Each configuration runs in a fresh interpreter (JAX sets up
+its backends once per process), the cpu reference with JAX_PLATFORMS=cpu."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _subprocess import run_python
+
+# The ops whose cpu lowering is a jaxlib LAPACK custom call, plus FFT (an HLO op); prints one
+# JSON line of results, or the error of the first op that fails.
+_LINALG = r"""
+import json, jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_enable_x64", True)
+rng = np.random.default_rng(0)
+a = rng.standard_normal((6, 6))
+spd = a @ a.T + 6 * np.eye(6)
+b = rng.standard_normal((6, 2))
+x = jnp.asarray(a)
+out = {}
+def put(name, value):
+    out[name] = [np.asarray(v).tolist() if not np.iscomplexobj(v) else
+                 [np.real(v).tolist(), np.imag(v).tolist()] for v in value]
+put("fft", [jax.jit(jnp.fft.fft)(x)])
+put("rfft2", [jax.jit(jnp.fft.rfft2)(x)])
+put("ifft", [jax.jit(jnp.fft.ifft)(x)])
+try:
+    jax.jit(jnp.linalg.inv)(x).block_until_ready()
+except Exception as e:
+    print("RESULT " + json.dumps({"platform": jax.devices()[0].platform, "out": out,
+                                  "error": f"{type(e).__name__}: {e}"}))
+    raise SystemExit(0)
+w, v = jax.jit(jnp.linalg.eigh)(jnp.asarray(spd)); put("eigh", [w, jnp.abs(v)])
+put("svd", [jax.jit(lambda m: jnp.linalg.svd(m, compute_uv=False))(x)])
+q, r = jax.jit(jnp.linalg.qr)(x); put("qr", [jnp.abs(q), jnp.abs(r)])
+put("cholesky", [jax.jit(jnp.linalg.cholesky)(jnp.asarray(spd))])
+put("solve", [jax.jit(jnp.linalg.solve)(x, jnp.asarray(b))])
+put("inv", [jax.jit(jnp.linalg.inv)(x)])
+ev = jax.jit(jnp.linalg.eigvals)(x); put("eig", [np.sort_complex(np.asarray(ev))])
+lu, piv, perm = jax.jit(jax.lax.linalg.lu)(x); put("lu", [lu, piv, perm])
+put("det", [jax.jit(jnp.linalg.det)(x)])
+print("RESULT " + json.dumps({"platform": jax.devices()[0].platform, "out": out}))
+"""
+
+_CALLBACKS = r"""
+import json, jax, jax.numpy as jnp, numpy as np
+from jax.experimental import io_callback
+seen = []
+def record(tag):
+    def cb(x):
+        seen.append([tag, np.asarray(x).tolist()])
+        return np.asarray(x)
+    return cb
+@jax.jit
+def f(x):
+    jax.debug.print("value {x}", x=x)
+    y = jax.pure_callback(lambda v: np.asarray(v) * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    a = io_callback(record("first"), jax.ShapeDtypeStruct(x.shape, x.dtype), y, ordered=True)
+    b = io_callback(record("second"), jax.ShapeDtypeStruct(x.shape, x.dtype), a + 1, ordered=True)
+    return b * 3
+results = [np.asarray(f(jnp.arange(3.0) + i)).tolist() for i in range(2)]
+jax.effects_barrier()
+print("RESULT " + json.dumps({"platform": jax.devices()[0].platform, "results": results,
+                              "seen": seen}))
+"""
+
+
+def _result(code: str, env: dict[str, str]) -> dict:
+    proc = run_python(code, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    result = json.loads(lines[0][len("RESULT ") :])
+    result["stdout"] = proc.stdout
+    return result
+
+
+_ON_FLEXNPU = {"JAX_PLATFORMS": "flexnpu"}
+_ON_CPU = {"JAX_PLATFORMS": "cpu"}
+
+
+def _lammps_env() -> dict[str, str]:
+    lammps = pytest.importorskip("lammps_jax_pjrt_cpu")
+    path = Path(lammps.__file__).parent / "pjrt_c_api_cpu_plugin.so"
+    return {
+        "JAX_PLATFORMS": "flexnpu",
+        "FLEXNPU_BACKEND": str(path),
+        "FLEXNPU_ALLOW_NEWER_BACKEND": "1",
+        "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=2",
+    }
+
+
+@pytest.fixture(scope="module")
+def cpu_linalg() -> dict:
+    result = _result(_LINALG, _ON_CPU)
+    assert result["platform"] == "cpu"
+    return result["out"]
+
+
+def _assert_same_linalg(out: dict, reference: dict) -> None:
+    assert sorted(out) == sorted(reference)
+    for name, values in reference.items():
+        for got, want in zip(out[name], values, strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-9,
+                                       err_msg=name)
+
+
+def test_fft_equal_cpu_and_lapack_limit_named_over_default_backend(cpu_linalg: dict) -> None:
+    # xla-cpu-pjrt 0.0.1 implements XLA FFI 0.2; jaxlib 0.10.2's LAPACK kernels are FFI 0.3
+    # and the plugin drops them at registration: the compile names the missing target.
+    result = _result(_LINALG, _ON_FLEXNPU)
+    assert result["platform"] == "flexnpu"
+    assert sorted(result["out"]) == ["fft", "ifft", "rfft2"]
+    _assert_same_linalg(result["out"], {k: cpu_linalg[k] for k in result["out"]})
+    assert "No FFI handler registered for lapack_dgetrf_ffi" in result["error"], result["error"]
+
+
+def test_linalg_over_lammps_backend_equal_cpu(cpu_linalg: dict) -> None:
+    result = _result(_LINALG, _lammps_env())
+    assert result["platform"] == "flexnpu"
+    assert "error" not in result, result.get("error")
+    _assert_same_linalg(result["out"], cpu_linalg)
+
+
+def _check_callbacks(result: dict) -> None:
+    # f(x) = (2x + 1) * 3; the io_callbacks see 2x, then 2x + 1, once per call, in order.
+    for i, got in enumerate(result["results"]):
+        np.testing.assert_array_equal(got, ((np.arange(3.0) + i) * 2 + 1) * 3)
+    expected_seen = []
+    for i in range(2):
+        x = np.arange(3.0) + i
+        expected_seen += [["first", (2 * x).tolist()], ["second", (2 * x + 1).tolist()]]
+    assert result["seen"] == expected_seen
+    printed = [line for line in result["stdout"].splitlines() if line.startswith("value ")]
+    assert printed == ["value [0. 1. 2.]", "value [1. 2. 3.]"]
+
+
+def test_host_callbacks_on_cpu_reference() -> None:
+    result = _result(_CALLBACKS, _ON_CPU)
+    assert result["platform"] == "cpu"
+    _check_callbacks(result)
+
+
+_CALLBACK_ERRORS = r"""
+import json, jax, jax.numpy as jnp, numpy as np
+from jax.experimental import io_callback
+x = jnp.arange(3.0)
+cases = {
+    "debug_print": lambda v: (jax.debug.print("v {v}", v=v), v)[1],
+    "pure_callback": lambda v: jax.pure_callback(
+        lambda u: np.asarray(u), jax.ShapeDtypeStruct(v.shape, v.dtype), v),
+    "io_callback": lambda v: io_callback(
+        lambda u: np.asarray(u), jax.ShapeDtypeStruct(v.shape, v.dtype), v, ordered=True),
+}
+errors = {}
+for name, f in cases.items():
+    try:
+        jax.jit(f)(x).block_until_ready()
+        errors[name] = None
+    except Exception as e:
+        errors[name] = f"{type(e).__name__}: {e}"
+ok = np.asarray(jax.jit(lambda v: v * 2)(x)).tolist()  # the process goes on working
+print("RESULT " + json.dumps({"platform": jax.devices()[0].platform, "errors": errors, "ok": ok}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["default", "lammps"])
+def test_host_callbacks_are_a_named_limit_over_cpu_plugins(backend: str) -> None:
+    result = _result(_CALLBACK_ERRORS, _ON_FLEXNPU if backend == "default" else _lammps_env())
+    assert result["platform"] == "flexnpu"
+    assert result["ok"] == [0.0, 2.0, 4.0]
+    for name, error in result["errors"].items():
+        assert error is not None, name
+        assert error.startswith("NotImplementedError: flexnpu over a CPU PJRT plugin cannot run "
+                                "host callbacks"), (name, error)
+
+
+# A user FFI target: y = 2x + 1 over f32, in C against jaxlib's FFI C header. It declares FFI
+# API 0.1 in its metadata (it uses nothing newer), so XLA builds from 0.1 up accept it.
+_FFI_SOURCE = r"""
+#include "xla/ffi/api/c_api.h"
+XLA_FFI_Error* flexnpu_test_affine(XLA_FFI_CallFrame* frame) {
+  for (XLA_FFI_Extension_Base* e = frame->extension_start; e != 0; e = e->next) {
+    if (e->type == XLA_FFI_Extension_Metadata) {
+      XLA_FFI_Metadata* m = ((XLA_FFI_Metadata_Extension*)e)->metadata;
+      m->api_version.major_version = 0;
+      m->api_version.minor_version = 1;
+      m->traits = 0;
+      return 0;
+    }
+  }
+  if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return 0;
+  XLA_FFI_Buffer* in = (XLA_FFI_Buffer*)frame->args.args[0];
+  XLA_FFI_Buffer* out = (XLA_FFI_Buffer*)frame->rets.rets[0];
+  int64_t n = 1;
+  for (int64_t i = 0; i < in->rank; ++i) n *= in->dims[i];
+  const float* x = (const float*)in->data;
+  float* y = (float*)out->data;
+  for (int64_t i = 0; i < n; ++i) y[i] = 2.0f * x[i] + 1.0f;
+  return 0;
+}
+"""
+
+_FFI_USER = r"""
+import ctypes, json, os, jax, jax.numpy as jnp, numpy as np
+lib = ctypes.CDLL(os.environ["FFI_LIB"])
+platform = jax.devices()[0].platform
+jax.ffi.register_ffi_target("flexnpu_test_affine", jax.ffi.pycapsule(lib.flexnpu_test_affine),
+                            platform=platform)
+x = jnp.arange(6.0, dtype=jnp.float32).reshape(2, 3)
+f = jax.jit(lambda v: jax.ffi.ffi_call(
+    "flexnpu_test_affine", jax.ShapeDtypeStruct(v.shape, v.dtype))(v) + 1)
+print("RESULT " + json.dumps({"platform": platform, "y": np.asarray(f(x)).tolist()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def ffi_library(tmp_path_factory: pytest.TempPathFactory) -> str:
+    import shutil
+    import subprocess
+
+    import jaxlib
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    folder = tmp_path_factory.mktemp("ffi")
+    (folder / "affine.c").write_text(_FFI_SOURCE)
+    include = Path(jaxlib.__file__).parent / "include"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", f"-I{include}", "-o",
+                    str(folder / "affine.so"), str(folder / "affine.c")], check=True)
+    return str(folder / "affine.so")
+
+
+@pytest.mark.parametrize("backend", ["default", "lammps"])
+def test_user_ffi_target_equal_cpu(ffi_library: str, backend: str) -> None:
+    env = _ON_FLEXNPU if backend == "default" else _lammps_env()
+    npu = _result(_FFI_USER, {**env, "FFI_LIB": ffi_library})
+    cpu = _result(_FFI_USER, {**_ON_CPU, "FFI_LIB": ffi_library})
+    assert (npu["platform"], cpu["platform"]) == ("flexnpu", "cpu")
+    expected = (2 * np.arange(6.0).reshape(2, 3) + 2).tolist()
+    assert cpu["y"] == expected
+    assert npu["y"] == expected
