@@ -99,7 +99,7 @@ class _Cohort:
     token by length), found in `events` (tick -> members), or when it leaves (finish, stop,
     abort, preemption). Lists in running (admission) order."""
 
-    __slots__ = ("tick", "seqs", "offs", "serials", "off_sum", "events")
+    __slots__ = ("tick", "seqs", "offs", "serials", "off_sum", "events", "shared")
 
     def __init__(self) -> None:
         self.tick = 0
@@ -108,6 +108,12 @@ class _Cohort:
         self.serials: list[int] = []
         self.off_sum = 0
         self.events: dict[int, list[Sequence]] = {}
+        # seqs / offs are held by a plan's bulk (copy before changing them).
+        self.shared = False
+
+    def unshare(self) -> None:
+        if self.shared:
+            self.seqs, self.offs, self.shared = self.seqs.copy(), self.offs.copy(), False
 
 
 class Sequence:
@@ -339,7 +345,9 @@ class Scheduler:
         self.config = config
         self._free_blocks: deque[int] = deque(range(config.num_blocks))
         self._waiting = _WaitQueue()
-        self._running: list[Sequence] = []  # in admission order
+        # In admission order (a dict as an ordered set: a finish or preemption removes its
+        # sequence in O(1) from batches of a thousand).
+        self._running: dict[Sequence, None] = {}
         self._by_id: dict[Hashable, Sequence] = {}
         self._step_ids = itertools.count()
         self._waiting_tokens = 0
@@ -522,7 +530,8 @@ class Scheduler:
                 ending.append(seq)
             else:
                 self._schedule_event(seq)
-        plan._bulk = (tick, co.seqs.copy(), co.offs.copy(), last, co.off_sum)
+        plan._bulk = (tick, co.seqs, co.offs, last, co.off_sum)
+        co.shared = True
         co.tick = tick + 1
         for seq in ending:
             self._leave(seq)
@@ -547,6 +556,7 @@ class Scheduler:
         seq._computed -= co.tick
         seq._output -= co.tick
         seq._cohort = co
+        co.unshare()
         i = bisect.bisect_left(co.serials, seq._serial)
         co.seqs.insert(i, seq)
         co.offs.insert(i, seq._computed)
@@ -558,6 +568,7 @@ class Scheduler:
         co = seq._cohort
         if co is None:
             return
+        co.unshare()
         i = bisect.bisect_left(co.serials, seq._serial)
         del co.seqs[i], co.offs[i], co.serials[i]
         co.off_sum -= seq._computed
@@ -573,7 +584,7 @@ class Scheduler:
             seq._output += co.tick
             seq._cohort = None
             seq._event = -1
-        co.seqs, co.offs, co.serials, co.off_sum = [], [], [], 0
+        co.seqs, co.offs, co.serials, co.off_sum, co.shared = [], [], [], 0, False
         co.events.clear()
 
     @staticmethod
@@ -692,7 +703,7 @@ class Scheduler:
             seq.blocks = [self._free_blocks.popleft() for _ in range(need)]
             seq.status = SeqStatus.RUNNING
             seq._serial = next(self._serials)
-            self._running.append(seq)
+            self._running[seq] = None
             if seq.needs_kv_insert:
                 plan.kv_inserts.append(seq)
                 seq.needs_kv_insert = False
@@ -740,7 +751,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self._leave(seq)
-        self._running.remove(seq)
+        del self._running[seq]
         self._free(seq)
         # Drop its entry already in this plan (it restarts from scratch), with the placeholder
         # token that entry counted.
@@ -789,8 +800,8 @@ class Scheduler:
         if seq.status is SeqStatus.WAITING:
             self._waiting.remove(seq)
             self._dequeue(seq)
-        elif seq in self._running:
-            self._running.remove(seq)
+        elif seq.status is SeqStatus.RUNNING:  # (exactly the members of _running)
+            del self._running[seq]
         self._free(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
@@ -848,6 +859,8 @@ def least_loaded(schedulers: SequenceOf[Scheduler]) -> int:
     then KV usage); ties go to the lowest index."""
     if not schedulers:
         raise ValueError("least_loaded: no instances")
-    return min(range(len(schedulers)), key=lambda i: (
-        schedulers[i].waiting_tokens + schedulers[i].num_waiting, schedulers[i].num_running,
-        schedulers[i].kv_usage, i))
+    # The keys of waiting_tokens + num_waiting, num_running, kv_usage, read directly: the
+    # simulator routes every arrival and handoff through here.
+    return min([(s._waiting_tokens + len(s._waiting._live), len(s._running),
+                 1.0 - len(s._free_blocks) / s.config.num_blocks, i)
+                for i, s in enumerate(schedulers)])[3]
