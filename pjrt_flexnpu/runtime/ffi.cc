@@ -75,7 +75,9 @@ Status ApplyType(const AttachedBackend& target, TypeRegistration& t) {
   args.type_name = t.name.data();
   args.type_name_size = t.name.size();
   args.type_id = t.type_id;
-  args.type_info = t.info;
+  // Backends read the info unconditionally; "no deleter, not serializable" when none was given.
+  static const ffi_abi::TypeInfo kNoInfo{nullptr, nullptr, nullptr};
+  args.type_info = t.info != nullptr ? t.info : &kNoInfo;
   Status s = target.backend->Consume(target.ffi->type_register(&args), "PJRT_FFI type_register");
   if (!s.ok()) {
     return Status(s.code(), "FFI type '" + t.name + "' was not registered with the physical "

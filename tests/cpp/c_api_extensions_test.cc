@@ -1,0 +1,281 @@
+// FlexNPU's PJRT extension chain: well-formed, and its FFI extension forwards to the physical
+// backend (a handler registered through it runs inside the inner plugin; execute contexts and
+// their user data reach the inner execution). The inner is the CPU plugin the environment names.
+#include "c_api_test_fixture.h"
+
+namespace {
+
+// The PJRT FFI extension, version 3 (no header ships with the plugin).
+struct FfiTypeInfo {
+  void (*deleter)(void*);
+  void* serialize;
+  void* deserialize;
+};
+struct FfiTypeRegisterArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* type_name;
+  size_t type_name_size;
+  int64_t type_id;
+  const FfiTypeInfo* type_info;
+};
+struct FfiUserDataAddArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_ExecuteContext* context;
+  int64_t type_id;
+  void* data;
+  void (*deleter)(void*);  // only read when struct_size says so (older callers)
+};
+struct FfiRegisterHandlerArgs {
+  size_t struct_size;
+  const char* target_name;
+  size_t target_name_size;
+  void* handler;
+  const char* platform_name;
+  size_t platform_name_size;
+  uint32_t traits;
+};
+struct FfiExtension {
+  PJRT_Extension_Base base;
+  PJRT_Error* (*type_register)(FfiTypeRegisterArgs*);
+  PJRT_Error* (*user_data_add)(FfiUserDataAddArgs*);
+  PJRT_Error* (*register_handler)(FfiRegisterHandlerArgs*);
+};
+
+// The few XLA FFI call-frame structs a typed handler reads (xla/ffi/api/c_api.h's layout).
+struct XlaExtensionBase {
+  size_t struct_size;
+  int type;  // 1: metadata
+  XlaExtensionBase* next;
+};
+struct XlaApiVersion {
+  size_t struct_size;
+  void* extension_start;
+  int major_version;
+  int minor_version;
+};
+struct XlaMetadata {
+  size_t struct_size;
+  XlaApiVersion api_version;
+  uint32_t traits;
+};
+struct XlaMetadataExtension {
+  XlaExtensionBase base;
+  XlaMetadata* metadata;
+};
+struct XlaList {  // XLA_FFI_Args and XLA_FFI_Rets
+  size_t struct_size;
+  void* extension_start;
+  int64_t size;
+  void* types;
+  void** items;
+};
+struct XlaCallFrame {
+  size_t struct_size;
+  XlaExtensionBase* extension_start;
+  const void* api;
+  void* ctx;
+  int stage;  // 3: execute
+  XlaList args;
+  XlaList rets;
+};
+struct XlaBuffer {
+  size_t struct_size;
+  void* extension_start;
+  int dtype;
+  void* data;
+  int64_t rank;
+  int64_t* dims;
+};
+
+// y = 2x + 1 over f32; declares FFI API 0.1 (it uses nothing newer).
+extern "C" void* AffineHandler(XlaCallFrame* frame) {
+  for (XlaExtensionBase* e = frame->extension_start; e != nullptr; e = e->next) {
+    if (e->type == 1) {
+      XlaMetadata* m = reinterpret_cast<XlaMetadataExtension*>(e)->metadata;
+      m->api_version.major_version = 0;
+      m->api_version.minor_version = 1;
+      m->traits = 0;
+      return nullptr;
+    }
+  }
+  if (frame->stage != 3) return nullptr;
+  auto* in = static_cast<XlaBuffer*>(frame->args.items[0]);
+  auto* out = static_cast<XlaBuffer*>(frame->rets.items[0]);
+  int64_t n = 1;
+  for (int64_t i = 0; i < in->rank; ++i) n *= in->dims[i];
+  for (int64_t i = 0; i < n; ++i) {
+    static_cast<float*>(out->data)[i] = 2.0f * static_cast<const float*>(in->data)[i] + 1.0f;
+  }
+  return nullptr;
+}
+
+constexpr char kCustomCallProgram[] = R"(
+module @custom_call {
+  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.custom_call @flexnpu_test_affine(%a) {api_version = 4 : i32} : (tensor<4xf32>) -> tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+})";
+
+const FfiExtension* Ffi() {
+  for (const PJRT_Extension_Base* e = api->extension_start; e != nullptr; e = e->next) {
+    if (e->type == PJRT_Extension_Type_FFI) return reinterpret_cast<const FfiExtension*>(e);
+  }
+  return nullptr;
+}
+
+TEST_F(CApiTest, ExtensionChainIsWellFormedAndOffersWhatTheBackendHas) {
+  std::vector<int> types;
+  for (const PJRT_Extension_Base* e = api->extension_start; e != nullptr; e = e->next) {
+    ASSERT_LT(types.size(), 32u) << "the chain does not end";
+    EXPECT_GE(e->struct_size, sizeof(PJRT_Extension_Base));
+    for (int t : types) EXPECT_NE(t, static_cast<int>(e->type)) << "extension type twice";
+    types.push_back(static_cast<int>(e->type));
+  }
+  // The CPU plugin has FFI; FlexNPU offers it with all three functions.
+  const FfiExtension* ffi = Ffi();
+  ASSERT_NE(ffi, nullptr);
+  EXPECT_GE(ffi->base.struct_size, sizeof(FfiExtension));
+  EXPECT_NE(ffi->type_register, nullptr);
+  EXPECT_NE(ffi->user_data_add, nullptr);
+  EXPECT_NE(ffi->register_handler, nullptr);
+}
+
+ErrorInfo Register(const char* target, const char* platform, void* handler, size_t size) {
+  FfiRegisterHandlerArgs args{};
+  args.struct_size = size;
+  args.target_name = target;
+  args.target_name_size = std::strlen(target);
+  args.handler = handler;
+  args.platform_name = platform;
+  args.platform_name_size = std::strlen(platform);
+  return Info(Ffi()->register_handler(&args));
+}
+
+TEST_F(CApiTest, FfiHandlerRegisteredWithFlexNpuRunsInsideThePhysicalBackend) {
+  ASSERT_NE(Ffi(), nullptr);
+  PJRT_Client* client = CreateClient(2);
+  ASSERT_NE(client, nullptr);
+  PJRT_LoadedExecutable* exe = nullptr;
+  ErrorInfo missing = TryCompile(client, kCustomCallProgram, CompileOptionsFor(0), &exe);
+  EXPECT_EQ(missing.code, PJRT_Error_Code_NOT_FOUND) << missing.message;
+  EXPECT_NE(missing.message.find("No FFI handler registered for flexnpu_test_affine"),
+            std::string::npos) << missing.message;
+
+  // Registered after the client exists: it reaches the already attached backend.
+  ErrorInfo ok = Register("flexnpu_test_affine", "flexnpu", reinterpret_cast<void*>(&AffineHandler),
+                          sizeof(FfiRegisterHandlerArgs));
+  ASSERT_EQ(ok.code, PJRT_Error_Code_OK) << ok.message;
+  ErrorInfo compiled = TryCompile(client, kCustomCallProgram, CompileOptionsFor(0), &exe);
+  ASSERT_EQ(compiled.code, PJRT_Error_Code_OK) << compiled.message;
+  PJRT_Buffer* x = Upload(client, Device(client, 0), {0.f, 1.f, 2.f, 3.f});
+  PJRT_Buffer* y = nullptr;
+  ErrorInfo ran = TryExecute(exe, {x}, &y);
+  ASSERT_EQ(ran.code, PJRT_Error_Code_OK) << ran.message;
+  EXPECT_EQ(Download(y, 4), (std::vector<float>{1.f, 3.f, 5.f, 7.f}));
+
+  // A client created later gets it too (replayed when its backend attaches).
+  PJRT_Client* later = CreateClient(1);
+  ASSERT_NE(later, nullptr);
+  ErrorInfo again = TryCompile(later, kCustomCallProgram, CompileOptionsFor(0), &exe);
+  EXPECT_EQ(again.code, PJRT_Error_Code_OK) << again.message;
+}
+
+TEST_F(CApiTest, FfiRegistrationErrorsNameWhatIsWrong) {
+  ASSERT_NE(Ffi(), nullptr);
+  ErrorInfo null_handler = Register("flexnpu_test_null", "flexnpu", nullptr,
+                                    sizeof(FfiRegisterHandlerArgs));
+  EXPECT_EQ(null_handler.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(null_handler.message.find("handler of 'flexnpu_test_null' is null"), std::string::npos)
+      << null_handler.message;
+  ErrorInfo small = Register("flexnpu_test_small", "flexnpu", reinterpret_cast<void*>(&AffineHandler), 16);
+  EXPECT_EQ(small.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(small.message.find("args struct_size 16 is too small"), std::string::npos)
+      << small.message;
+
+  FfiUserDataAddArgs add{};
+  add.struct_size = offsetof(FfiUserDataAddArgs, deleter);
+  int not_a_context = 0;
+  add.context = reinterpret_cast<PJRT_ExecuteContext*>(&not_a_context);
+  ErrorInfo foreign = Info(Ffi()->user_data_add(&add));
+  EXPECT_EQ(foreign.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(foreign.message.find("context is not a FlexNPU execute context"), std::string::npos)
+      << foreign.message;
+}
+
+int deleted_value = 0;
+void DeleteValue(void* data) { deleted_value = *static_cast<int*>(data); }
+
+TEST_F(CApiTest, ExecuteContextWithUserDataReachesTheInnerExecution) {
+  ASSERT_NE(Ffi(), nullptr);
+  PJRT_ExecuteContext_Create_Args create{};
+  create.struct_size = PJRT_ExecuteContext_Create_Args_STRUCT_SIZE;
+  ASSERT_PJRT_OK(api->PJRT_ExecuteContext_Create(&create));
+  ASSERT_NE(create.context, nullptr);
+
+  FfiTypeRegisterArgs type{};
+  type.struct_size = sizeof(type);
+  type.type_name = "flexnpu_test_type";
+  type.type_name_size = std::strlen(type.type_name);
+  ASSERT_PJRT_OK(Ffi()->type_register(&type));
+  EXPECT_NE(type.type_id, 0);
+  FfiTypeRegisterArgs again = type;
+  again.type_id = 0;
+  ASSERT_PJRT_OK(Ffi()->type_register(&again));
+  EXPECT_EQ(again.type_id, type.type_id) << "one name, one id";
+
+  static int value = 42;
+  FfiUserDataAddArgs add{};
+  add.struct_size = sizeof(add);  // an older caller: FlexNPU runs the deleter
+  add.context = create.context;
+  add.type_id = type.type_id;
+  add.data = &value;
+  add.deleter = &DeleteValue;
+  ASSERT_PJRT_OK(Ffi()->user_data_add(&add));
+
+  PJRT_Client* client = CreateClient(1);
+  ASSERT_NE(client, nullptr);
+  PJRT_LoadedExecutable* exe = nullptr;
+  ErrorInfo compiled = TryCompile(client, kAddProgram, CompileOptionsFor(0), &exe);
+  ASSERT_EQ(compiled.code, PJRT_Error_Code_OK) << compiled.message;
+  PJRT_Buffer* a = Upload(client, Device(client, 0), {1.f, 2.f, 3.f, 4.f});
+  PJRT_ExecuteOptions options{};
+  options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+  options.context = create.context;
+  PJRT_Buffer* const arguments[] = {a, a};
+  PJRT_Buffer* const* argument_lists[] = {arguments};
+  PJRT_Buffer* output = nullptr;
+  PJRT_Buffer** output_lists[] = {&output};
+  PJRT_Event* done = nullptr;
+  PJRT_LoadedExecutable_Execute_Args run{};
+  run.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+  run.executable = exe;
+  run.options = &options;
+  run.argument_lists = argument_lists;
+  run.num_devices = 1;
+  run.num_args = 2;
+  run.output_lists = output_lists;
+  run.device_complete_events = &done;
+  ASSERT_PJRT_OK(api->PJRT_LoadedExecutable_Execute(&run));
+  Await(done);
+  EXPECT_EQ(Download(output, 4), (std::vector<float>{2.f, 8.f, 18.f, 32.f}));
+  DestroyBuffer(output);
+
+  PJRT_ExecuteContext_Destroy_Args destroy{};
+  destroy.struct_size = PJRT_ExecuteContext_Destroy_Args_STRUCT_SIZE;
+  destroy.context = create.context;
+  ASSERT_PJRT_OK(api->PJRT_ExecuteContext_Destroy(&destroy));
+  EXPECT_EQ(deleted_value, 42);
+
+  // A destroyed context is refused by name, not read.
+  options.context = create.context;
+  output = nullptr;
+  ErrorInfo stale = Info(api->PJRT_LoadedExecutable_Execute(&run));
+  EXPECT_EQ(stale.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(stale.message.find("options->context is not a FlexNPU execute context"),
+            std::string::npos) << stale.message;
+}
+
+}  // namespace
