@@ -127,6 +127,8 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
            "--block-size", str(ENGINE["block_size"])]
     if args.model:
         cmd += ["--model", args.model]
+    if args.compilation_cache:
+        cmd += ["--compilation-cache", str(args.compilation_cache)]
     env = _env(JAX_PLATFORMS=args.platform)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                             cwd=ROOT)
@@ -364,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--platform", default="flexnpu", help="JAX_PLATFORMS of the server")
     p.add_argument("--model", default=None, help="serve --model (default: SmolLM2 GGUF)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--compilation-cache", type=Path, default=None, metavar="DIR",
+                   help="serve --compilation-cache DIR (later configurations load the "
+                   "programs instead of compiling them)")
     p.add_argument("--probe-repeats", type=int, default=2,
                    help="runs of each in-server probe request (median)")
     p.add_argument("--bare-calibration", action="store_true",

@@ -61,7 +61,10 @@ class ServingRuntime:
     max_prefill_seqs: int = 0
     # Steps every instance keeps dispatched (0: the simulator's defaults). FlexNPU's engine
     # dispatches step k+1 before it waits for step k (JAX async dispatch), so a request that
-    # arrives while step k+1 runs is first planned into step k+2.
+    # arrives while step k+1 runs is first planned into step k+2. That holds over jaxlib's
+    # CPU client (an execute returns in ~1 ms); through the flexnpu plugin an execute returned
+    # only when the computation had finished (measured 2026-12-01), so there the overlap is
+    # lost and each step's tokens reach the client after the next step: not modelled here.
     inflight: int = 0
 
 
