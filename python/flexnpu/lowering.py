@@ -9,13 +9,16 @@ reports (`flexnpu X over <kind> (...)` in the client's platform_version):
 * `mlir._platform_specific_lowerings["flexnpu"]` becomes a view: flexnpu's own rules first,
   then `kind`'s, live (rules registered for `kind` later are seen too). Each rule of `kind`
   runs with the module context's platforms set to `(kind,)`, as it would on `kind` itself.
-* The platform-generic callback rules (pure_callback, io_callback, buffer_callback) check the
-  platform name themselves; flexnpu gets wrappers that run them as `kind`.
+* The callback rules (pure_callback, io_callback, buffer_callback, debug.callback/print) check
+  the platform name themselves; flexnpu gets wrappers that run them as `kind`, except over a
+  CPU plugin, where host callbacks cannot run (HOST_CALLBACKS_ON_CPU_PLUGIN says why) and the
+  rules raise that instead of lowering to a call the plugin cannot serve.
 * FFI targets: `register_custom_call_handler("flexnpu", ...)` sends targets registered for
   "flexnpu" into FlexNPU's FFI registry (the plugin forwards them to the physical backend).
   For the cpu kind, jaxlib's own CPU targets (LAPACK, sparse, the Python-callback handlers),
   compiled into jaxlib and registered only with jaxlib's in-process XLA, are mirrored into
-  it too, now and when registered later. A CUDA backend needs no mirror: JAX's CUDA plugin
+  it too, now and when registered later (a backend whose XLA FFI is older than jaxlib's
+  drops them: see README, Limits). A CUDA backend needs no mirror: JAX's CUDA plugin
   registers its targets into the same CUDA plugin library FlexNPU loads.
 
 The JAX hooks used are listed in HOOKS; tests/python/test_lowering_hooks.py pins each, so a
