@@ -3,6 +3,8 @@
 #ifndef FLEXNPU_C_API_COMMON_H_
 #define FLEXNPU_C_API_COMMON_H_
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -16,11 +18,15 @@
 
 namespace flexnpu::c_api {
 
-// Runs `body` (returning Status) so that no C++ exception crosses the C boundary.
+// Runs `body` (returning Status) so that no C++ exception crosses the C boundary. A forced
+// unwind (pthread_exit or pthread_cancel of the calling thread, e.g. inside a callback the body
+// runs) is not an error: it must go on, or glibc aborts with "FATAL: exception not rethrown".
 template <typename Body>
 PJRT_Error* Guard(const char* where, Body&& body) {
   try {
     return ToPjrtError(body());
+  } catch (abi::__forced_unwind&) {
+    throw;
   } catch (const std::exception& e) {
     return ToPjrtError(Internal(std::string(where) + ": " + e.what()));
   } catch (...) {

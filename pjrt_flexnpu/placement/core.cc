@@ -415,7 +415,18 @@ PolicySpec Core::policy() const {
   return s_->policy;
 }
 
-Status Core::Place(const Request& r, Decision* out) {
+Status Core::Place(const Request& r, Decision* out) { return PlaceImpl(r, -1, out); }
+
+Status Core::PlaceOn(const Request& r, int physical_device, Decision* out) {
+  if (physical_device < 0 || physical_device >= s_->P) {
+    return InvalidArgument("placement: PlaceOn physical device " +
+                           std::to_string(physical_device) + " does not exist (" +
+                           std::to_string(s_->P) + " physical devices)");
+  }
+  return PlaceImpl(r, physical_device, out);
+}
+
+Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
   State& s = *s_;
   if (r.virtual_device < 0 || r.virtual_device >= s.V) {
     return InvalidArgument("placement: virtual device " + std::to_string(r.virtual_device) +
@@ -473,7 +484,9 @@ Status Core::Place(const Request& r, Decision* out) {
   const double loc = static_cast<double>(located);
   const int home = s.home[v];
   const int preferred = data_dev >= 0 ? data_dev : (s.current[v] >= 0 ? s.current[v] : home);
-  s.need = s.policy.kind == PolicyKind::kPassthrough ? 0 : std::max<int64_t>(0, r.profile->memory_bytes);
+  s.need = s.policy.kind == PolicyKind::kPassthrough || given_device >= 0
+               ? 0
+               : std::max<int64_t>(0, r.profile->memory_bytes);
   if (s.need > 0 && s.any_memory_known) {
     for (int d = 0; d < s.P; ++d) {
       if (s.Short(d)) ++s.dstats[d].memory_skips;
@@ -483,7 +496,10 @@ Status Core::Place(const Request& r, Decision* out) {
   int chosen = -1;
   Reason reason = Reason::kPassthrough;
   double best_cost = 0;
-  switch (s.policy.kind) {
+  if (given_device >= 0) {
+    chosen = given_device;
+    reason = Reason::kAffinity;
+  } else switch (s.policy.kind) {
     case PolicyKind::kPassthrough:
       chosen = v % s.P;
       reason = Reason::kPassthrough;

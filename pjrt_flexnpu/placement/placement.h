@@ -291,6 +291,12 @@ class Core {
   // Chooses the physical device. InvalidArgument for a bad request (virtual device out of
   // range, no profile, an input on a device that does not exist); *out is untouched then.
   Status Place(const Request& request, Decision* out);
+  // Records an execution on a device the caller chose, as Place records its own choice (the
+  // device's queue, memory and stats; a ticket for OnStart / OnFinish / Cancel; reason
+  // kAffinity): for an SPMD program the runtime maps the group of virtual devices onto distinct
+  // physical ones and records one execution per shard, so single-device placements see the
+  // load. InvalidArgument for a bad request or a device out of range; *out is untouched then.
+  Status PlaceOn(const Request& request, int physical_device, Decision* out);
   // The execution began (optional; improves the measured durations and the queue estimate).
   Status OnStart(uint64_t ticket, int64_t now_ns);
   // The execution completed; ok=false counts an error against the device (quarantine).
@@ -320,6 +326,8 @@ class Core {
  private:
   struct State;
   explicit Core(std::unique_ptr<State> state);
+  // Place (given_device < 0: the policy chooses) and PlaceOn.
+  Status PlaceImpl(const Request& request, int given_device, Decision* out);
   std::unique_ptr<State> s_;
 };
 

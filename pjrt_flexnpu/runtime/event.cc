@@ -1,5 +1,7 @@
 #include "pjrt_flexnpu/runtime/event.h"
 
+#include <cxxabi.h>
+
 #include <memory>
 
 #include "pjrt_flexnpu/runtime/error.h"
@@ -14,22 +16,34 @@ struct OnReadyContext {
   void* user_arg;
 };
 
-// Runs on a backend thread: nothing may escape (an exception there is std::terminate), and
-// the caller's callback runs exactly once, with an error if the inner one cannot be converted.
-void InnerOnReady(PJRT_Error* inner_error, void* arg) noexcept {
+// Runs on a backend thread, or on the caller's when the event is ready: no exception may
+// escape into the backend (std::terminate there), and the caller's callback runs exactly once,
+// with an error if the inner one cannot be converted. Not noexcept: a forced unwind (the thread
+// exits or is cancelled inside the caller's callback) must pass.
+void InnerOnReady(PJRT_Error* inner_error, void* arg) {
   FLEXNPU_TSAN_ACQUIRE(arg);
   std::unique_ptr<OnReadyContext> context(static_cast<OnReadyContext*>(arg));
   PJRT_Error* error = nullptr;
   try {
     error = ToPjrtError(context->backend->Consume(inner_error, "PJRT_Event"));
+  } catch (abi::__forced_unwind&) {
+    throw;
   } catch (...) {
     try {
       error = ToPjrtError(Internal("PJRT_Event: converting the backend's error failed"));
+    } catch (abi::__forced_unwind&) {
+      throw;
     } catch (...) {
       error = nullptr;  // out of memory: nothing can be allocated to report it
     }
   }
-  context->callback(error, context->user_arg);
+  try {
+    context->callback(error, context->user_arg);
+  } catch (abi::__forced_unwind&) {
+    throw;
+  } catch (...) {
+    // A C callback that throws anyway: the backend thread must live on.
+  }
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "pjrt_flexnpu/runtime/executable.h"
 
+#include <cxxabi.h>
+
 #include <chrono>
 #include <cstddef>
 
@@ -30,13 +32,16 @@ struct FinishContext {
   TraceEvent event;
 };
 
-// Runs on a backend thread: nothing may escape (an exception there is std::terminate).
-void OnExecutionDone(PJRT_Error* error, void* arg) noexcept {
+// Runs on a backend thread: no exception may escape (an exception there is std::terminate).
+// Not noexcept: a forced unwind (the thread exits or is cancelled) must pass.
+void OnExecutionDone(PJRT_Error* error, void* arg) {
   FLEXNPU_TSAN_ACQUIRE(arg);
   std::unique_ptr<FinishContext> context(static_cast<FinishContext*>(arg));
   const bool ok = error == nullptr;
   try {
     if (!ok) (void)context->backend->Consume(error, "execution");
+  } catch (abi::__forced_unwind&) {
+    throw;
   } catch (...) {
     // The inner error is released by Consume before it builds any message.
   }
@@ -50,6 +55,8 @@ void OnExecutionDone(PJRT_Error* error, void* arg) noexcept {
       context->event.ok = ok;
       context->trace->Record(context->event);
     }
+  } catch (abi::__forced_unwind&) {
+    throw;
   } catch (...) {
     // Losing one measurement or trace event is better than terminating the process.
   }
@@ -391,184 +398,128 @@ Status VirtualLoadedExecutable::Execute(PJRT_LoadedExecutable_Execute_Args* args
                              "] is null");
     }
   }
-  if (execute_device != nullptr) return ExecuteSingle(args, execute_device);
-  if (single_device_) return ExecuteSingle(args, devices_[0]);
-  return ExecuteSpmd(args);
+  if (execute_device != nullptr) return Dispatch(args, &execute_device, 1);
+  return Dispatch(args, devices_.data(), devices_.size());
 }
 
-Status VirtualLoadedExecutable::PlaceSingle(VirtualDevice* device,
-                                            VirtualBuffer* const* arguments,
-                                            size_t num_args, int* physical_device,
-                                            uint64_t* ticket) {
+namespace {
+
+// Tickets of placed executions that were never launched are cancelled (any failure before the
+// inner Execute returns).
+class UnlaunchedTickets {
+ public:
+  UnlaunchedTickets(Placer& placer, uint64_t* tickets, size_t n)
+      : placer_(placer), tickets_(tickets), n_(n) {}
+  ~UnlaunchedTickets() {
+    if (launched_) return;
+    for (size_t d = 0; d < n_; ++d) {
+      if (tickets_[d] != 0) placer_.Cancel(tickets_[d]);
+    }
+  }
+  void Launched() { launched_ = true; }
+
+ private:
+  Placer& placer_;
+  uint64_t* tickets_;
+  size_t n_;
+  bool launched_ = false;
+};
+
+}  // namespace
+
+Status VirtualLoadedExecutable::Place(VirtualDevice* const* devices, size_t n,
+                                      VirtualBuffer* const* buffers, size_t num_args,
+                                      int* physical, uint64_t* tickets) {
   Placer& placer = client_->placer();
-  if (placer.passthrough()) {
-    *physical_device = device->home_physical();
-    *ticket = 0;
+  if (n > 1) {
+    // SPMD: the group mapping decides (distinct physical devices, each shard at home where
+    // that is free); the placer records one execution per shard so its load is seen.
+    SmallVector<int, kInlineDevices> virtual_ids(n);
+    for (size_t d = 0; d < n; ++d) virtual_ids[d] = devices[d]->index();
+    FLEXNPU_RETURN_IF_ERROR(placer.PlaceGroup(virtual_ids.data(), n, physical));
+    if (placer.passthrough()) return Status::Ok();
+  } else if (placer.passthrough()) {
+    physical[0] = devices[0]->home_physical();
     return Status::Ok();
   }
   SmallVector<placement::Input, kInlineArgs> inputs(num_args);
-  for (size_t a = 0; a < num_args; ++a) {
-    VirtualBuffer* buffer = arguments[a];
-    inputs[a].physical_device = buffer->physical()->physical_device;
-    inputs[a].bytes = buffer->on_device_size();
+  for (size_t d = 0; d < n; ++d) {
+    for (size_t a = 0; a < num_args; ++a) {
+      VirtualBuffer* buffer = buffers[d * num_args + a];
+      inputs[a].physical_device = buffer->physical()->physical_device;
+      inputs[a].bytes = buffer->on_device_size();
+    }
+    placement::Request request;
+    request.virtual_device = devices[d]->index();
+    request.executable_id = executable_id_;
+    request.profile = &profile_;
+    request.inputs = inputs.data();
+    request.num_inputs = num_args;
+    request.now_ns = Placer::NowNs();
+    placement::Decision decision;
+    FLEXNPU_RETURN_IF_ERROR(n == 1 ? placer.Place(request, &decision)
+                                   : placer.PlaceOn(request, physical[d], &decision));
+    physical[d] = decision.physical_device;
+    tickets[d] = decision.ticket;
   }
-  placement::Request request;
-  request.virtual_device = device->index();
-  request.executable_id = executable_id_;
-  request.profile = &profile_;
-  request.inputs = inputs.data();
-  request.num_inputs = num_args;
-  request.now_ns = Placer::NowNs();
-  placement::Decision decision;
-  FLEXNPU_RETURN_IF_ERROR(placer.Place(request, &decision));
-  *physical_device = decision.physical_device;
-  *ticket = decision.ticket;
   return Status::Ok();
 }
 
-Status VirtualLoadedExecutable::ExecuteSingle(PJRT_LoadedExecutable_Execute_Args* args,
-                                              VirtualDevice* device) {
-  // argument_lists may be null when there are no arguments.
-  PJRT_Buffer* const* arguments = args->num_args > 0 ? args->argument_lists[0] : nullptr;
+Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* args,
+                                         VirtualDevice* const* devices, size_t n) {
   const size_t num_args = args->num_args;
-  SmallVector<VirtualBuffer*, kInlineArgs> buffers(num_args);
-  for (size_t a = 0; a < num_args; ++a) {
-    auto buffer = ArgumentBuffer(client_, arguments[a], 0, a);
-    if (!buffer.ok()) return buffer.status();
-    buffers[a] = *buffer;
-  }
-  int physical_device = 0;
-  uint64_t ticket = 0;
-  FLEXNPU_RETURN_IF_ERROR(
-      PlaceSingle(device, buffers.data(), num_args, &physical_device, &ticket));
-  Placer& placer = client_->placer();
-  // Any failure before the launch: the placed execution never happens.
-  struct CancelUnlaunched {
-    Placer& placer;
-    uint64_t ticket;
-    bool launched = false;
-    ~CancelUnlaunched() {
-      if (ticket != 0 && !launched) placer.Cancel(ticket);
-    }
-  } cancel{placer, ticket};
-  std::shared_ptr<Compiled> other;
-  const Compiled* compiled = initial_.get();
-  if (!portable_ && physical_device != initial_->physical[0]) {
-    auto found = CompiledFor(off_home_portable_ ? std::vector<int>{}
-                                                : std::vector<int>{physical_device});
-    if (!found.ok()) return found.status();
-    other = std::move(*found);
-    compiled = other.get();
-  }
-
-  SmallVector<std::shared_ptr<PhysicalBuffer>, kInlineArgs> holds(num_args);
-  SmallVector<PJRT_Buffer*, kInlineArgs> inner_args(num_args);
-  for (size_t a = 0; a < num_args; ++a) {
-    auto physical = buffers[a]->OnDevice(physical_device);
-    if (!physical.ok()) return physical.status();
-    holds[a] = std::move(*physical);
-    inner_args[a] = holds[a]->handle.get();
-  }
-
-  const PhysicalBackend& b = client_->backend();
-  PJRT_ExecuteOptions options = TranslateOptions(args->options);
-  auto inner_context = InnerExecuteContext(args->options, b);  // FFI user data (runtime/ffi.h)
-  if (!inner_context.ok()) return inner_context.status();
-  options.context = *inner_context;
-  SmallVector<PJRT_Buffer*, kInlineArgs> inner_outputs(num_outputs_);
-  PJRT_Buffer* const* argument_list = inner_args.data();
-  PJRT_Buffer** output_list = inner_outputs.data();
-  PJRT_Event* inner_event = nullptr;
-  PJRT_LoadedExecutable_Execute_Args inner{};
-  inner.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
-  inner.executable = compiled->executable.get();
-  inner.options = &options;
-  inner.argument_lists = &argument_list;
-  inner.num_devices = 1;
-  inner.num_args = num_args;
-  inner.output_lists = &output_list;
-  // Tracked executions always need the completion event: it ends their time on the device.
-  const bool tracing = client_->trace()->enabled();
-  const bool tracked = ticket != 0 || tracing;
-  inner.device_complete_events =
-      (args->device_complete_events != nullptr || tracked) ? &inner_event : nullptr;
-  // A pinned executable runs where it was compiled for; a portable one where it is told.
-  inner.execute_device =
-      compiled->physical.empty() ? client_->physical(physical_device).device : nullptr;
-  const int64_t start_ns = tracing ? Placer::NowNs() : 0;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
-  cancel.launched = true;
-  client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
-  if (tracked) {
-    auto context = std::make_unique<FinishContext>();
-    context->backend = &b;
-    context->core = placer.core();
-    context->ticket = ticket;
-    if (tracing) {
-      context->trace = client_->trace();
-      context->event.physical_device = physical_device;
-      context->event.virtual_device = device->index();
-      context->event.phase = placement::PhaseName(profile_.phase);
-      context->event.start_ns = start_ns;
-      context->event.executable_id = executable_id_;
-    }
-    if (inner_event != nullptr) {
-      TrackCompletion(b, std::move(context), inner_event);
-    } else {
-      OnExecutionDone(nullptr, context.release());
-    }
-    if (args->device_complete_events == nullptr && inner_event != nullptr) {
-      Own(b, inner_event);  // the callback keeps what it needs
-      inner_event = nullptr;
-    }
-  }
-
-  if (may_donate_) {
-    for (size_t a = 0; a < num_args; ++a) buffers[a]->NoteMaybeDonated();
-  }
-  InnerEvent event = Own(b, inner_event);
-  Status status = WrapOutputs(device, physical_device, inner_outputs.data(), args->output_lists[0]);
-  // On failure the caller takes nothing: the event goes with `event`.
-  if (args->device_complete_events != nullptr) {
-    args->device_complete_events[0] =
-        status.ok() && event ? ToHandle<PJRT_Event>(Event::Wrap(b, event.release())) : nullptr;
-  }
-  return status;
-}
-
-Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* args) {
-  std::vector<int> virtual_ids;
-  for (VirtualDevice* device : devices_) virtual_ids.push_back(device->index());
-  auto mapping = client_->placer().PlaceGroup(virtual_ids);
-  if (!mapping.ok()) return mapping.status();
-  auto compiled = CompiledFor(*mapping);
-  if (!compiled.ok()) return compiled.status();
-  const Compiled& c = **compiled;
-
-  const size_t n = devices_.size();
-  const size_t num_args = args->num_args;
-  std::vector<std::shared_ptr<PhysicalBuffer>> holds(n * num_args);
-  std::vector<VirtualBuffer*> buffers(n * num_args);
-  std::vector<PJRT_Buffer*> inner_args(n * num_args);
-  std::vector<PJRT_Buffer*> inner_outputs(n * num_outputs_);
-  std::vector<PJRT_Buffer* const*> argument_lists(n);
-  std::vector<PJRT_Buffer**> output_lists(n);
-  std::vector<PJRT_Event*> inner_events(n, nullptr);
+  SmallVector<VirtualBuffer*, kInlineArgs> buffers(n * num_args);
   for (size_t d = 0; d < n; ++d) {
-    const size_t position = c.inner_position[d];
     for (size_t a = 0; a < num_args; ++a) {
       auto buffer = ArgumentBuffer(client_, args->argument_lists[d][a], d, a);
       if (!buffer.ok()) return buffer.status();
       buffers[d * num_args + a] = *buffer;
-      auto physical = (*buffer)->OnDevice(c.physical[d]);
-      if (!physical.ok()) return physical.status();
-      holds[d * num_args + a] = std::move(*physical);
-      inner_args[position * num_args + a] = holds[d * num_args + a]->handle.get();
     }
   }
+  SmallVector<int, kInlineDevices> physical(n);
+  SmallVector<uint64_t, kInlineDevices> tickets(n);  // zeroed: untracked
+  Placer& placer = client_->placer();
+  UnlaunchedTickets cancel(placer, tickets.data(), n);
+  FLEXNPU_RETURN_IF_ERROR(
+      Place(devices, n, buffers.data(), num_args, physical.data(), tickets.data()));
+
+  // The compiled variant for this mapping.
+  std::shared_ptr<Compiled> other;
+  const Compiled* compiled = initial_.get();
+  if (n > 1) {
+    auto found = CompiledFor(std::vector<int>(physical.data(), physical.data() + n));
+    if (!found.ok()) return found.status();
+    other = std::move(*found);
+    compiled = other.get();
+  } else if (!portable_ && physical[0] != initial_->physical[0]) {
+    auto found = CompiledFor(off_home_portable_ ? std::vector<int>{}
+                                                : std::vector<int>{physical[0]});
+    if (!found.ok()) return found.status();
+    other = std::move(*found);
+    compiled = other.get();
+  }
+  // Where shard d sits in the inner executable's device list.
+  auto position = [&](size_t d) -> size_t { return n > 1 ? compiled->inner_position[d] : 0; };
+
+  // Arguments on their shard's physical device; the holds keep them alive through the launch.
+  SmallVector<std::shared_ptr<PhysicalBuffer>, kInlineArgs> holds(n * num_args);
+  SmallVector<PJRT_Buffer*, kInlineArgs> inner_args(n * num_args);
+  for (size_t d = 0; d < n; ++d) {
+    for (size_t a = 0; a < num_args; ++a) {
+      auto held = buffers[d * num_args + a]->OnDevice(physical[d]);
+      if (!held.ok()) return held.status();
+      holds[d * num_args + a] = std::move(*held);
+      inner_args[position(d) * num_args + a] = holds[d * num_args + a]->handle.get();
+    }
+  }
+  SmallVector<PJRT_Buffer*, kInlineArgs> inner_outputs(n * num_outputs_);
+  SmallVector<PJRT_Buffer* const*, kInlineDevices> argument_lists(n);
+  SmallVector<PJRT_Buffer**, kInlineDevices> output_lists(n);
+  SmallVector<PJRT_Event*, kInlineDevices> inner_events(n);
   for (size_t i = 0; i < n; ++i) {
     argument_lists[i] = inner_args.data() + i * num_args;
     output_lists[i] = inner_outputs.data() + i * num_outputs_;
+    inner_events[i] = nullptr;
   }
 
   const PhysicalBackend& b = client_->backend();
@@ -578,33 +529,67 @@ Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* 
   options.context = *inner_context;
   PJRT_LoadedExecutable_Execute_Args inner{};
   inner.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
-  inner.executable = c.executable.get();
+  inner.executable = compiled->executable.get();
   inner.options = &options;
   inner.argument_lists = argument_lists.data();
   inner.num_devices = n;
   inner.num_args = num_args;
   inner.output_lists = output_lists.data();
-  inner.device_complete_events = args->device_complete_events ? inner_events.data() : nullptr;
+  // Tracked executions always need the completion events: they end their time on the device.
+  const bool tracing = client_->trace()->enabled();
+  const bool tracked = tickets[0] != 0 || tracing;
+  inner.device_complete_events =
+      (args->device_complete_events != nullptr || tracked) ? inner_events.data() : nullptr;
+  // A pinned executable runs where it was compiled for; a portable one where it is told.
+  inner.execute_device = n == 1 && compiled->physical.empty()
+                             ? client_->physical(physical[0]).device
+                             : nullptr;
+  const int64_t start_ns = tracing ? Placer::NowNs() : 0;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
+  cancel.Launched();
   client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
-
-  if (may_donate_) {
-    for (VirtualBuffer* buffer : buffers) buffer->NoteMaybeDonated();
+  if (tracked) {
+    for (size_t d = 0; d < n; ++d) {
+      auto context = std::make_unique<FinishContext>();
+      context->backend = &b;
+      context->core = placer.core();
+      context->ticket = tickets[d];
+      if (tracing) {
+        context->trace = client_->trace();
+        context->event.physical_device = physical[d];
+        context->event.virtual_device = devices[d]->index();
+        context->event.phase = placement::PhaseName(profile_.phase);
+        context->event.start_ns = start_ns;
+        context->event.executable_id = executable_id_;
+      }
+      PJRT_Event*& inner_event = inner_events[position(d)];
+      if (inner_event != nullptr) {
+        TrackCompletion(b, std::move(context), inner_event);
+      } else {
+        OnExecutionDone(nullptr, context.release());
+      }
+      if (args->device_complete_events == nullptr && inner_event != nullptr) {
+        Own(b, inner_event);  // the callback keeps what it needs
+        inner_event = nullptr;
+      }
+    }
   }
-  std::vector<InnerEvent> events;
-  events.reserve(n);
-  for (PJRT_Event* e : inner_events) events.push_back(Own(b, e));
+  if (may_donate_) {
+    for (size_t i = 0; i < n * num_args; ++i) buffers[i]->NoteMaybeDonated();
+  }
+
+  SmallVector<InnerEvent, kInlineDevices> events(n);
+  for (size_t i = 0; i < n; ++i) events[i] = Own(b, inner_events[i]);
   Status status;
   for (size_t d = 0; d < n; ++d) {
-    const size_t position = c.inner_position[d];
+    PJRT_Buffer** shard_outputs = output_lists[position(d)];
     if (!status.ok()) {
-      for (size_t i = 0; i < num_outputs_; ++i) Own(b, output_lists[position][i]);
+      for (size_t i = 0; i < num_outputs_; ++i) Own(b, shard_outputs[i]);
       continue;
     }
-    status = WrapOutputs(devices_[d], c.physical[d], output_lists[position],
-                         args->output_lists[d]);
+    status = WrapOutputs(devices[d], physical[d], shard_outputs, args->output_lists[d]);
     if (!status.ok()) {
-      // Outputs of earlier devices were handed out already: take them back.
+      // Outputs of earlier shards were handed out already: take them back.
       for (size_t e = 0; e < d; ++e) {
         for (size_t i = 0; i < num_outputs_; ++i) {
           delete FromHandle<VirtualBuffer>(args->output_lists[e][i]);
@@ -616,7 +601,7 @@ Status VirtualLoadedExecutable::ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* 
   // Events only with outputs: on failure the caller takes nothing, and they go with `events`.
   if (args->device_complete_events != nullptr) {
     for (size_t d = 0; d < n; ++d) {
-      InnerEvent& e = events[c.inner_position[d]];
+      InnerEvent& e = events[position(d)];
       args->device_complete_events[d] =
           status.ok() && e ? ToHandle<PJRT_Event>(Event::Wrap(b, e.release())) : nullptr;
     }
@@ -635,6 +620,9 @@ Status VirtualLoadedExecutable::LearnOutputs(PJRT_Buffer** inner_outputs) {
     memory_args.buffer = inner_outputs[i];
     FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_Memory, &memory_args));
     outputs[i] = OutputInfo{std::move(*metadata), client_->KindIndexOf(memory_args.memory)};
+    // Only arrays have dimensions: the CPU plugin CHECK-fails (aborts the process) when asked
+    // for a token's dynamic dimensions (jax.lax.create_token() returned from a jit).
+    if (outputs[i].metadata.element_type == PJRT_Buffer_Type_TOKEN) continue;
     PJRT_Buffer_DynamicDimensionIndices_Args dynamic_args{};
     dynamic_args.struct_size = PJRT_Buffer_DynamicDimensionIndices_Args_STRUCT_SIZE;
     dynamic_args.buffer = inner_outputs[i];

@@ -117,11 +117,14 @@ class VirtualLoadedExecutable : public Tagged {
   StatusOr<std::shared_ptr<Compiled>> CompileFor(const std::vector<int>& physical);
   StatusOr<std::shared_ptr<Compiled>> CompiledFor(const std::vector<int>& physical);
   void EvictLocked();
-  Status ExecuteSingle(PJRT_LoadedExecutable_Execute_Args* args, VirtualDevice* device);
-  // The physical device for a single-device execution and the placer's ticket (0: untracked).
-  Status PlaceSingle(VirtualDevice* device, VirtualBuffer* const* arguments, size_t num_args,
-                     int* physical_device, uint64_t* ticket);
-  Status ExecuteSpmd(PJRT_LoadedExecutable_Execute_Args* args);
+  // One dispatcher for n >= 1 devices (single-device is n = 1): arguments resolved, placed
+  // (the placer's tickets, SPMD shards included), moved, launched, tracked and wrapped.
+  Status Dispatch(PJRT_LoadedExecutable_Execute_Args* args, VirtualDevice* const* devices,
+                  size_t n);
+  // The physical device per shard and the placer's tickets (0: untracked, passthrough).
+  // `buffers` holds the n x num_args resolved arguments.
+  Status Place(VirtualDevice* const* devices, size_t n, VirtualBuffer* const* buffers,
+               size_t num_args, int* physical, uint64_t* tickets);
   // Wraps one device's inner outputs as buffers of `device`; takes ownership of them.
   Status WrapOutputs(VirtualDevice* device, int physical_device, PJRT_Buffer** inner_outputs,
                      PJRT_Buffer** outputs);
@@ -159,6 +162,8 @@ class VirtualLoadedExecutable : public Tagged {
   // Compiles for further mappings, least recently used evicted beyond kMaxCachedMappings
   // (the initial one stays). Compiles run outside mu_; executions in flight keep what they use.
   static constexpr size_t kMaxCachedMappings = 16;
+  // Devices of an SPMD program kept inline on the dispatch path.
+  static constexpr size_t kInlineDevices = 8;
   std::mutex mu_;
   std::map<std::vector<int>, CacheEntry> by_mapping_;
   uint64_t use_clock_ = 0;

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "pjrt_flexnpu/runtime/small_vector.h"
+
 namespace flexnpu {
 
 int64_t Placer::NowNs() {
@@ -38,29 +40,35 @@ Status Placer::SetPolicy(std::string_view policy) {
 }
 
 StatusOr<std::vector<int>> Placer::PlaceGroup(const std::vector<int>& virtual_devices) const {
-  const int n = static_cast<int>(virtual_devices.size());
-  if (n > num_physical_) {
+  std::vector<int> mapping(virtual_devices.size(), -1);
+  FLEXNPU_RETURN_IF_ERROR(PlaceGroup(virtual_devices.data(), virtual_devices.size(),
+                                     mapping.data()));
+  return mapping;
+}
+
+Status Placer::PlaceGroup(const int* virtual_devices, size_t n, int* mapping) const {
+  if (n > static_cast<size_t>(num_physical_)) {
     return InvalidArgument("an SPMD program over " + std::to_string(n) +
                            " virtual devices needs as many distinct physical devices; the "
                            "physical backend has " + std::to_string(num_physical_));
   }
-  std::vector<bool> used(num_physical_, false);
-  std::vector<int> mapping(n, -1);
-  for (int i = 0; i < n; ++i) {
+  SmallVector<char, 64> used(num_physical_);  // zeroed; inline up to 64 physical devices
+  for (size_t i = 0; i < n; ++i) {
     const int home = HomeOf(virtual_devices[i]);
+    mapping[i] = -1;
     if (!used[home]) {
       used[home] = true;
       mapping[i] = home;
     }
   }
   int next_free = 0;
-  for (int i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (mapping[i] >= 0) continue;
     while (used[next_free]) ++next_free;
     used[next_free] = true;
     mapping[i] = next_free;
   }
-  return mapping;
+  return Status::Ok();
 }
 
 }  // namespace flexnpu

@@ -31,6 +31,11 @@ class Placer {
   Status Place(const placement::Request& request, placement::Decision* decision) {
     return core_->Place(request, decision);
   }
+  // An SPMD shard on the physical device the group mapping gave it: a ticket as Place's.
+  Status PlaceOn(const placement::Request& request, int physical_device,
+                 placement::Decision* decision) {
+    return core_->PlaceOn(request, physical_device, decision);
+  }
   void OnStart(uint64_t ticket, int64_t now_ns) { (void)core_->OnStart(ticket, now_ns); }
   void Cancel(uint64_t ticket) { (void)core_->Cancel(ticket); }
   // Completion callbacks hold the core: they may fire on a backend thread after the client
@@ -40,6 +45,8 @@ class Placer {
   // Distinct physical devices for an SPMD execution over `virtual_devices`: each keeps its
   // home where that is free; collisions (V > P) take the lowest unused devices.
   StatusOr<std::vector<int>> PlaceGroup(const std::vector<int>& virtual_devices) const;
+  // The same into `physical` (n entries), without allocating: the dispatch path's form.
+  Status PlaceGroup(const int* virtual_devices, size_t n, int* physical) const;
 
   Status SetPolicy(std::string_view policy);
   std::string policy() const { return core_->policy().ToString(); }

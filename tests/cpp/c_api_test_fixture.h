@@ -70,20 +70,30 @@ void AppendBytes(std::string* out, int field, const std::string& bytes) {
   out->append(bytes);
 }
 
-// xla.CompileOptionsProto for one replica and partition on `device_id`.
-std::string CompileOptionsFor(int64_t device_id) {
+// xla.CompileOptionsProto for one partition and one replica per id in `device_ids` (a
+// replicated program over several devices when there are more).
+std::string CompileOptionsForReplicas(const std::vector<int64_t>& device_ids) {
   std::string ids;
-  AppendVarint(&ids, static_cast<uint64_t>(device_id));
+  for (int64_t id : device_ids) AppendVarint(&ids, static_cast<uint64_t>(id));
   std::string computation;
   AppendBytes(&computation, 1, ids);  // replica_device_ids (packed)
-  std::string assignment("\x08\x01\x10\x01", 4);  // replica_count 1, computation_count 1
+  std::string assignment;
+  AppendVarint(&assignment, 1 << 3);  // replica_count
+  AppendVarint(&assignment, device_ids.size());
+  assignment += std::string("\x10\x01", 2);  // computation_count 1
   AppendBytes(&assignment, 3, computation);
-  std::string build("\x20\x01\x28\x01", 4);  // num_replicas 1, num_partitions 1
+  std::string build;
+  AppendVarint(&build, 4 << 3);  // num_replicas
+  AppendVarint(&build, device_ids.size());
+  build += std::string("\x28\x01", 2);  // num_partitions 1
   AppendBytes(&build, 9, assignment);
   std::string options;
   AppendBytes(&options, 3, build);
   return options;
 }
+
+// xla.CompileOptionsProto for one replica and partition on `device_id`.
+std::string CompileOptionsFor(int64_t device_id) { return CompileOptionsForReplicas({device_id}); }
 
 constexpr char kAddProgram[] = R"(
 module @add attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
@@ -235,33 +245,71 @@ class CApiTest : public ::testing::Test {
     return info;
   }
 
-  ErrorInfo TryExecute(PJRT_LoadedExecutable* exe, std::vector<PJRT_Buffer*> inputs,
-                       PJRT_Buffer** output) {
+  // Executes a single-device program on `inputs`; on success `*output` is the caller's to
+  // destroy. Static: test threads call it. await=false destroys the completion event unawaited.
+  static ErrorInfo Execute(PJRT_LoadedExecutable* exe, std::vector<PJRT_Buffer*> inputs,
+                           PJRT_Buffer** output, bool await = true) {
+    std::vector<PJRT_Buffer*> outputs;
+    ErrorInfo info = ExecuteOnDevices(exe, {std::move(inputs)}, 1, &outputs, await);
+    if (info.code == PJRT_Error_Code_OK) *output = outputs[0];
+    return info;
+  }
+
+  // Executes a program over inputs.size() devices (an SPMD program: one argument list per
+  // device) with `num_outputs` outputs each; on success `outputs` holds them device-major, the
+  // caller's to destroy. `execute_device`: where a single-device program runs (null: where it
+  // was compiled for).
+  static ErrorInfo ExecuteOnDevices(PJRT_LoadedExecutable* exe,
+                                    std::vector<std::vector<PJRT_Buffer*>> inputs,
+                                    size_t num_outputs, std::vector<PJRT_Buffer*>* outputs,
+                                    bool await = true, PJRT_Device* execute_device = nullptr) {
+    const size_t n = inputs.size();
     PJRT_ExecuteOptions options{};
     options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
-    PJRT_Buffer* const* argument_list = inputs.data();
-    PJRT_Buffer* outputs[1] = {nullptr};
-    PJRT_Buffer** output_list = outputs;
-    PJRT_Event* done = nullptr;
+    std::vector<PJRT_Buffer* const*> argument_lists(n);
+    for (size_t d = 0; d < n; ++d) argument_lists[d] = inputs[d].data();
+    outputs->assign(n * num_outputs, nullptr);
+    std::vector<PJRT_Buffer**> output_lists(n);
+    for (size_t d = 0; d < n; ++d) output_lists[d] = outputs->data() + d * num_outputs;
+    std::vector<PJRT_Event*> done(n, nullptr);
     PJRT_LoadedExecutable_Execute_Args args{};
     args.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
     args.executable = exe;
     args.options = &options;
-    args.argument_lists = &argument_list;
-    args.num_devices = 1;
-    args.num_args = inputs.size();
-    args.output_lists = &output_list;
-    args.device_complete_events = &done;
+    args.argument_lists = argument_lists.data();
+    args.num_devices = n;
+    args.num_args = n > 0 ? inputs[0].size() : 0;
+    args.output_lists = output_lists.data();
+    args.device_complete_events = done.data();
+    args.execute_device = execute_device;
     ErrorInfo info = Info(api->PJRT_LoadedExecutable_Execute(&args));
-    if (info.code == PJRT_Error_Code_OK) {
-      Await(done);
-      buffers_.push_back(outputs[0]);
-      *output = outputs[0];
+    if (info.code != PJRT_Error_Code_OK) return info;
+    for (PJRT_Event* event : done) {
+      if (await) {
+        Await(event);
+      } else {
+        DestroyEvent(event);
+      }
     }
     return info;
   }
 
-  std::vector<float> Download(PJRT_Buffer* buffer, size_t n) {
+  static void DestroyEvent(PJRT_Event* event) {
+    PJRT_Event_Destroy_Args destroy{};
+    destroy.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+    destroy.event = event;
+    EXPECT_EQ(Info(api->PJRT_Event_Destroy(&destroy)).code, PJRT_Error_Code_OK);
+  }
+
+  // Execute, the output then owned (destroyed) by the fixture.
+  ErrorInfo TryExecute(PJRT_LoadedExecutable* exe, std::vector<PJRT_Buffer*> inputs,
+                       PJRT_Buffer** output) {
+    ErrorInfo info = Execute(exe, std::move(inputs), output);
+    if (info.code == PJRT_Error_Code_OK) buffers_.push_back(*output);
+    return info;
+  }
+
+  static std::vector<float> Download(PJRT_Buffer* buffer, size_t n) {
     std::vector<float> out(n);
     PJRT_Buffer_ToHostBuffer_Args args{};
     args.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;

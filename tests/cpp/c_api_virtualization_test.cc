@@ -3,8 +3,11 @@
 // and policy switches, argument structs of other sizes, null lists, the inner API version
 // rule, missing inner slots and event callbacks as JAX uses them. Run under ASan/UBSan and
 // ThreadSanitizer in CI: a use-after-free or a race there fails the test.
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <future>
 #include <thread>
 
@@ -53,53 +56,6 @@ class CApiVirtualizationTest : public CApiTest {
     EXPECT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
     return client;
   }
-
-  // Executes a single-device program; returns the error, fills `outputs` (owned by the test).
-  static ErrorInfo Execute(PJRT_LoadedExecutable* exe, std::vector<PJRT_Buffer*> inputs,
-                           PJRT_Buffer** output, bool await = true) {
-    PJRT_Buffer* const* argument_list = inputs.data();
-    PJRT_Buffer* outputs[1] = {nullptr};
-    PJRT_Buffer** output_list = outputs;
-    PJRT_Event* done = nullptr;
-    PJRT_LoadedExecutable_Execute_Args args{};
-    args.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
-    args.executable = exe;
-    args.argument_lists = &argument_list;
-    args.num_devices = 1;
-    args.num_args = inputs.size();
-    args.output_lists = &output_list;
-    args.device_complete_events = &done;
-    ErrorInfo info = Info(api->PJRT_LoadedExecutable_Execute(&args));
-    if (info.code == PJRT_Error_Code_OK) {
-      if (await) {
-        Await(done);
-      } else {
-        DestroyEvent(done);
-      }
-      *output = outputs[0];
-    }
-    return info;
-  }
-
-  static void DestroyEvent(PJRT_Event* event) {
-    PJRT_Event_Destroy_Args destroy{};
-    destroy.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
-    destroy.event = event;
-    EXPECT_EQ(Info(api->PJRT_Event_Destroy(&destroy)).code, PJRT_Error_Code_OK);
-  }
-
-  static std::vector<float> Read(PJRT_Buffer* buffer, size_t n) {
-    std::vector<float> out(n);
-    PJRT_Buffer_ToHostBuffer_Args args{};
-    args.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
-    args.src = buffer;
-    args.dst = out.data();
-    args.dst_size = n * sizeof(float);
-    ErrorInfo info = Info(api->PJRT_Buffer_ToHostBuffer(&args));
-    EXPECT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
-    if (args.event) Await(args.event);
-    return out;
-  }
 };
 
 // Readers alias the buffers' memory (external reference + opaque pointer, as np.asarray does)
@@ -126,7 +82,7 @@ void ZeroCopyReadsWhileMoving(CApiVirtualizationTest* test, PJRT_Client* client,
           continue;
         }
         if (i % 25 == 0) {
-          std::vector<float> got = CApiVirtualizationTest::Read(out, kElements);
+          std::vector<float> got = CApiTest::Download(out, kElements);
           for (float x : got) wrong += x != (v + 1.0f) + (w + 1.0f);
         }
         CApiTest::DestroyBuffer(out);
@@ -252,7 +208,7 @@ TEST_F(CApiVirtualizationTest, ExecuteWithoutArgumentsAcceptsNullArgumentLists) 
   args.output_lists = &output_list;
   ASSERT_PJRT_OK(api->PJRT_LoadedExecutable_Execute(&args));
   buffers_.push_back(outputs[0]);
-  EXPECT_EQ(Read(outputs[0], 4), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(Download(outputs[0], 4), (std::vector<float>{1, 2, 3, 4}));
 
   // A null list for a device that has outputs is an error, not a crash.
   PJRT_Buffer** null_output_list = nullptr;
@@ -467,9 +423,66 @@ TEST_F(CApiVirtualizationTest, OnReadyCallbackMayDestroyItsEvent) {
     };
     ASSERT_PJRT_OK(api->PJRT_Event_OnReady(&on_ready));
     EXPECT_EQ(result.get(), PJRT_Error_Code_OK);
-    EXPECT_EQ(Read(outputs[0], 4), (std::vector<float>{2, 8, 18, 32}));
+    EXPECT_EQ(Download(outputs[0], 4), (std::vector<float>{2, 8, 18, 32}));
     DestroyBuffer(outputs[0]);
   }
+}
+
+// A thread that exits inside an OnReady callback (pthread_exit: the forced unwind a cancelled
+// or exiting thread goes through) on an event that is already ready, so the callback runs
+// within PJRT_Event_OnReady, under FlexNPU's entry-point guard and its inner-callback wrapper.
+// The unwind must pass through both: swallowed by a catch (...), glibc aborts the process
+// ("FATAL: exception not rethrown"); through a noexcept frame, std::terminate. Run in a child
+// process (death test): exit code 0 only if the thread really ended inside the callback.
+void ExitInsideOnReadyCallback(CApiVirtualizationTest* test) {
+  PJRT_Client* client = test->CreateClient(4);
+  PJRT_Buffer* buffer = test->Upload(client, test->Device(client, 0), {1, 2, 3, 4});
+  PJRT_Buffer_ReadyEvent_Args ready{};
+  ready.struct_size = PJRT_Buffer_ReadyEvent_Args_STRUCT_SIZE;
+  ready.buffer = buffer;
+  if (Info(api->PJRT_Buffer_ReadyEvent(&ready)).code != PJRT_Error_Code_OK) std::_Exit(2);
+  PJRT_Event_Await_Args await{};
+  await.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+  await.event = ready.event;
+  if (Info(api->PJRT_Event_Await(&await)).code != PJRT_Error_Code_OK) std::_Exit(2);
+  struct State {
+    PJRT_Event* event;
+    pthread_t thread;
+    std::atomic<bool> ran_on_caller{false}, ran_elsewhere{false}, returned{false};
+  } state;
+  state.event = ready.event;
+  auto body = [](void* arg) -> void* {
+    auto* st = static_cast<State*>(arg);
+    st->thread = pthread_self();
+    PJRT_Event_OnReady_Args on_ready{};
+    on_ready.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
+    on_ready.event = st->event;
+    on_ready.user_arg = st;
+    on_ready.callback = [](PJRT_Error* error, void* user_arg) {
+      auto* s = static_cast<State*>(user_arg);
+      Info(error);
+      if (!pthread_equal(pthread_self(), s->thread)) {
+        s->ran_elsewhere = true;
+        return;
+      }
+      s->ran_on_caller = true;
+      pthread_exit(nullptr);
+    };
+    Info(api->PJRT_Event_OnReady(&on_ready));
+    st->returned = true;  // only reached if the callback did not end the thread
+    return nullptr;
+  };
+  pthread_t thread;
+  if (pthread_create(&thread, nullptr, body, &state) != 0) std::_Exit(2);
+  pthread_join(thread, nullptr);
+  if (state.ran_elsewhere) std::_Exit(3);  // the backend deferred the callback: not tested
+  if (!state.ran_on_caller || state.returned) std::_Exit(4);
+  std::_Exit(0);
+}
+
+TEST_F(CApiVirtualizationTest, ThreadExitInsideACallbackUnwindsThroughFlexNpu) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(ExitInsideOnReadyCallback(this), ::testing::ExitedWithCode(0), "");
 }
 
 TEST_F(CApiVirtualizationTest, ExecutionsRaceBufferDestructionAndPolicySwitches) {
@@ -522,7 +535,7 @@ TEST_F(CApiVirtualizationTest, ExecutionsRaceBufferDestructionAndPolicySwitches)
           ++errors;
           continue;
         }
-        std::vector<float> got = Read(out, 4);
+        std::vector<float> got = Download(out, 4);
         const float x = 1.0f * v;
         wrong += got != std::vector<float>{(x + x) * x, 2, 8, 18};
         DestroyBuffer(out);
@@ -541,6 +554,91 @@ TEST_F(CApiVirtualizationTest, ExecutionsRaceBufferDestructionAndPolicySwitches)
   switcher.join();
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(wrong.load(), 0);
+}
+
+// A program run on more physical devices than the compiled-variants cache keeps (16 mappings
+// besides the initial one, least recently used evicted): evicted variants are compiled again
+// when needed, cached ones are not, and every execution computes the right result.
+TEST_F(CApiVirtualizationTest, EvictedMappingsAreCompiledAgainWithRightResults) {
+  constexpr int kDevices = 20;
+  PJRT_Client* client = CreateClientWith(
+      {IntOption("num_virtual_devices", kDevices),
+       StringOption("backend_options", "cpu_device_count=" + std::to_string(kDevices)),
+       StringOption("single_device_compile", "pinned")});
+  ASSERT_NE(client, nullptr);
+  PJRT_LoadedExecutable* exe = nullptr;
+  ASSERT_EQ(TryCompile(client, kAddProgram, CompileOptionsFor(0), &exe).code, PJRT_Error_Code_OK);
+  std::vector<PJRT_Buffer*> inputs;
+  for (int k = 0; k < kDevices; ++k) {
+    const float x = static_cast<float>(k);
+    inputs.push_back(Upload(client, Device(client, k), {x, x + 1, x + 2, x + 3}));
+  }
+  // Runs on virtual device k (physical k under passthrough): pinned, one variant per device.
+  auto run_on = [&](int k) {
+    std::vector<PJRT_Buffer*> outputs;
+    ErrorInfo info = ExecuteOnDevices(exe, {{inputs[k], inputs[k]}}, 1, &outputs,
+                                      /*await=*/true, Device(client, k));
+    ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+    const float x = static_cast<float>(k);
+    EXPECT_EQ(Download(outputs[0], 4),
+              (std::vector<float>{2 * x * x, 2 * (x + 1) * (x + 1), 2 * (x + 2) * (x + 2),
+                                  2 * (x + 3) * (x + 3)}))
+        << "on device " << k;
+    PJRT_Buffer_Device_Args device{};
+    device.struct_size = PJRT_Buffer_Device_Args_STRUCT_SIZE;
+    device.buffer = outputs[0];
+    ASSERT_PJRT_OK(api->PJRT_Buffer_Device(&device));
+    EXPECT_EQ(device.device, Device(client, k));
+    DestroyBuffer(outputs[0]);
+  };
+  const int64_t compiles = StatOfFirstClient("backend_compiles");
+  ASSERT_GE(compiles, 1) << "no 'backend_compiles' in the stats";
+  for (int k = 1; k < kDevices; ++k) run_on(k);
+  // 19 mappings besides the initial one: 1, 2 and 3 were evicted to keep 16.
+  EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles + 19);
+  run_on(19);
+  run_on(4);
+  run_on(0);  // the initial variant is never evicted
+  EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles + 19) << "cached variants recompiled";
+  run_on(1);  // evicted: compiled again (evicting 5, now the least recently used)
+  run_on(2);
+  run_on(1);
+  EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles + 21);
+  run_on(5);
+  EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles + 22);
+}
+
+// A program that returns a token (jax.jit of lax.create_token): FlexNPU learns the outputs'
+// metadata from the first execution and must not ask the backend for a token's dynamic
+// dimensions (the CPU plugin CHECK-fails and aborts the process; JAX's api_test
+// test_jit_capturing_token died so on flexnpu).
+TEST_F(CApiVirtualizationTest, ProgramsReturningATokenRun) {
+  constexpr char kTokenProgram[] = R"(
+module @token attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main() -> !stablehlo.token {
+    %0 = stablehlo.after_all : !stablehlo.token
+    return %0 : !stablehlo.token
+  }
+})";
+  for (const char* policy : {"passthrough", "dynamic"}) {
+    PJRT_Client* client = CreateClientWith(
+        {IntOption("num_virtual_devices", 8), StringOption("policy", policy)});
+    ASSERT_NE(client, nullptr);
+    PJRT_LoadedExecutable* exe = nullptr;
+    ErrorInfo info = TryCompile(client, kTokenProgram, CompileOptionsFor(5), &exe);
+    ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<PJRT_Buffer*> outputs;
+      info = ExecuteOnDevices(exe, {{}}, 1, &outputs);
+      ASSERT_EQ(info.code, PJRT_Error_Code_OK) << policy << ": " << info.message;
+      PJRT_Buffer_ElementType_Args type{};
+      type.struct_size = PJRT_Buffer_ElementType_Args_STRUCT_SIZE;
+      type.buffer = outputs[0];
+      ASSERT_PJRT_OK(api->PJRT_Buffer_ElementType(&type));
+      EXPECT_EQ(type.type, PJRT_Buffer_Type_TOKEN) << policy;
+      DestroyBuffer(outputs[0]);
+    }
+  }
 }
 
 TEST_F(CApiVirtualizationTest, DestroyedExecutablesAreForgottenByThePlacer) {
@@ -627,7 +725,7 @@ TEST_F(CApiVirtualizationTest, NewerInnerMinorVersionNeedsAnOptIn) {
   PJRT_Buffer* out = nullptr;
   ASSERT_EQ(Execute(exe, {a, a}, &out).code, PJRT_Error_Code_OK);
   buffers_.push_back(out);
-  EXPECT_EQ(Read(out, 4), (std::vector<float>{2, 8, 18, 32}));
+  EXPECT_EQ(Download(out, 4), (std::vector<float>{2, 8, 18, 32}));
 }
 
 // The backend succeeds at a transfer or an execution, then fails a metadata query FlexNPU needs
@@ -720,7 +818,7 @@ TEST_F(CApiVirtualizationTest, MissingInnerSlotIsUnimplemented) {
   PJRT_Buffer* out = nullptr;
   ASSERT_EQ(Execute(exe, {a, a}, &out).code, PJRT_Error_Code_OK);
   buffers_.push_back(out);
-  EXPECT_EQ(Read(out, 4), (std::vector<float>{2, 8, 18, 32}));
+  EXPECT_EQ(Download(out, 4), (std::vector<float>{2, 8, 18, 32}));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // (placement_sim.h): the proof bullets, the cost model, errors and run-time switching.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -397,19 +398,62 @@ TEST(PlacementCoreTest, CreateRejectsBadConfig) {
   EXPECT_NE(Core::Create(c).status().message().find("ewma_alpha"), std::string::npos);
 }
 
-TEST(PlacementCoreTest, DecisionsAreDeterministic) {
-  auto run = [] {
-    auto core = MakeCore("dynamic", 4, 6);
-    Sim sim(*core, kLink);
-    for (int v = 0; v < 3; ++v) sim.AddStream(v, 100, kDecode, kKvBytes, v, kDecodeNs);
-    MixedWorkload(sim, 4, 6, 200, 3);
-    std::vector<std::pair<int, int>> out;
-    for (const Placed& p : sim.log()) {
-      out.emplace_back(p.decision.physical_device, static_cast<int>(p.decision.reason));
-    }
-    return out;
+// Decisions depend only on the calls: two cores driven call by call with the same workload,
+// one on a clock at 0 and one on a clock 10^13 ns later (a steady_clock reading ~3 h after
+// boot), decide the same devices and reasons and predict the same times. Fails if the core
+// keeps state across instances, reads a clock of its own or depends on the clock's epoch.
+TEST(PlacementCoreTest, DecisionsDependOnlyOnTheCallsNotOnTheClockEpoch) {
+  constexpr int64_t kEpoch = 10'000'000'000'000;
+  constexpr int P = 4, V = 7;
+  auto a = MakeCore("dynamic", P, V);
+  auto b = MakeCore("dynamic", P, V);
+  struct Pending {
+    uint64_t ticket_a, ticket_b;
+    int64_t finish;
   };
-  EXPECT_EQ(run(), run());
+  std::vector<Pending> pending;
+  std::vector<int64_t> device_free(P, 0);
+  std::vector<int> kv(V);
+  for (int v = 0; v < V; ++v) kv[v] = v % P;
+  std::set<int> devices, reasons;
+  int64_t now = 0;
+  for (int i = 0; i < 400; ++i) {
+    now += kMs;
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->finish > now) {
+        ++it;
+        continue;
+      }
+      ASSERT_TRUE(a->OnFinish(it->ticket_a, it->finish, true).ok());
+      ASSERT_TRUE(b->OnFinish(it->ticket_b, it->finish + kEpoch, true).ok());
+      it = pending.erase(it);
+    }
+    // Six decode streams round-robin, a 50 ms prefill of a prefill instance (v6, home device
+    // 2) every 45 ms: about 3 of 4 devices busy.
+    const bool prefill = i % 45 == 0;
+    const int v = prefill ? 6 : (i * 7) % 6;
+    const Profile& profile = prefill ? kPrefill : kDecode;
+    const uint64_t exec = prefill ? 2 : 1;
+    const Decision da = PlaceOne(*a, v, profile, {{kv[v], kKvBytes}}, now, exec);
+    const Decision db = PlaceOne(*b, v, profile, {{kv[v], kKvBytes}}, now + kEpoch, exec);
+    ASSERT_EQ(da.physical_device, db.physical_device) << "call " << i;
+    ASSERT_EQ(da.reason, db.reason) << "call " << i;
+    EXPECT_NEAR(da.predicted_start_ns, db.predicted_start_ns - kEpoch, 1) << "call " << i;
+    EXPECT_NEAR(da.predicted_finish_ns, db.predicted_finish_ns - kEpoch, 1) << "call " << i;
+    EXPECT_EQ(da.migrate_bytes, db.migrate_bytes) << "call " << i;
+    devices.insert(da.physical_device);
+    reasons.insert(static_cast<int>(da.reason));
+    // The real devices: FIFO, true times 1.5x the model's, migrations over the link.
+    const int d = da.physical_device;
+    const int64_t migrate_ns = static_cast<int64_t>(da.migrate_bytes / kLink * 1e9);
+    const int64_t true_ns = (prefill ? kPrefillNs : kDecodeNs) * 3 / 2;
+    device_free[d] = std::max(device_free[d], now + migrate_ns) + true_ns;
+    pending.push_back({da.ticket, db.ticket, device_free[d]});
+    if (!prefill) kv[v] = d;
+  }
+  // Only meaningful if the workload made the policy choose: several devices, not only affinity.
+  EXPECT_GE(devices.size(), 3u);
+  EXPECT_GE(reasons.size(), 2u);
 }
 
 // Every compile of a new bucket or program is a new executable id: the learnt corrections are

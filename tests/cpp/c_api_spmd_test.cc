@@ -1,0 +1,152 @@
+// SPMD executions through the C API go through the same dispatcher as single-device ones:
+// under a placing policy every shard takes a placer ticket on the physical device the group
+// mapping gives it (its load is seen, its finish measured), and the trace records every shard.
+#include <chrono>
+#include <thread>
+
+#include "c_api_test_fixture.h"
+
+namespace {
+
+// kAddProgram replicated over two devices: each computes (a + b) * b on its own arguments.
+constexpr char kReplicatedAddProgram[] = R"(
+module @add2 attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 2 : i32} {
+  func.func public @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.add %a, %b : tensor<4xf32>
+    %1 = stablehlo.multiply %0, %b : tensor<4xf32>
+    return %1 : tensor<4xf32>
+  }
+})";
+
+std::string StatsJson() {
+  auto stats = reinterpret_cast<const char* (*)()>(dlsym(plugin_library, "FlexNpu_StatsJson"));
+  return stats == nullptr ? "" : stats();
+}
+
+// A number of the first client's placement stats: `key` at the top (index < 0) or inside the
+// index-th object of the array `array` ("physical" or "virtual"); -1 when absent.
+int64_t PlacementStat(const std::string& array, int index, const std::string& key) {
+  const std::string json = StatsJson();
+  size_t at = json.find("\"placement\":");
+  if (at == std::string::npos) return -1;
+  size_t end = std::string::npos;
+  if (index >= 0) {
+    at = json.find("\"" + array + "\":[", at);
+    if (at == std::string::npos) return -1;
+    at = json.find("{\"device\":" + std::to_string(index) + ",", at);
+    if (at == std::string::npos) return -1;
+    end = json.find("{\"device\":", at + 1);
+  }
+  const size_t k = json.find("\"" + key + "\":", at);
+  if (k == std::string::npos || (end != std::string::npos && k > end)) return -1;
+  return std::atoll(json.c_str() + k + key.size() + 3);
+}
+
+int64_t Executions(const std::string& array, int index) {
+  return PlacementStat(array, index, "small") + PlacementStat(array, index, "prefill") +
+         PlacementStat(array, index, "decode");
+}
+
+class CApiSpmdTest : public CApiTest {
+ public:
+  // Runs kReplicatedAddProgram `rounds` times over virtual devices `v0` and `v1` of `client`
+  // and checks every shard's result against its own inputs.
+  void RunReplicated(PJRT_Client* client, int64_t v0, int64_t v1, int rounds) {
+    PJRT_LoadedExecutable* exe = nullptr;
+    ErrorInfo info =
+        TryCompile(client, kReplicatedAddProgram, CompileOptionsForReplicas({v0, v1}), &exe);
+    ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+    PJRT_Buffer* a0 = Upload(client, Device(client, v0), {1, 2, 3, 4});
+    PJRT_Buffer* b0 = Upload(client, Device(client, v0), {1, 1, 1, 1});
+    PJRT_Buffer* a1 = Upload(client, Device(client, v1), {5, 6, 7, 8});
+    PJRT_Buffer* b1 = Upload(client, Device(client, v1), {2, 2, 2, 2});
+    for (int i = 0; i < rounds; ++i) {
+      std::vector<PJRT_Buffer*> outputs;
+      info = ExecuteOnDevices(exe, {{a0, b0}, {a1, b1}}, 1, &outputs);
+      ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+      EXPECT_EQ(Download(outputs[0], 4), (std::vector<float>{2, 3, 4, 5}));
+      EXPECT_EQ(Download(outputs[1], 4), (std::vector<float>{14, 16, 18, 20}));
+      for (PJRT_Buffer* out : outputs) DestroyBuffer(out);
+    }
+  }
+
+  // Completion callbacks may run just after the events the test awaited: wait for them.
+  static void WaitUntilIdle(std::vector<int> virtual_devices) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (int v : virtual_devices) {
+      while (PlacementStat("virtual", v, "queue_length") != 0 &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      EXPECT_EQ(PlacementStat("virtual", v, "queue_length"), 0) << "virtual device " << v;
+    }
+  }
+};
+
+// Virtual 1 and 5 both live on physical 1 (8 over 4): the group mapping runs virtual 5's shard
+// on physical 0. Each shard is one placement on its own physical device, and finishes.
+TEST_F(CApiSpmdTest, ShardsTakePlacerTicketsOnTheirPhysicalDevices) {
+  PJRT_Client* client = nullptr;
+  ErrorInfo info = TryCreateClient(
+      {IntOption("num_virtual_devices", 8), StringOption("policy", "dynamic")}, &client);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  const int64_t before = PlacementStat("", -1, "decisions_total");
+  ASSERT_GE(before, 0) << StatsJson();
+  constexpr int kRounds = 5;
+  RunReplicated(client, 1, 5, kRounds);
+  EXPECT_EQ(PlacementStat("", -1, "decisions_total"), before + 2 * kRounds) << StatsJson();
+  WaitUntilIdle({1, 5});
+  EXPECT_EQ(Executions("virtual", 1), kRounds);
+  EXPECT_EQ(Executions("virtual", 5), kRounds);
+  EXPECT_EQ(Executions("physical", 1), kRounds);
+  EXPECT_EQ(Executions("physical", 0), kRounds);
+  EXPECT_EQ(Executions("physical", 2), 0);
+  // Finish feedback: the measured time of both shards was counted.
+  EXPECT_GT(PlacementStat("virtual", 1, "busy_ns"), 0);
+  EXPECT_GT(PlacementStat("virtual", 5, "busy_ns"), 0);
+  EXPECT_GT(PlacementStat("physical", 0, "busy_ns"), 0);
+  EXPECT_EQ(PlacementStat("physical", 0, "queue_length"), 0);
+}
+
+// Passthrough takes no tickets (as for single-device work) and SPMD still runs right.
+TEST_F(CApiSpmdTest, PassthroughShardsAreNotTracked) {
+  PJRT_Client* client = CreateClient(4);
+  ASSERT_NE(client, nullptr);
+  RunReplicated(client, 2, 0, 3);
+  EXPECT_EQ(PlacementStat("", -1, "decisions_total"), 0) << StatsJson();
+}
+
+TEST_F(CApiSpmdTest, TraceRecordsEveryShard) {
+  auto set_tracing = reinterpret_cast<void (*)(int)>(dlsym(plugin_library, "FlexNpu_SetTracing"));
+  auto trace_json =
+      reinterpret_cast<const char* (*)(int)>(dlsym(plugin_library, "FlexNpu_TraceJson"));
+  ASSERT_NE(set_tracing, nullptr);
+  ASSERT_NE(trace_json, nullptr);
+  PJRT_Client* client = CreateClient(4);
+  ASSERT_NE(client, nullptr);
+  set_tracing(1);
+  constexpr int kRounds = 3;
+  RunReplicated(client, 3, 1, kRounds);
+  // Trace events are recorded by the completion callbacks: wait for all of them.
+  auto count = [&](int pid) {
+    const std::string json = trace_json(0);
+    const std::string needle = "\"ph\":\"X\",\"pid\":" + std::to_string(pid) + ",";
+    int n = 0;
+    for (size_t at = json.find(needle); at != std::string::npos; at = json.find(needle, at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((count(3) < kRounds || count(1) < kRounds) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  set_tracing(0);
+  EXPECT_EQ(count(3), kRounds) << trace_json(0);
+  EXPECT_EQ(count(1), kRounds);
+  EXPECT_EQ(count(0), 0);
+  EXPECT_EQ(count(2), 0);
+}
+
+}  // namespace
