@@ -236,3 +236,24 @@ def test_cache_hook_is_installed_and_jax_still_lists_platforms() -> None:
     wrapped = compilation_cache.is_cache_used.__closure__  # type: ignore[attr-defined]
     original = next(c.cell_contents for c in wrapped if callable(c.cell_contents))
     assert 'supported_platforms = ["tpu", "gpu", "cpu", "neuron"]' in inspect.getsource(original)
+
+
+def test_cache_over_a_second_backend_is_its_own(tmp_path: Path) -> None:
+    """Over the lammps CPU plugin (PJRT C API 0.115) the cache works the same, and its entries
+    are never hit over the default backend: the platform version in the key names the backend."""
+    lammps = pytest.importorskip("lammps_jax_pjrt_cpu")
+    plugin = Path(lammps.__file__).parent / "pjrt_c_api_cpu_plugin.so"
+    over_lammps = {**_PASSTHROUGH_4, "FLEXNPU_BACKEND": str(plugin),
+                   "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=4",
+                   "FLEXNPU_ALLOW_NEWER_BACKEND": "1"}
+    names = ["single", "spmd", "donating"]
+    written = _run("cache", tmp_path, over_lammps)
+    _assert_results(written, names)
+    assert "PJRT C API 0.115" in written["platform_version"]
+    again = _run("cache", tmp_path, over_lammps)
+    _assert_results(again, names)
+    assert (again["hits"], again["compiles"], again["backend_loads"]) == (3, 0, 3)
+    default = _run("cache", tmp_path, _PASSTHROUGH_4)
+    _assert_results(default, names)
+    assert default["platform_version"] != written["platform_version"]
+    assert (default["hits"], default["backend_loads"]) == (0, 0), "another backend's entries"
