@@ -358,6 +358,8 @@ class Scheduler:
         self._cohort = _Cohort()
         self._bulk_ok = config.role is not Role.PREFILL
         self._joiners: list[Sequence] = []  # sampled in this step: decoding from the next
+        # least_loaded's key, cleared by every call that changes the state.
+        self._load: tuple[int, int, float] | None = None
 
     # ---- admission -------------------------------------------------------------------------
 
@@ -389,6 +391,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request. RequestTooLongError / QueueFullError say why not."""
+        self._load = None
         if self.config.role is Role.DECODE:
             raise ValueError("scheduler: a decode instance takes sequences via add_prefilled()")
         self._check(seq)
@@ -398,6 +401,7 @@ class Scheduler:
 
     def add_prefilled(self, seq: Sequence) -> None:
         """A decode instance takes a sequence prefilled elsewhere (its KV arrives with it)."""
+        self._load = None
         if self.config.role is not Role.DECODE:
             raise ValueError("scheduler: add_prefilled() is for decode instances")
         if seq.num_output_tokens < 1:
@@ -422,6 +426,7 @@ class Scheduler:
 
     def abort(self, request_id: Hashable) -> Sequence | None:
         """Finish a request now ("abort"), freeing its KV blocks. None if unknown/finished."""
+        self._load = None
         seq = self._by_id.get(request_id)
         if seq is None:
             return None
@@ -432,6 +437,7 @@ class Scheduler:
 
     def schedule(self, now: float) -> StepPlan:
         """Plan one step. The plan may be empty (nothing runnable now)."""
+        self._load = None
         c = self.config
         plan = StepPlan(next(self._step_ids))
         if self._num_deadlines:
@@ -700,7 +706,8 @@ class Scheduler:
                 break  # head-of-line: keep arrival order, wait for blocks
             self._waiting.pop()
             self._dequeue(seq)
-            seq.blocks = [self._free_blocks.popleft() for _ in range(need)]
+            take = self._free_blocks.popleft
+            seq.blocks = [take() for _ in range(need)]
             seq.status = SeqStatus.RUNNING
             seq._serial = next(self._serials)
             self._running[seq] = None
@@ -779,6 +786,7 @@ class Scheduler:
     def on_step_done(self, plan: StepPlan, now: float,
                      stopped: Mapping[Hashable, str] | None = None) -> list[Sequence]:
         """Record a completed step; returns the sequences it finished (blocks freed)."""
+        self._load = None
         stopped = stopped or {}
         done: list[Sequence] = []
         for e in plan.finishing:
@@ -815,6 +823,7 @@ class Scheduler:
 
     def finish_all(self, reason: str) -> list[Sequence]:
         """Finish every queued and running sequence (e.g. the engine failed)."""
+        self._load = None
         seqs = list(self._by_id.values())
         for seq in seqs:
             self._finish(seq, reason)
@@ -843,6 +852,10 @@ class Scheduler:
         """Prompt (or recompute) tokens not yet computed of the waiting sequences."""
         return self._waiting_tokens
 
+    def _load_key(self) -> tuple[int, int, float]:
+        self._load = (self.waiting_tokens + self.num_waiting, self.num_running, self.kv_usage)
+        return self._load
+
     @property
     def has_work(self) -> bool:
         return bool(self._by_id)
@@ -859,8 +872,8 @@ def least_loaded(schedulers: SequenceOf[Scheduler]) -> int:
     then KV usage); ties go to the lowest index."""
     if not schedulers:
         raise ValueError("least_loaded: no instances")
-    # The keys of waiting_tokens + num_waiting, num_running, kv_usage, read directly: the
-    # simulator routes every arrival and handoff through here.
-    return min([(s._waiting_tokens + len(s._waiting._live), len(s._running),
-                 1.0 - len(s._free_blocks) / s.config.num_blocks, i)
-                for i, s in enumerate(schedulers)])[3]
+    # Each instance's key (waiting_tokens + num_waiting, num_running, kv_usage) is kept until
+    # its state changes: the simulator routes every arrival and handoff through here, and
+    # between two of them only the instances that ran a step changed.
+    keys = [s._load or s._load_key() for s in schedulers]
+    return min(range(len(keys)), key=keys.__getitem__)
