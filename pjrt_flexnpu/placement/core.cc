@@ -15,6 +15,9 @@ namespace {
 
 constexpr double kUnhealthy = 1e30;  // added to the cost of a quarantined device
 constexpr double kMaxExternal = 0.9;  // external load share at most (times at most 10x)
+// Added to a decode move's cost on a device serving another instance's prefills (its role);
+// below kUnhealthy, so a decode that must leave its device may still go there.
+constexpr double kOtherRole = 1e20;
 
 struct TicketRecord {
   uint32_t generation = 0;
@@ -120,6 +123,10 @@ struct Core::State {
   int64_t max_quarantine_until = INT64_MIN;
   double move_penalty_ns = 0;  // ScanAll: per active decode stream on a device (decode moves)
   int move_except = -1;        // ... except on the moving stream's current device
+  int move_home = -1;          // ScanAll: a moving decode's home (>= 0: avoid prefill homes)
+  std::vector<int64_t> prefill_home_ns;  // last prefill placed by a virtual device homed here
+  std::vector<int> prefill_home_outstanding;  // ... and its prefills not finished yet
+  std::vector<double> away_weight;    // scratch: ComputeAwayWeight (zero outside a prefill)
   double request_weight = 1;   // scratch: Request::weight of the request being placed
 
   // Telemetry (UpdateTelemetry).
@@ -147,6 +154,7 @@ struct Core::State {
   // Virtual devices.
   std::vector<int> home, current, stream_device;
   std::vector<double> stream_weight;  // weight of the virtual device's last decode
+  std::vector<int64_t> stream_last_ns;  // time of the virtual device's last decode
   std::vector<int64_t> moved_ns;
   std::vector<VirtualStats> vstats;
 
@@ -197,9 +205,24 @@ struct Core::State {
   // Interference of work (c, m) placed on d with the decode streams active there: the
   // sequences it delays per sequence it serves, times `weight` (1 for prefill, 0: none).
   double Penalty(int d, int64_t now_i, double c, double m, double weight) const {
-    if (decode_streams[d] == 0 || last_decode_ns[d] <= now_i - tuning.decode_active_ns) return 0;
-    return weight * tuning.tpot_weight * (decode_weight[d] / request_weight) *
-           (overlap[d] ? m : std::max(c, m));
+    const bool active =
+        decode_streams[d] != 0 && last_decode_ns[d] > now_i - tuning.decode_active_ns;
+    const double w = (active ? decode_weight[d] : 0) + away_weight[d];
+    if (w == 0) return 0;
+    return weight * tuning.tpot_weight * (w / request_weight) * (overlap[d] ? m : std::max(c, m));
+  }
+
+  // away_weight: the active decode streams homed at each device but running elsewhere (a
+  // prefill placed on their home keeps them from coming back: it pays as if they were there;
+  // otherwise a displaced stream's empty home draws prefills, which keep it displaced).
+  void ComputeAwayWeight(int64_t now_i) {
+    std::fill(away_weight.begin(), away_weight.end(), 0.0);
+    for (int v = 0; v < V; ++v) {
+      const int at = stream_device[v];
+      if (at >= 0 && at != home[v] && stream_last_ns[v] > now_i - tuning.decode_active_ns) {
+        away_weight[home[v]] += stream_weight[v];
+      }
+    }
   }
 
   double Cost(int d, int64_t now_i, double c0, double m0, double located, double penalty) const {
@@ -232,14 +255,25 @@ struct Core::State {
     for (int d : overlap_devices) out[d] = Cost(d, now_i, c0, m0, located, 0);
     if (penalty > 0) {
       for (int d = 0; d < n; ++d) {
-        if (decode_streams[d] != 0) out[d] += Penalty(d, now_i, c0 * pf[d], m0 * pb[d], penalty);
+        if (decode_streams[d] != 0 || away_weight[d] != 0) {
+          out[d] += Penalty(d, now_i, c0 * pf[d], m0 * pb[d], penalty);
+        }
       }
     }
     if (move_penalty_ns > 0) {
       for (int d = 0; d < n; ++d) {
         if (d != move_except && decode_streams[d] != 0 &&
             last_decode_ns[d] > now_i - tuning.decode_active_ns) {
-          out[d] += move_penalty_ns * tuning.tpot_weight * decode_weight[d];
+          out[d] += move_penalty_ns * decode_weight[d];
+        }
+      }
+    }
+    if (move_home >= 0 && tuning.prefill_role_ns > 0) {
+      const int64_t since = now_i - tuning.prefill_role_ns;
+      for (int d = 0; d < n; ++d) {
+        if (d != move_except && d != move_home &&
+            (prefill_home_ns[d] > since || prefill_home_outstanding[d] > 0)) {
+          out[d] += kOtherRole;
         }
       }
     }
@@ -300,7 +334,7 @@ Status CheckTuning(const Tuning& t) {
   };
   if (!(t.hysteresis_frac >= 0 && Finite(t.hysteresis_frac))) return bad("hysteresis_frac < 0");
   if (t.hysteresis_ns < 0 || t.min_dwell_ns < 0 || t.quiet_ns < 0 || t.decode_active_ns < 0 ||
-      t.error_quarantine_ns < 0) {
+      t.error_quarantine_ns < 0 || t.prefill_role_ns < 0) {
     return bad("durations must be >= 0");
   }
   if (!(t.return_max_steps >= 0 && Finite(t.return_max_steps))) return bad("return_max_steps < 0");
@@ -360,6 +394,9 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   s->last_decode_ns.assign(P, INT64_MIN);
   s->decode_streams.assign(P, 0);
   s->decode_weight.assign(P, 0);
+  s->prefill_home_ns.assign(P, INT64_MIN);
+  s->prefill_home_outstanding.assign(P, 0);
+  s->away_weight.assign(P, 0);
   s->last_finish.assign(P, INT64_MIN);
   s->busy_end.assign(P, INT64_MIN);
   s->dstats.assign(P, DeviceStats{});
@@ -377,6 +414,7 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   s->current.assign(s->V, -1);
   s->stream_device.assign(s->V, -1);
   s->stream_weight.assign(s->V, 0);
+  s->stream_last_ns.assign(s->V, INT64_MIN);
   s->moved_ns.assign(s->V, INT64_MIN / 2);
   s->vstats.assign(s->V, VirtualStats{});
   s->exec_factor =
@@ -551,7 +589,9 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
       break;
     case PolicyKind::kDynamic: {
       if (phase == Phase::kPrefill) {
+        s.ComputeAwayWeight(now);
         chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, 1.0, &best_cost);
+        std::fill(s.away_weight.begin(), s.away_weight.end(), 0.0);
         if (best_cost >= kUnhealthy) {
           chosen = preferred;
           reason = Reason::kFallback;
@@ -573,8 +613,15 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
                                     s.request_weight
                               : 0;
       s.move_except = cur;
+      // Role: the home of a prefill instance that is serving prompts is not a place to escape
+      // to. The decode would sit in front of that instance's next prefills (or push them onto
+      // decode devices, whose streams then escape in turn: roles swap, KV caches travel, the
+      // interference the prefill penalty priced in is paid anyway). Idle prefill homes, and
+      // its own home, stay open.
+      s.move_home = phase == Phase::kDecode && s.Healthy(cur, now) ? home : -1;
       const int best = s.Scan(nullptr, s.P, now, c0, m0, loc, 0, &best_cost);
       s.move_penalty_ns = 0;
+      s.move_home = -1;
       double start, c, m;
       s.Finish(cur, static_cast<double>(now), c0, m0, 0, &start, &c, &m);
       const double exec_cur = std::max(c, m) + s.launch_ns[cur];
@@ -635,7 +682,11 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
     s.avail[d] = fin;
   }
   ++s.outstanding[d];
-  if (phase == Phase::kPrefill) ++s.prefill_outstanding[d];
+  if (phase == Phase::kPrefill) {
+    ++s.prefill_outstanding[d];
+    s.prefill_home_ns[home] = now;
+    ++s.prefill_home_outstanding[home];
+  }
   if (phase == Phase::kDecode) {
     const int old_dev = s.stream_device[v];
     if (old_dev >= 0) {
@@ -649,6 +700,7 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
     s.decode_weight[d] += s.request_weight;
     s.stream_device[v] = d;
     s.last_decode_ns[d] = now;
+    s.stream_last_ns[v] = now;
   }
   if (s.current[v] != d) {
     if (s.current[v] >= 0) s.moved_ns[v] = now;
@@ -752,7 +804,10 @@ Status Core::Cancel(uint64_t ticket) {
   // Take its predicted time back out of the queue.
   const double dur = t->pred_finish - t->pred_start;
   --s.outstanding[d];
-  if (t->phase == Phase::kPrefill) --s.prefill_outstanding[d];
+  if (t->phase == Phase::kPrefill) {
+    --s.prefill_outstanding[d];
+    --s.prefill_home_outstanding[s.home[t->virtual_device]];
+  }
   if (s.outstanding[d] == 0) {
     s.avail[d] = s.avail_c[d] = s.avail_m[d] = static_cast<double>(t->placed_ns);
   } else {
@@ -783,7 +838,10 @@ Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
   const double cur_finish = t->pred_finish + shift;
   const double delta = now - cur_finish;
   --s.outstanding[d];
-  if (t->phase == Phase::kPrefill) --s.prefill_outstanding[d];
+  if (t->phase == Phase::kPrefill) {
+    --s.prefill_outstanding[d];
+    --s.prefill_home_outstanding[s.home[t->virtual_device]];
+  }
   if (s.outstanding[d] == 0) {
     s.avail[d] = s.avail_c[d] = s.avail_m[d] = now;
   } else {

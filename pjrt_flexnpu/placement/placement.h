@@ -65,10 +65,13 @@
 //       home: leaving home is a round trip, the way back costs about the way there).
 //     Moving to an idle device is kIdleSteal ("moves decode off devices that a prefill burst has
 //     taken"), to a busy one kLeastLoaded. A decode moving onto a device whose other decode
-//     streams are active pays move_weight * tpot_weight * (their decode weight / its own) *
-//     (its finish at the current device - now): on a FIFO device the move only shifts its wait
-//     onto them (and moves its KV cache twice), so with move_weight >= 1 streams of equal
-//     weight move to devices without active streams.
+//     streams are active pays move_weight * (their decode weight / its own) * (its finish at
+//     the current device - now): on a FIFO device the move only shifts its wait onto them (and
+//     moves its KV cache twice), so with move_weight >= 1 streams of equal weight move to
+//     devices without active streams (decode time against decode time: tpot_weight, which
+//     prices decode delay in TTFT, does not enter). Nor does it move onto the home of another
+//     virtual device with a prefill outstanding or placed within prefill_role_ns (a prefill
+//     instance's device: its next prompts need it; escaping there swaps the two roles).
 //   * Return home (kReturnHome): a virtual device whose decode runs away from home goes back when
 //     it has stayed at least min_dwell_ns, home is healthy, has no prefill outstanding and its
 //     queue drains within quiet_ns, and the move costs at most return_max_steps * exec. Together
@@ -79,7 +82,9 @@
 //     blocks them: its exec on a FIFO device, its bandwidth share of it on an overlapping one).
 //     The decode weight of a device is the sum over the decode streams with affinity there of
 //     their last Request::weight (sequences in the batch; 1 each by default: then it counts
-//     streams); the prefill's own weight is the sequences whose TTFT it serves. So a prefill
+//     streams), plus that of active streams homed there but displaced elsewhere (a prefill on
+//     their home keeps them away); the prefill's own weight is the sequences whose TTFT it
+//     serves. So a prefill
 //     of a few prompts does not stall a decode batch of a thousand sequences, while a full
 //     prefill batch facing a small decode batch spills onto it. Prefill goes to idle
 //     devices first and spills onto decode devices only when that is faster overall, so it is
@@ -219,9 +224,12 @@ struct Tuning {
                                      // per sequence it serves (Request::weight; default 1 each)
   int64_t decode_active_ns = 100'000'000;
   double move_weight = 1.0;          // a decode moving onto a device with other active decode
-                                     // streams pays move_weight * tpot_weight * (their weight /
-                                     // its own) * the time it escapes (1: it never moves onto
-                                     // streams of equal weight; 0: free)
+                                     // streams pays move_weight * (their weight / its own) *
+                                     // the time it escapes (1: it never moves onto streams of
+                                     // equal weight; 0: free)
+  int64_t prefill_role_ns = 100'000'000;  // a decode does not move onto the home of another
+                                     // virtual device with a prefill outstanding or placed
+                                     // within this window (unless it must leave; 0: it may)
   int64_t max_executables = 4096;    // executables whose correction is kept (least recently
                                      // placed ones are forgotten beyond; >= 1)
   double ewma_alpha = 0.25;          // executable correction

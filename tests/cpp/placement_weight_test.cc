@@ -22,11 +22,12 @@ const Profile kLongPrefill{Phase::kPrefill, 3e10, 1e6};  // 30 ms
 const Profile kPrefill{Phase::kPrefill, 1e10, 1e6};      // 10 ms
 constexpr int64_t kKv = 1'000'000;
 
-std::unique_ptr<Core> MakeCore(int P, int V) {
+std::unique_ptr<Core> MakeCore(int P, int V, double tpot_weight = 1.0) {
   Config c;
   c.policy = "dynamic";
   c.devices.assign(P, Model());
   c.num_virtual_devices = V;
+  c.tuning.tpot_weight = tpot_weight;
   auto core = Core::Create(c);
   EXPECT_TRUE(core.ok()) << core.status().message();
   return std::move(*core);
@@ -105,28 +106,39 @@ TEST(PlacementWeightTest, DecodeWeightFollowsEachStreamsLastStep) {
   EXPECT_DOUBLE_EQ(s.physical[1].decode_weight, 901);
 }
 
+// Device 0 is busy with a 30 ms prefill queued ahead of v0's next decode; device 1 hosts an
+// active decode stream (v1). v0's decode moving to device 1 escapes ~30 ms and delays v1's
+// sequences by about that. Returns where v0's decode goes.
+int MoverDevice(double mover_weight, double resident_weight, double tpot_weight = 1.0) {
+  auto core = MakeCore(2, 4, tpot_weight);
+  const Decision r = Place(*core, 1, kDecode, {{1, kKv}}, 0, resident_weight, 1);
+  EXPECT_TRUE(core->OnStart(r.ticket, 0).ok());
+  EXPECT_TRUE(core->OnFinish(r.ticket, 1 * kMs, true).ok());
+  const Decision m0 = Place(*core, 0, kDecode, {{0, kKv}}, 1 * kMs, mover_weight, 1);
+  EXPECT_EQ(m0.physical_device, 0);
+  EXPECT_TRUE(core->OnStart(m0.ticket, 1 * kMs).ok());
+  EXPECT_TRUE(core->OnFinish(m0.ticket, 2 * kMs, true).ok());
+  // Its prompt (100 MB, 10 ms over the link) is on device 0; its weight makes the decode
+  // penalties negligible: it takes device 0 (busy until 32 ms).
+  const Decision p = Place(*core, 2, kLongPrefill, {{0, 100'000'000}}, 2 * kMs, 1e6, 2);
+  EXPECT_EQ(p.physical_device, 0);
+  return Place(*core, 0, kDecode, {{0, kKv}}, 2 * kMs, mover_weight, 1).physical_device;
+}
+
 TEST(PlacementWeightTest, HeavyDecodeMovesOntoADeviceWithALightStreamNotTheReverse) {
-  // Device 0 is busy with a 30 ms prefill queued ahead of v0's next decode; device 1 hosts an
-  // active decode stream (v1). v0's decode moving to device 1 escapes ~30 ms and delays v1's
-  // sequences by about that: worth it when v0 carries many more sequences than v1.
-  auto run = [](double mover_weight, double resident_weight) {
-    auto core = MakeCore(2, 4);
-    const Decision r = Place(*core, 1, kDecode, {{1, kKv}}, 0, resident_weight, 1);
-    EXPECT_TRUE(core->OnStart(r.ticket, 0).ok());
-    EXPECT_TRUE(core->OnFinish(r.ticket, 1 * kMs, true).ok());
-    const Decision m0 = Place(*core, 0, kDecode, {{0, kKv}}, 1 * kMs, mover_weight, 1);
-    EXPECT_EQ(m0.physical_device, 0);
-    EXPECT_TRUE(core->OnStart(m0.ticket, 1 * kMs).ok());
-    EXPECT_TRUE(core->OnFinish(m0.ticket, 2 * kMs, true).ok());
-    // Its prompt (100 MB, 10 ms over the link) is on device 0; its weight makes the decode
-    // penalties negligible: it takes device 0 (busy until 32 ms).
-    const Decision p = Place(*core, 2, kLongPrefill, {{0, 100'000'000}}, 2 * kMs, 1e6, 2);
-    EXPECT_EQ(p.physical_device, 0);
-    return Place(*core, 0, kDecode, {{0, kKv}}, 2 * kMs, mover_weight, 1).physical_device;
-  };
-  EXPECT_EQ(run(1, 1), 0) << "equal weights: a move only shifts the wait onto the other stream";
-  EXPECT_EQ(run(1000, 1), 1);
-  EXPECT_EQ(run(1, 1000), 0);
+  // Worth it when v0 carries many more sequences than v1.
+  EXPECT_EQ(MoverDevice(1, 1), 0)
+      << "equal weights: a move only shifts the wait onto the other stream";
+  EXPECT_EQ(MoverDevice(1000, 1), 1);
+  EXPECT_EQ(MoverDevice(1, 1000), 0);
+}
+
+TEST(PlacementWeightTest, TpotWeightDoesNotCheapenDecodeMovesOntoOtherStreams) {
+  // tpot_weight prices decode delay against TTFT; a decode move trades decode time for decode
+  // time. At 0.25 the move penalty was a quarter of the wait it shifts: equal streams piled
+  // onto one device (the simulator's co-located Qwen: two decode instances per unit).
+  EXPECT_EQ(MoverDevice(1, 1, 0.25), 0);
+  EXPECT_EQ(MoverDevice(1000, 1, 0.25), 1);
 }
 
 TEST(PlacementWeightTest, NonFiniteWeightIsRejected) {
