@@ -1,7 +1,8 @@
 """The paper's three comparisons in one table, the paper's number beside the simulator's.
 
     python bench/paper.py                     # scaled: 96 x 910C for DeepSeek-R1 (~5 min wall)
-    python bench/paper.py --ds-devices 384    # the paper's 384 x 910C (much longer)
+    python bench/paper.py --paper             # the paper's 384 x 910C, 3 seeds (much longer)
+    python bench/paper.py --paper --ds-splits 12,16 --duration 10   # known splits, no search
 
 1. vs passthrough, "no measurable inference overhead": the placer's cost per step (measured:
    the C++ decision latency at the cluster's unit count, and the Python binding round trip the
@@ -71,8 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--qwen-rate", type=float, default=200.0)
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--paper", action="store_true",
+                   help="the paper's scale: --ds-devices 384 --seeds 3")
+    p.add_argument("--ds-splits", default="",
+                   help="sharegpt,phase-shift static-PD prefill units (default: tuned by search)")
     p.add_argument("--json", default="paper.json")
     args = p.parse_args(argv)
+    if args.paper:
+        args.ds_devices, args.seeds = 384, max(args.seeds, 3)
+    splits = [int(x) for x in args.ds_splits.split(",")] if args.ds_splits else [0, 0]
+    if len(splits) != 2:
+        p.error("--ds-splits takes two numbers: sharegpt,phase-shift prefill units")
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     scale = args.ds_devices / 96
     r_share, r_phase = (float(x) * scale for x in args.ds_rates.split(","))
@@ -81,10 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     ds = SimSpec(devices=args.ds_devices, device="910c", model="deepseek-r1",
                  duration=args.duration, seeds=args.seeds, search_duration=args.duration,
                  dynamic_layout="disaggregated", policies=("static-pd", "dynamic"))
-    for name, wl, rate in (("ds_sharegpt", "sharegpt", r_share),
-                           ("ds_phase_shift", "phase-shift", r_phase)):
+    for (name, wl, rate), split in zip((("ds_sharegpt", "sharegpt", r_share),
+                                        ("ds_phase_shift", "phase-shift", r_phase)), splits,
+                                       strict=True):
         log(f"== {name}: {args.ds_devices} x 910C, deepseek-r1, {wl} at {rate:g} req/s")
-        docs[name] = run_all(replace(ds, workload=wl, rate=rate), log=log)
+        docs[name] = run_all(replace(ds, workload=wl, rate=rate, prefill_units=split), log=log)
         _save(args.json, {"runs": docs})
     log(f"== qwen: {args.qwen_devices} x 910C, qwen2.5-7b, sharegpt at {args.qwen_rate:g}")
     docs["qwen_colocate"] = run_all(SimSpec(
@@ -107,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         d = docs[name]["policies"]
         sp, dy = d["static-pd"], d["dynamic"]
         ratio = f"{sp['prefill_units']}P:{sp['decode_units']}D"
-        rows.append(f"| vs static-pd ({name[3:]}, tuned {ratio}) | throughput | {paper} "
+        how = "tuned" if "search" in docs[name]["config"]["static_pd_split"] else "given"
+        rows.append(f"| vs static-pd ({name[3:]}, {how} {ratio}) | throughput | {paper} "
                     f"| {_pct(dy['throughput_tok_s'], sp['throughput_tok_s'])} "
                     f"({dy['throughput_tok_s']:.0f} vs {sp['throughput_tok_s']:.0f} tok/s) |")
         rows.append(f"| | goodput (2 s / 100 ms) | | "
@@ -116,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(f"| | TTFT p50 / TPOT p50 | | {dy['ttft_s']['p50']:.3f} vs "
                     f"{sp['ttft_s']['p50']:.3f} s / {dy['tpot_s']['p50'] * 1e3:.1f} vs "
                     f"{sp['tpot_s']['p50'] * 1e3:.1f} ms |")
+        ci = dy["ci95"]["throughput_tok_s"], sp["ci95"]["throughput_tok_s"]
+        moves = {k: v for k, v in dy["decisions_by_reason"].items()
+                 if k in ("idle_steal", "return_home", "least_loaded") and v}
+        rows.append(f"| | 95% CI tok/s ({args.seeds} seeds); dynamic's moves, KV moved | | "
+                    f"+-{ci[0]:.0f} vs +-{ci[1]:.0f}; {moves}, "
+                    f"{dy['kv_bytes_moved'] / 1e12:.2f} vs {sp['kv_bytes_moved'] / 1e12:.2f} TB |")
     q = docs["qwen_colocate"]["policies"]
     co, dy = q["static-colocate"], q["dynamic"]
     rows.append(f"| vs static-colocate (Qwen2.5-7B) | throughput | comparable "
