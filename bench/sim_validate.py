@@ -17,11 +17,12 @@ drift), and the simulator reads that calibration (FLEXNPU_SIM_CPU_CALIBRATION). 
 shared by other users: the load average is printed with every phase; --write-calibration also
 stores the pre-run calibration as the package's cpu preset.
 
-    python bench/sim_validate.py                        # configurations light and heavy
+    python bench/sim_validate.py --platform cpu         # configurations light and heavy
     python bench/sim_validate.py --configs light --json /tmp/simval.json --keep DIR
 
-Each configuration takes about 1 min of compiling plus --duration (default 100 s) of load plus
-the drain; the whole run about 7-9 min on 2 shared cores.
+Each configuration takes 1.5-2.5 min of compiling here (under load; with --compilation-cache
+DIR the second one loads its programs in ~50 s), ~1 min of probes, --duration (default 100 s)
+of load and the drain: the whole run about 12 min on 2 shared cores.
 """
 
 from __future__ import annotations
