@@ -276,14 +276,12 @@ std::shared_ptr<const SerializableExecutable> VirtualLoadedExecutable::Serializa
     SerializableExecutable::Variant variant;
     for (int p : compiled->physical) variant.physical_ids.push_back(client_->physical(p).id);
     variant.executable = compiled->executable.get();
-    variant.keep_alive = compiled;
+    variant.compiled = compiled;
     if (prebuilt_ != nullptr) {  // a mapping the envelope had was loaded from it, not compiled
       auto it = prebuilt_->by_mapping.find(variant.physical_ids);
       if (it != prebuilt_->by_mapping.end()) {
+        variant.source = prebuilt_;
         variant.loaded_from = &it->second;
-        variant.keep_alive = std::make_shared<std::pair<std::shared_ptr<Compiled>,
-                                                        std::shared_ptr<const PrebuiltVariants>>>(
-            compiled, prebuilt_);
       }
     }
     snapshot->variants.push_back(std::move(variant));
@@ -311,7 +309,17 @@ StatusOr<std::string> SerializeExecutable(const SerializableExecutable& executab
   profile.Varint(f::kProfileBytes, DoubleBits(executable.profile.bytes));
   profile.Varint(f::kProfileMemoryBytes, static_cast<uint64_t>(executable.profile.memory_bytes));
   body.Bytes(f::kProfile, profile.str());
-  for (const auto& variant : executable.variants) {
+  for (size_t i = 0; i < executable.variants.size(); ++i) {
+    const auto& variant = executable.variants[i];
+    std::shared_ptr<const void> alive = variant.compiled.lock();
+    if (alive == nullptr) {
+      // Evicted from the mapping cache since, or the loaded executable is gone.
+      if (i == 0) {
+        return FailedPrecondition("PJRT_Executable_Serialize: the loaded executable this "
+                                  "executable was obtained from has been destroyed");
+      }
+      continue;
+    }
     auto inner = variant.loaded_from != nullptr
                      ? StatusOr<std::string>(*variant.loaded_from)
                      : SerializeInner(*executable.backend, variant.executable);

@@ -33,6 +33,7 @@ namespace flexnpu {
 
 class VirtualClient;
 class VirtualLoadedExecutable;
+struct PrebuiltVariants;
 
 // Bumped whenever the envelope changes meaning; part of the platform version JAX's cache key
 // hashes, so entries of another format are never even looked up.
@@ -43,11 +44,14 @@ inline constexpr int kExecutableFormatVersion = 1;
 struct SerializableExecutable {
   struct Variant {
     std::vector<int64_t> physical_ids;  // backend device ids by position; empty: portable
-    std::shared_ptr<const void> keep_alive;  // owns `executable` (and `loaded_from`)
+    // Owns `executable` while the loaded executable keeps the variant (not longer: inner
+    // executables must not outlive the client).
+    std::weak_ptr<const void> compiled;
     PJRT_LoadedExecutable* executable = nullptr;
     // The inner bytes it was loaded from, when it was: written again as they are, because the
     // XLA CPU plugin re-serializes a deserialized executable without its kernels.
-    const std::string* loaded_from = nullptr;
+    std::shared_ptr<const PrebuiltVariants> source;
+    const std::string* loaded_from = nullptr;  // in `source`
   };
   std::shared_ptr<const PhysicalBackend> backend;
   std::string platform_version;  // VirtualClient::platform_version()

@@ -2,7 +2,9 @@
 
 #include <cstddef>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <vector>
 
 namespace flexnpu {
 namespace {
@@ -11,6 +13,14 @@ namespace {
 constexpr size_t kMaxExtensionSize = 4096;
 // A cycle in a corrupt chain must not hang the plugin's load.
 constexpr int kMaxChainLength = 64;
+
+// Copies stay reachable (and are never freed): JAX may hold the extension until exit.
+void Keep(void* copy) {
+  static std::mutex mu;
+  static auto* copies = new std::vector<void*>();
+  std::lock_guard<std::mutex> lock(mu);
+  copies->push_back(copy);
+}
 }  // namespace
 
 PJRT_Extension_Base* ForwardedProfilerExtension(const PJRT_Api& inner) {
@@ -23,9 +33,9 @@ PJRT_Extension_Base* ForwardedProfilerExtension(const PJRT_Api& inner) {
     if (e->struct_size < sizeof(PJRT_Extension_Base) || e->struct_size > kMaxExtensionSize) {
       return nullptr;
     }
-    // Never freed: JAX may hold the extension for the process' lifetime.
     void* copy = ::operator new(e->struct_size, std::nothrow);
     if (copy == nullptr) return nullptr;
+    Keep(copy);
     std::memcpy(copy, e, e->struct_size);
     auto* base = static_cast<PJRT_Extension_Base*>(copy);
     base->next = nullptr;
