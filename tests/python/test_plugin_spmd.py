@@ -70,3 +70,43 @@ def test_four_shards_reversed_over_eight_virtual() -> None:
     info = _run([7, 2, 5, 0], {"FLEXNPU_NUM_VIRTUAL_DEVICES": "8"})
     assert info["results"] == _expected(4, 4)
     assert info["shard_devices"] == [7, 2, 5, 0]
+
+
+SPMD_LOAD = """
+import json
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import flexnpu.stats
+
+devices = jax.devices()
+mesh = Mesh(np.array([devices[5], devices[1]]), ("x",))
+double = jax.jit(jax.shard_map(lambda x: x * 2, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+x = jax.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(mesh, P("x")))
+before = flexnpu.stats.clients()[0]["placement"]["decisions_total"]
+for _ in range(3):
+    x = double(x)
+x.block_until_ready()
+after = flexnpu.stats.clients()[0]["placement"]
+print(json.dumps({"result": np.asarray(x).tolist(), "before": before, "after": after}))
+"""
+
+
+def test_spmd_shards_are_load_the_dynamic_policy_sees() -> None:
+    # Virtual 5 and 1 both live on physical 1 (8 over 4): the group runs on physical 1 and 0.
+    # Every shard of every call is one placement there, as single-device executions are.
+    proc = run_python(
+        SPMD_LOAD,
+        env={"JAX_PLATFORMS": "flexnpu", "FLEXNPU_NUM_VIRTUAL_DEVICES": "8",
+             "FLEXNPU_POLICY": "dynamic"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["result"] == [float(v * 8) for v in range(8)]
+    placement = out["after"]
+    assert placement["decisions_total"] - out["before"] == 6
+    virtual = {v["device"]: v for v in placement["virtual"]}
+    physical = {d["device"]: d for d in placement["physical"]}
+    for v in (5, 1):
+        assert sum(virtual[v]["executions"].values()) == 3
+    for d in (1, 0):
+        assert sum(physical[d]["executions"].values()) == 3
