@@ -220,6 +220,24 @@ def test_kv_usage_and_router():
     assert b.waiting_tokens == 50 and least_loaded([a, b]) == 0
 
 
+
+def test_router_follows_every_state_change():
+    """least_loaded keeps a key per instance between calls: each call that changes an
+    instance (add, schedule, on_step_done, abort, finish_all) must change its answer."""
+    a, b = (Scheduler(SchedulerConfig(block_size=4, num_blocks=40)) for _ in range(2))
+    assert least_loaded([a, b]) == 0  # a tie goes to the lowest index
+    a.add(seq("a1", 8, 3))
+    assert least_loaded([a, b]) == 1  # a has 8 waiting tokens
+    plan = a.schedule(0)  # a1 runs: no waiting, one running
+    assert least_loaded([a, b]) == 1 and least_loaded([b, a]) == 0
+    b.add(seq("b1", 6, 1))
+    assert least_loaded([a, b]) == 0  # b waits with 6 tokens
+    a.on_step_done(plan, 0)
+    b.abort("b1")
+    assert least_loaded([a, b]) == 1  # b is empty again; a still runs a1
+    a.finish_all("abort")
+    assert least_loaded([a, b]) == 0 and a.num_running == 0
+
 @pytest.mark.parametrize("mixed,chunked", [(True, True), (False, False), (False, True)])
 def test_random_workload_invariants(mixed, chunked):
     rng = random.Random(7)
