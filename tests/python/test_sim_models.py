@@ -48,6 +48,11 @@ def test_presets_and_errors():
     p = get_preset("910c")
     assert 0 < p.eff_compute <= 1 and 0 < p.eff_memory <= 1
     assert "CloudMatrix" in p.efficiency_source
+    for gpu in ("a100", "h100", "h200"):
+        g = get_preset(gpu)
+        assert 0.5 < g.eff_compute <= 1 and 0.5 < g.eff_memory <= 1
+        assert "Vidur" in g.efficiency_source
+    assert "not measured on H200" in get_preset("h200").efficiency_source
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         get_preset("tpu")
     with pytest.raises(ValueError, match="unknown model 'gpt'"):

@@ -107,6 +107,24 @@ CLOUDMATRIX_DECODE_BATCH = 96
 CLOUDMATRIX_DECODE_CTX = 4096
 
 
+# Vidur (microsoft/vidur, data/profiling/compute/<gpu>/meta-llama/Llama-2-7b-hf/mlp.csv):
+# measured medians of every non-attention operator of Llama-2-7B (embedding, norms, QKV/output
+# projections, RoPE, gated MLP, adds; tensor parallel 1), summed over the 32 layers, for a step
+# of 1 token (weight-read bound) and of 2048 tokens (compute bound). Efficiency = the roofline
+# time of those operators (their weights in bf16; 2 FLOPs per weight per token) / measured.
+# (The same profiles of Meta-Llama-3-8B on A100 give 0.70 / 0.67: the fit is not model-bound.)
+VIDUR_LLAMA2_7B_STEP_MS = {"a100": (9.347, 134.519), "h100": (5.634, 41.051)}
+_LLAMA2_7B_LINEAR_PARAMS = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008)
+
+
+def fit_vidur(dev: Device, gpu: str) -> tuple[float, float]:
+    """Compute and memory efficiency of an NVIDIA GPU from Vidur's Llama-2-7B profiles."""
+    t_one, t_many = (t / 1e3 for t in VIDUR_LLAMA2_7B_STEP_MS[gpu])
+    eff_m = 2 * _LLAMA2_7B_LINEAR_PARAMS / dev.mem_bandwidth / t_one
+    eff_c = 2 * _LLAMA2_7B_LINEAR_PARAMS * 2048 / dev.peak_flops / t_many
+    return float(min(eff_c, 1.0)), float(min(eff_m, 1.0))
+
+
 @lru_cache(maxsize=4)
 def fit_cloudmatrix(dev: Device) -> tuple[float, float]:
     """Compute and memory efficiency of a 910C from CloudMatrix-Infer's per-NPU figures."""
@@ -145,6 +163,14 @@ def get_preset(name: str) -> Preset:
         c = json.loads(path.read_text())
         return replace(p, eff_compute=c["eff_compute"], eff_memory=c["eff_memory"],
                        launch_s=c.get("launch_s"), efficiency_source=c["source"])
+    if key in ("a100", "h100", "h200"):
+        # H200: the H100's compute die with faster HBM; its efficiencies are taken as the H100's.
+        gpu = "a100" if key == "a100" else "h100"
+        ec, em = fit_vidur(dev if key == gpu else get_device(gpu), gpu)
+        src = f"fitted to Vidur's measured Llama-2-7B operator profiles on {gpu.upper()}"
+        if key != gpu:
+            src += f"; not measured on {key.upper()}: the {gpu.upper()} fit is used"
+        return replace(p, eff_compute=ec, eff_memory=em, efficiency_source=src)
     ec, em = fit_cloudmatrix(get_device("ascend910c"))
     src = "fitted to CloudMatrix-Infer DeepSeek-R1 per-NPU prefill/decode throughput (910C)"
     if key != "910c":
