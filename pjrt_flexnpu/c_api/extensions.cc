@@ -100,6 +100,8 @@ PJRT_Extension_Base* BuildChain() {
   }
   // The backend's profiler, as it is (runtime/profiler_extension.h; "serialize"'s hook).
   if (PJRT_Extension_Base* profiler = ForwardedProfilerExtension(*inner->api())) link(profiler);
+  // Without Layouts JAX round-trips every optimized program through GetHloModules.
+  if (PJRT_Extension_Base* layouts = LayoutsExtensionFor(*inner)) link(layouts);
   return head;
 }
 

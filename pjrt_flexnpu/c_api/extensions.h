@@ -3,6 +3,7 @@
 #ifndef FLEXNPU_C_API_EXTENSIONS_H_
 #define FLEXNPU_C_API_EXTENSIONS_H_
 
+#include "pjrt_flexnpu/backend/physical_backend.h"
 #include "pjrt_flexnpu/c_api/common.h"
 
 namespace flexnpu::c_api {
@@ -11,6 +12,10 @@ namespace flexnpu::c_api {
 // environment names (FLEXNPU_BACKEND, FLEXNPU_CPU_PLUGIN_PATH: the jax plugin sets the latter
 // before it loads FlexNPU); without one FlexNPU offers no extension.
 PJRT_Extension_Base* ExtensionChain();
+
+// FlexNPU's Layouts extension forwarding to `backend`'s (c_api/extensions_layouts.cc), or
+// nullptr when `backend` lacks it. Called once, by ExtensionChain.
+PJRT_Extension_Base* LayoutsExtensionFor(const PhysicalBackend& backend);
 
 PJRT_Error* ExecuteContext_Create(PJRT_ExecuteContext_Create_Args* args);
 PJRT_Error* ExecuteContext_Destroy(PJRT_ExecuteContext_Destroy_Args* args);

@@ -279,3 +279,131 @@ TEST_F(CApiTest, ExecuteContextWithUserDataReachesTheInnerExecution) {
 }
 
 }  // namespace
+
+namespace {
+
+// The Layouts extension's first six functions (c_api/extensions_layouts.cc).
+struct LayoutDestroyArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  void* layout;
+};
+struct LayoutSerializeArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  void* layout;
+  const char* bytes;
+  size_t bytes_size;
+  void* serialized;
+  void (*deleter)(void*);
+};
+struct ClientDefaultLayoutArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Client* client;
+  PJRT_Buffer_Type type;
+  const int64_t* dims;
+  size_t num_dims;
+  void* layout;
+};
+struct BufferLayoutArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Buffer* buffer;
+  void* layout;
+};
+struct OutputLayoutsArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  size_t num_outputs;
+  void** layouts;
+};
+struct LayoutsExtension {
+  PJRT_Extension_Base base;
+  PJRT_Error* (*destroy)(LayoutDestroyArgs*);
+  PJRT_Error* (*serialize)(LayoutSerializeArgs*);
+  PJRT_Error* (*client_default_layout)(ClientDefaultLayoutArgs*);
+  PJRT_Error* (*buffer_layout)(BufferLayoutArgs*);
+  void* topology_default_layout;
+  PJRT_Error* (*output_layouts)(OutputLayoutsArgs*);
+};
+
+const LayoutsExtension* Layouts() {
+  for (const PJRT_Extension_Base* e = api->extension_start; e != nullptr; e = e->next) {
+    if (e->type == PJRT_Extension_Type_Layouts) return reinterpret_cast<const LayoutsExtension*>(e);
+  }
+  return nullptr;
+}
+
+std::string Serialized(void* layout) {
+  LayoutSerializeArgs args{};
+  args.struct_size = sizeof(args);
+  args.layout = layout;
+  EXPECT_EQ(Info(Layouts()->serialize(&args)).code, PJRT_Error_Code_OK);
+  std::string bytes(args.bytes, args.bytes_size);
+  if (args.deleter != nullptr) args.deleter(args.serialized);
+  return bytes;
+}
+
+void DestroyLayout(void* layout) {
+  LayoutDestroyArgs args{};
+  args.struct_size = sizeof(args);
+  args.layout = layout;
+  EXPECT_EQ(Info(Layouts()->destroy(&args)).code, PJRT_Error_Code_OK);
+}
+
+TEST_F(CApiTest, LayoutsOfClientBufferAndExecutableAreTheBackends) {
+  ASSERT_NE(Layouts(), nullptr) << "the CPU plugin has Layouts: FlexNPU offers them";
+  PJRT_Client* client = CreateClient(2);
+  ASSERT_NE(client, nullptr);
+  const int64_t dims[] = {4};
+  ClientDefaultLayoutArgs def{};
+  def.struct_size = sizeof(def);
+  def.client = client;
+  def.type = PJRT_Buffer_Type_F32;
+  def.dims = dims;
+  def.num_dims = 1;
+  ASSERT_PJRT_OK(Layouts()->client_default_layout(&def));
+  EXPECT_EQ(def.client, client) << "the caller's handle is given back";
+  const std::string default_layout = Serialized(def.layout);
+  EXPECT_FALSE(default_layout.empty());
+  DestroyLayout(def.layout);
+
+  PJRT_Buffer* x = Upload(client, Device(client, 1), {1.f, 2.f, 3.f, 4.f});
+  BufferLayoutArgs of_buffer{};
+  of_buffer.struct_size = sizeof(of_buffer);
+  of_buffer.buffer = x;
+  ASSERT_PJRT_OK(Layouts()->buffer_layout(&of_buffer));
+  EXPECT_EQ(Serialized(of_buffer.layout), default_layout);
+  DestroyLayout(of_buffer.layout);
+
+  PJRT_LoadedExecutable* exe = nullptr;
+  ErrorInfo compiled = TryCompile(client, kAddProgram, CompileOptionsFor(0), &exe);
+  ASSERT_EQ(compiled.code, PJRT_Error_Code_OK) << compiled.message;
+  PJRT_LoadedExecutable_GetExecutable_Args get{};
+  get.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
+  get.loaded_executable = exe;
+  ASSERT_PJRT_OK(api->PJRT_LoadedExecutable_GetExecutable(&get));
+  OutputLayoutsArgs outputs{};
+  outputs.struct_size = sizeof(outputs);
+  outputs.executable = get.executable;
+  ASSERT_PJRT_OK(Layouts()->output_layouts(&outputs));
+  ASSERT_EQ(outputs.num_outputs, 1u);
+  EXPECT_EQ(Serialized(outputs.layouts[0]), default_layout);
+  PJRT_Executable_Destroy_Args destroy{};
+  destroy.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE;
+  destroy.executable = get.executable;
+  ASSERT_PJRT_OK(api->PJRT_Executable_Destroy(&destroy));
+
+  BufferLayoutArgs foreign{};
+  foreign.struct_size = sizeof(foreign);
+  int not_a_buffer = 0;
+  foreign.buffer = reinterpret_cast<PJRT_Buffer*>(&not_a_buffer);
+  ErrorInfo refused = Info(Layouts()->buffer_layout(&foreign));
+  EXPECT_EQ(refused.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(refused.message.find("buffer is not a FlexNPU handle"), std::string::npos)
+      << refused.message;
+}
+
+}  // namespace

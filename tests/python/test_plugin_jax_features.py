@@ -246,3 +246,28 @@ def test_user_ffi_target_equal_cpu(ffi_library: str, backend: str) -> None:
     expected = (2 * np.arange(6.0).reshape(2, 3) + 2).tolist()
     assert cpu["y"] == expected
     assert npu["y"] == expected
+
+
+_LAYOUTS = r"""
+import json, jax, jax.numpy as jnp
+x = jnp.ones((3, 4), jnp.float32)
+compiled = jax.jit(lambda v: (v.T @ v, v[0], v.astype(jnp.int8))).lower(x).compile()
+y = compiled(x)
+print("RESULT " + json.dumps({
+    "platform": jax.devices()[0].platform,
+    "outputs": [str(f.layout) for f in compiled.output_formats],
+    "inputs": [str(f.layout) for f in jax.tree.leaves(compiled.input_formats)],
+    "array": str(x.format.layout),
+    "results": [str(a.format.layout) for a in y],
+}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["default", "lammps"])
+def test_layouts_equal_cpu(backend: str) -> None:
+    # FlexNPU forwards the backend's PJRT Layouts extension: JAX reads the same layouts.
+    npu = _result(_LAYOUTS, _ON_FLEXNPU if backend == "default" else _lammps_env())
+    cpu = _result(_LAYOUTS, _ON_CPU)
+    assert (npu["platform"], cpu["platform"]) == ("flexnpu", "cpu")
+    for key in ("outputs", "inputs", "array", "results"):
+        assert npu[key] == cpu[key], key
