@@ -101,3 +101,48 @@ def test_run_as_lowers_for_the_kind_and_hands_back_tokens() -> None:
     assert module_context.host_callbacks == ["cb"]  # shared with the real module context
     assert tuple(module_context.platforms) == ("flexnpu",)  # the caller's is unchanged
     assert ctx.tokens_out == "tokens"
+
+
+def test_install_for_cuda_kind_uses_cuda_rules_and_runs_callbacks_as_cuda() -> None:
+    # No GPU here: install the cuda kind in a fresh interpreter and inspect the table.
+    from _subprocess import run_python
+
+    code = r"""
+import jax
+from jax._src.interpreters import mlir
+from jax._src.lax import linalg
+from jax._src import callback, debugging
+from flexnpu import lowering
+lowering.install_lowering_rules("cuda")
+rules = mlir._platform_specific_lowerings["flexnpu"]
+cuda = mlir._platform_specific_lowerings["cuda"]
+assert isinstance(rules, lowering.KindRules) and rules.kind == "cuda"
+assert rules[linalg.eigh_p].rule.__wrapped__ is cuda[linalg.eigh_p].rule
+cpu = mlir._platform_specific_lowerings["cpu"]
+assert rules[linalg.eigh_p].rule.__wrapped__ is not cpu[linalg.eigh_p].rule
+generic = mlir._lowerings[callback.pure_callback_p].rule
+assert rules[callback.pure_callback_p].rule.__wrapped__ is generic
+assert rules[debugging.debug_print_p].rule.__wrapped__ is cuda[debugging.debug_print_p].rule
+print("OK")
+"""
+    proc = run_python(code, {"JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-2000:]
+
+
+def test_host_callbacks_over_cpu_kind_raise_the_named_limit() -> None:
+    from _subprocess import run_python
+
+    code = r"""
+from jax._src.interpreters import mlir
+from jax._src import callback
+from flexnpu import lowering
+lowering.install_lowering_rules("cpu")
+rule = mlir._platform_specific_lowerings["flexnpu"][callback.pure_callback_p].rule
+try:
+    rule(None)
+except NotImplementedError as e:
+    print("RAISED " + str(e))
+"""
+    proc = run_python(code, {"JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "RAISED " + lowering.HOST_CALLBACKS_ON_CPU_PLUGIN in proc.stdout
