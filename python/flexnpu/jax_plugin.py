@@ -51,7 +51,7 @@ def _make_client() -> Any:
     # Lower as the physical platform does (LAPACK, callbacks): flexnpu/lowering.py.
     kind = lowering.backend_kind(client.platform_version)
     try:
-        lowering.install(kind)
+        lowering.install(kind, lowering.backend_runs_jaxlib_cpu_kernels(client.platform_version))
     except (ValueError, RuntimeError) as error:
         # A backend JAX has no rules for still runs everything generic.
         logger.warning("flexnpu: %s; platform-specific lowering rules are not used", error)

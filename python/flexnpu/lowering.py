@@ -57,6 +57,7 @@ HOOKS: tuple[tuple[str, str], ...] = (
     ("jaxlib.xla_client", "xla_platform_names"),
     ("jaxlib._jax", "custom_call_targets"),
     ("jaxlib._jax", "register_custom_call_target"),
+    ("jax._src.tpu.linalg.eigh", "_eigh_tpu_lowering"),
 )
 
 # Physical platforms (as PJRT clients name them) whose JAX lowering rules flexnpu can use.
@@ -76,6 +77,15 @@ _KIND_CALLBACK_PRIMITIVES = (
     ("jax._src.debugging", "debug_print_p"),
 )
 
+# jaxlib 0.10.2's LAPACK kernels speak XLA FFI 0.3. Measured with a probe handler:
+# xla-cpu-pjrt 0.0.1 (PJRT C API 0.81) implements FFI 0.2 and its register_handler drops the
+# kernels while reporting success; lammps-jax-pjrt-cpu (C API 0.115) implements 0.4. A CPU
+# backend at C API minor <= this one is taken to have the older FFI: over it, linear algebra
+# keeps JAX's platform-generic rules (cholesky, lu, qr, triangular_solve, ...: plain HLO)
+# instead of the LAPACK custom calls it cannot run.
+LAST_CPU_MINOR_WITHOUT_JAXLIB_FFI = 81
+_LINALG_MODULE = "jax._src.lax.linalg"
+
 _lock = threading.Lock()
 _installed_kind: str | None = None
 
@@ -87,6 +97,21 @@ def backend_kind(platform_version: str) -> str:
     if at < 0:
         raise ValueError(f"not a FlexNPU platform_version: {platform_version!r}")
     return platform_version[at + len(marker) :].split(" ", 1)[0].split("(", 1)[0].lower()
+
+
+def backend_runs_jaxlib_cpu_kernels(platform_version: str) -> bool:
+    """Whether a CPU backend's XLA FFI can take jaxlib's CPU kernels (LAPACK), judged by
+    the PJRT C API version in FlexNPU's platform_version ('..., PJRT C API 0.81, ...')."""
+    marker = "PJRT C API "
+    at = platform_version.find(marker)
+    if at < 0:
+        return True  # unknown: lower as the platform does; a missing kernel fails by name
+    version = platform_version[at + len(marker) :].split(",", 1)[0].split(")", 1)[0]
+    try:
+        minor = int(version.split(".")[1])
+    except (IndexError, ValueError):
+        return True
+    return minor > LAST_CPU_MINOR_WITHOUT_JAXLIB_FFI
 
 
 def installed_kind() -> str | None:
@@ -144,15 +169,22 @@ def run_as(kind: str, rule: Callable[..., Any]) -> Callable[..., Any]:
 class KindRules(collections.abc.MutableMapping):  # type: ignore[type-arg]
     """flexnpu's platform-specific rules: its own first, then `kind`'s run as `kind` (live)."""
 
-    def __init__(self, own: dict[Any, Any], kind_rules: dict[Any, Any], kind: str) -> None:
+    def __init__(self, own: dict[Any, Any], kind_rules: dict[Any, Any], kind: str,
+                 generic: Callable[[Any], bool] = lambda primitive: False) -> None:
         self.own = own
         self.kind_rules = kind_rules
         self.kind = kind
+        self.generic = generic  # primitives that keep JAX's platform-generic rule
         self._wrapped: dict[Any, tuple[Any, Any]] = {}
+
+    def _kind_has(self, primitive: Any) -> bool:
+        return primitive in self.kind_rules and not self.generic(primitive)
 
     def __getitem__(self, primitive: Any) -> Any:
         if primitive in self.own:
             return self.own[primitive]
+        if self.generic(primitive):
+            raise KeyError(primitive)
         entry = self.kind_rules[primitive]
         cached = self._wrapped.get(primitive)
         if cached is None or cached[0] is not entry:
@@ -163,7 +195,7 @@ class KindRules(collections.abc.MutableMapping):  # type: ignore[type-arg]
         return cached[1]
 
     def __contains__(self, primitive: object) -> bool:
-        return primitive in self.own or primitive in self.kind_rules
+        return primitive in self.own or self._kind_has(primitive)
 
     def __setitem__(self, primitive: Any, entry: Any) -> None:
         self.own[primitive] = entry
@@ -173,14 +205,24 @@ class KindRules(collections.abc.MutableMapping):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:
         yield from self.own
-        yield from (p for p in self.kind_rules if p not in self.own)
+        yield from (p for p in self.kind_rules if p not in self.own and self._kind_has(p))
 
     def __len__(self) -> int:
-        return len(self.own) + sum(1 for p in self.kind_rules if p not in self.own)
+        return sum(1 for _ in self)
 
 
-def install_lowering_rules(kind: str) -> None:
-    """Makes JAX lower for flexnpu with the rules it registers for platform `kind`."""
+def _generic_linalg(primitive: Any) -> bool:
+    """A linear-algebra primitive that has a platform-generic rule (plain HLO)."""
+    import jax._src.lax.linalg as linalg
+    from jax._src.interpreters import mlir
+
+    return primitive in mlir._lowerings and any(v is primitive for v in vars(linalg).values())
+
+
+def install_lowering_rules(kind: str, jaxlib_kernels: bool = True) -> None:
+    """Makes JAX lower for flexnpu with the rules it registers for platform `kind`;
+    `jaxlib_kernels` False (a CPU backend whose FFI cannot run them): linear algebra with a
+    platform-generic rule keeps it."""
     import importlib
 
     from jax._src.interpreters import mlir
@@ -198,7 +240,15 @@ def install_lowering_rules(kind: str) -> None:
         own = current.own
     else:
         own = dict(current or {})
-    rules = KindRules(own, table[kind], kind)
+    generic = _generic_linalg if kind == "cpu" and not jaxlib_kernels else (lambda p: False)
+    if kind == "cpu" and not jaxlib_kernels:
+        # eigh (and svd, built on it) has no generic rule: JAX's QDWH eigh (pure JAX, the
+        # TPU's default algorithm; the rule reads only its `algorithm` parameter) instead.
+        from jax._src.lax import linalg
+        from jax._src.tpu.linalg import eigh as qdwh_eigh
+
+        own.setdefault(linalg.eigh_p, mlir.LoweringRuleEntry(qdwh_eigh._eigh_tpu_lowering, False))
+    rules = KindRules(own, table[kind], kind, generic)
     for module_name, name in _CALLBACK_PRIMITIVES + _KIND_CALLBACK_PRIMITIVES:
         primitive = getattr(importlib.import_module(module_name), name)
         base = table[kind].get(primitive) or mlir._lowerings.get(primitive)
@@ -346,8 +396,9 @@ def install_ffi(kind: str) -> None:
         _mirror_cpu_targets()
 
 
-def install(kind: str) -> None:
-    """Lowering rules and FFI targets of physical platform `kind` for flexnpu (idempotent)."""
+def install(kind: str, jaxlib_kernels: bool = True) -> None:
+    """Lowering rules and FFI targets of physical platform `kind` for flexnpu (idempotent);
+    `jaxlib_kernels`: see install_lowering_rules."""
     global _installed_kind
     with _lock:
         if _installed_kind == kind:
@@ -357,6 +408,6 @@ def install(kind: str) -> None:
                 f"flexnpu already lowers as {_installed_kind!r}; a second client over "
                 f"{kind!r} in the same process is not supported"
             )
-        install_lowering_rules(kind)
+        install_lowering_rules(kind, jaxlib_kernels)
         install_ffi(kind)
         _installed_kind = kind
