@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections.abc
 import ctypes
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -211,12 +212,19 @@ class KindRules(collections.abc.MutableMapping):  # type: ignore[type-arg]
         return sum(1 for _ in self)
 
 
+@functools.cache
+def _linalg_primitives() -> frozenset[Any]:
+    import jax._src.lax.linalg as linalg
+    from jax._src import core
+
+    return frozenset(v for v in vars(linalg).values() if isinstance(v, core.Primitive))
+
+
 def _generic_linalg(primitive: Any) -> bool:
     """A linear-algebra primitive that has a platform-generic rule (plain HLO)."""
-    import jax._src.lax.linalg as linalg
     from jax._src.interpreters import mlir
 
-    return primitive in mlir._lowerings and any(v is primitive for v in vars(linalg).values())
+    return primitive in _linalg_primitives() and primitive in mlir._lowerings
 
 
 def install_lowering_rules(kind: str, jaxlib_kernels: bool = True) -> None:
