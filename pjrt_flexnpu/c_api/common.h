@@ -22,7 +22,7 @@ namespace flexnpu::c_api {
 // unwind (pthread_exit or pthread_cancel of the calling thread, e.g. inside a callback the body
 // runs) is not an error: it must go on, or glibc aborts with "FATAL: exception not rethrown".
 template <typename Body>
-PJRT_Error* Guard(const char* where, Body&& body) {
+FLEXNPU_RETHROWS_FORCED_UNWIND PJRT_Error* Guard(const char* where, Body&& body) {
   try {
     return ToPjrtError(body());
   } catch (abi::__forced_unwind&) {

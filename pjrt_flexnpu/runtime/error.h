@@ -5,6 +5,11 @@
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/runtime/status.h"
 
+// On a function that catches abi::__forced_unwind& to rethrow it: the forced unwind is a
+// foreign exception, so that reference binds to no object, and UBSan's null check (in the
+// sanitizer build) reports the binding itself as an error.
+#define FLEXNPU_RETHROWS_FORCED_UNWIND __attribute__((no_sanitize("null")))
+
 struct PJRT_Error {
   flexnpu::Status status;
 };

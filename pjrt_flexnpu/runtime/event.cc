@@ -20,7 +20,7 @@ struct OnReadyContext {
 // escape into the backend (std::terminate there), and the caller's callback runs exactly once,
 // with an error if the inner one cannot be converted. Not noexcept: a forced unwind (the thread
 // exits or is cancelled inside the caller's callback) must pass.
-void InnerOnReady(PJRT_Error* inner_error, void* arg) {
+FLEXNPU_RETHROWS_FORCED_UNWIND void InnerOnReady(PJRT_Error* inner_error, void* arg) {
   FLEXNPU_TSAN_ACQUIRE(arg);
   std::unique_ptr<OnReadyContext> context(static_cast<OnReadyContext*>(arg));
   PJRT_Error* error = nullptr;

@@ -8,6 +8,7 @@
 #include "pjrt_flexnpu/backend/compile_options.h"
 #include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/client.h"
+#include "pjrt_flexnpu/runtime/error.h"
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable_serialization.h"
 #include "pjrt_flexnpu/runtime/ffi.h"
@@ -34,7 +35,7 @@ struct FinishContext {
 
 // Runs on a backend thread: no exception may escape (an exception there is std::terminate).
 // Not noexcept: a forced unwind (the thread exits or is cancelled) must pass.
-void OnExecutionDone(PJRT_Error* error, void* arg) {
+FLEXNPU_RETHROWS_FORCED_UNWIND void OnExecutionDone(PJRT_Error* error, void* arg) {
   FLEXNPU_TSAN_ACQUIRE(arg);
   std::unique_ptr<FinishContext> context(static_cast<FinishContext*>(arg));
   const bool ok = error == nullptr;
