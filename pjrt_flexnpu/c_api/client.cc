@@ -3,6 +3,7 @@
 #include <set>
 
 #include "pjrt_flexnpu/c_api/entry_points.h"
+#include "pjrt_flexnpu/c_api/extensions.h"
 #include "pjrt_flexnpu/runtime/client.h"
 #include "pjrt_flexnpu/runtime/executable.h"
 
@@ -126,12 +127,7 @@ std::shared_ptr<const PhysicalBackend> AttributesBackend() {
     std::lock_guard<std::mutex> lock(registry.mu);
     if (registry.first_backend != nullptr) return registry.first_backend;
   }
-  auto options = ParseOptions({}, ProcessEnv());
-  if (!options.ok()) return nullptr;
-  auto path = BackendPath(*options);
-  if (!path.ok()) return nullptr;
-  auto backend = PhysicalBackend::Load(*path);
-  return backend.ok() ? *backend : nullptr;
+  return EnvironmentBackend();
 }
 
 // Fills `attributes` once from `backend` (never changed afterwards: callers keep pointers).

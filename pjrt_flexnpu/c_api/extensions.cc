@@ -70,16 +70,6 @@ PJRT_Error* FfiRegisterHandler(ffi_abi::RegisterHandlerArgs* args) {
   return Guard("PJRT_FFI register_handler", [&] { return RegisterHandler(args); });
 }
 
-// The backend the environment names, if it loads (errors mean: offer no extensions).
-std::shared_ptr<const PhysicalBackend> EnvironmentBackend() {
-  auto options = ParseOptions({}, ProcessEnv());
-  if (!options.ok()) return nullptr;
-  auto path = BackendPath(*options);
-  if (!path.ok()) return nullptr;
-  auto backend = PhysicalBackend::Load(*path);
-  return backend.ok() ? *backend : nullptr;
-}
-
 PJRT_Extension_Base* BuildChain() {
   std::shared_ptr<const PhysicalBackend> inner = EnvironmentBackend();
   if (inner == nullptr) return nullptr;
@@ -106,6 +96,16 @@ PJRT_Extension_Base* BuildChain() {
 }
 
 }  // namespace
+
+// Also the backend whose versions Plugin_Attributes reports before a client exists.
+std::shared_ptr<const PhysicalBackend> EnvironmentBackend() {
+  auto options = ParseOptions({}, ProcessEnv());
+  if (!options.ok()) return nullptr;
+  auto path = BackendPath(*options);
+  if (!path.ok()) return nullptr;
+  auto backend = PhysicalBackend::Load(*path);
+  return backend.ok() ? *backend : nullptr;
+}
 
 PJRT_Extension_Base* ExtensionChain() {
   static PJRT_Extension_Base* const chain = BuildChain();

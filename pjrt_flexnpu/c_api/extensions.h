@@ -3,6 +3,8 @@
 #ifndef FLEXNPU_C_API_EXTENSIONS_H_
 #define FLEXNPU_C_API_EXTENSIONS_H_
 
+#include <memory>
+
 #include "pjrt_flexnpu/backend/physical_backend.h"
 #include "pjrt_flexnpu/c_api/common.h"
 
@@ -12,6 +14,9 @@ namespace flexnpu::c_api {
 // environment names (FLEXNPU_BACKEND, FLEXNPU_CPU_PLUGIN_PATH: the jax plugin sets the latter
 // before it loads FlexNPU); without one FlexNPU offers no extension.
 PJRT_Extension_Base* ExtensionChain();
+
+// The physical backend the environment's options name, loaded (nullptr when none loads).
+std::shared_ptr<const PhysicalBackend> EnvironmentBackend();
 
 // FlexNPU's Layouts extension forwarding to `backend`'s (c_api/extensions_layouts.cc), or
 // nullptr when `backend` lacks it. Called once, by ExtensionChain.
