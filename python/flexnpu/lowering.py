@@ -30,7 +30,6 @@ from __future__ import annotations
 import collections.abc
 import ctypes
 import dataclasses
-import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -170,22 +169,15 @@ def run_as(kind: str, rule: Callable[..., Any]) -> Callable[..., Any]:
 class KindRules(collections.abc.MutableMapping):  # type: ignore[type-arg]
     """flexnpu's platform-specific rules: its own first, then `kind`'s run as `kind` (live)."""
 
-    def __init__(self, own: dict[Any, Any], kind_rules: dict[Any, Any], kind: str,
-                 generic: Callable[[Any], bool] = lambda primitive: False) -> None:
+    def __init__(self, own: dict[Any, Any], kind_rules: dict[Any, Any], kind: str) -> None:
         self.own = own
         self.kind_rules = kind_rules
         self.kind = kind
-        self.generic = generic  # primitives that keep JAX's platform-generic rule
         self._wrapped: dict[Any, tuple[Any, Any]] = {}
-
-    def _kind_has(self, primitive: Any) -> bool:
-        return primitive in self.kind_rules and not self.generic(primitive)
 
     def __getitem__(self, primitive: Any) -> Any:
         if primitive in self.own:
             return self.own[primitive]
-        if self.generic(primitive):
-            raise KeyError(primitive)
         entry = self.kind_rules[primitive]
         cached = self._wrapped.get(primitive)
         if cached is None or cached[0] is not entry:
@@ -196,7 +188,7 @@ class KindRules(collections.abc.MutableMapping):  # type: ignore[type-arg]
         return cached[1]
 
     def __contains__(self, primitive: object) -> bool:
-        return primitive in self.own or self._kind_has(primitive)
+        return primitive in self.own or primitive in self.kind_rules
 
     def __setitem__(self, primitive: Any, entry: Any) -> None:
         self.own[primitive] = entry
@@ -206,25 +198,51 @@ class KindRules(collections.abc.MutableMapping):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[Any]:
         yield from self.own
-        yield from (p for p in self.kind_rules if p not in self.own and self._kind_has(p))
+        yield from (p for p in self.kind_rules if p not in self.own)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
 
-@functools.cache
-def _linalg_primitives() -> frozenset[Any]:
+def _linalg_primitives() -> list[Any]:
     import jax._src.lax.linalg as linalg
     from jax._src import core
 
-    return frozenset(v for v in vars(linalg).values() if isinstance(v, core.Primitive))
+    return [v for v in vars(linalg).values() if isinstance(v, core.Primitive)]
 
 
-def _generic_linalg(primitive: Any) -> bool:
-    """A linear-algebra primitive that has a platform-generic rule (plain HLO)."""
+_LAPACK_DTYPES = ("float32", "float64", "complex64", "complex128")
+
+
+def _lapack_dtypes_only(rule: Callable[..., Any]) -> Callable[..., Any]:
+    """`rule`, refusing the floating dtypes LAPACK lacks as jaxlib's cpu rules do."""
+
+    def checked(ctx: Any, *args: Any, **params: Any) -> Any:
+        import numpy as np
+
+        for aval in ctx.avals_in:
+            dtype = getattr(aval, "dtype", None)
+            if dtype is not None and np.issubdtype(dtype, np.inexact) and \
+                    str(dtype) not in _LAPACK_DTYPES:
+                raise NotImplementedError(f"Unsupported dtype {dtype}.")
+        return rule(ctx, *args, **params)
+
+    checked.__wrapped__ = rule  # type: ignore[attr-defined]
+    return checked
+
+
+def _generic_linalg_rules() -> dict[Any, Any]:
+    """Linear algebra without LAPACK: JAX's platform-generic rules (plain HLO), and its QDWH
+    eigh (pure JAX, the TPU's default algorithm; the rule reads only its `algorithm`
+    parameter) for eigh, which svd builds on; dtypes refused as on cpu."""
     from jax._src.interpreters import mlir
+    from jax._src.lax import linalg
+    from jax._src.tpu.linalg import eigh as qdwh_eigh
 
-    return primitive in _linalg_primitives() and primitive in mlir._lowerings
+    rules = {p: mlir._lowerings[p] for p in _linalg_primitives() if p in mlir._lowerings}
+    rules[linalg.eigh_p] = mlir.LoweringRuleEntry(qdwh_eigh._eigh_tpu_lowering, False)
+    return {p: mlir.LoweringRuleEntry(_lapack_dtypes_only(e.rule), e.inline)
+            for p, e in rules.items()}
 
 
 def install_lowering_rules(kind: str, jaxlib_kernels: bool = True) -> None:
@@ -248,15 +266,10 @@ def install_lowering_rules(kind: str, jaxlib_kernels: bool = True) -> None:
         own = current.own
     else:
         own = dict(current or {})
-    generic = _generic_linalg if kind == "cpu" and not jaxlib_kernels else (lambda p: False)
     if kind == "cpu" and not jaxlib_kernels:
-        # eigh (and svd, built on it) has no generic rule: JAX's QDWH eigh (pure JAX, the
-        # TPU's default algorithm; the rule reads only its `algorithm` parameter) instead.
-        from jax._src.lax import linalg
-        from jax._src.tpu.linalg import eigh as qdwh_eigh
-
-        own.setdefault(linalg.eigh_p, mlir.LoweringRuleEntry(qdwh_eigh._eigh_tpu_lowering, False))
-    rules = KindRules(own, table[kind], kind, generic)
+        for primitive, entry in _generic_linalg_rules().items():
+            own.setdefault(primitive, entry)
+    rules = KindRules(own, table[kind], kind)
     for module_name, name in _CALLBACK_PRIMITIVES + _KIND_CALLBACK_PRIMITIVES:
         primitive = getattr(importlib.import_module(module_name), name)
         base = table[kind].get(primitive) or mlir._lowerings.get(primitive)
