@@ -8,7 +8,9 @@
 set -euo pipefail
 SECONDS_TO_RUN="${1:-60}"
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
-WORK="${FLEXNPU_FUZZ_WORK:-${TMPDIR:-/tmp}/flexnpu-fuzz}"
+# Per checkout (build/ is ignored): a work dir shared by several checkouts kept a CMake cache
+# naming another checkout's (since deleted) ninja.
+WORK="${FLEXNPU_FUZZ_WORK:-$ROOT/build/fuzz}"
 PYTHON="${PYTHON:-python3}"
 JOBS="${FLEXNPU_FUZZ_BUILD_JOBS:-2}"
 mkdir -p "$WORK/corpus" "$WORK/artifacts"
@@ -26,7 +28,7 @@ add_subdirectory("$ROOT/pjrt_flexnpu/proto" proto)
 add_subdirectory("$ROOT/xla_passes" xla_passes)
 CMAKE
 cmake -S "$WORK/src" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++}" >/dev/null
+  -DCMAKE_MAKE_PROGRAM="$(command -v ninja)" -DCMAKE_CXX_COMPILER="${CXX_FUZZ:-clang++}" >/dev/null
 ninja -C "$WORK/build" -j"$JOBS" hlo_analysis_fuzzer >/dev/null
 
 cp "$ROOT"/xla_passes/tests/data/*.pb "$WORK/corpus/"
