@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pjrt_flexnpu/placement/placement.h"
+#include "tests/cpp/placement_test_util.h"
 
 namespace flexnpu::placement {
 namespace {
@@ -29,16 +30,6 @@ std::unique_ptr<Core> MakeCore(int64_t prefill_role_ns) {
   auto core = Core::Create(c);
   EXPECT_TRUE(core.ok()) << core.status().message();
   return std::move(*core);
-}
-
-Decision Place(Core& core, int v, const Profile& p, std::vector<Input> inputs, int64_t now,
-               double weight, uint64_t exec) {
-  Request r{v, exec, &p, inputs.data(), inputs.size(), now};
-  r.weight = weight;
-  Decision d;
-  const Status s = core.Place(r, &d);
-  EXPECT_TRUE(s.ok()) << s.message();
-  return d;
 }
 
 // v1 decodes on device 1 (its home, KV there). At 1 ms prefill instances place three

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pjrt_flexnpu/placement/placement.h"
+#include "tests/cpp/placement_test_util.h"
 
 namespace flexnpu::placement {
 namespace {
@@ -31,16 +32,6 @@ std::unique_ptr<Core> MakeCore(int P, int V, double tpot_weight = 1.0) {
   auto core = Core::Create(c);
   EXPECT_TRUE(core.ok()) << core.status().message();
   return std::move(*core);
-}
-
-Decision Place(Core& core, int v, const Profile& p, std::vector<Input> inputs, int64_t now,
-               double weight, uint64_t exec) {
-  Request r{v, exec, &p, inputs.data(), inputs.size(), now};
-  r.weight = weight;
-  Decision d;
-  const Status s = core.Place(r, &d);
-  EXPECT_TRUE(s.ok()) << s.message();
-  return d;
 }
 
 // 2 devices, virtual v0/v2 (home 0) prefill instances, v1 (home 1) a decode stream of
