@@ -26,10 +26,18 @@ std::atomic<uint64_t> next_executable_id{1};
 // What happens when a tracked execution completes: the placement core learns its time
 // (ticket != 0) and the trace records it (trace != nullptr).
 struct FinishContext {
-  const PhysicalBackend* backend;
+  FinishContext() = default;
+  FinishContext(const FinishContext&) = delete;
+  FinishContext& operator=(const FinishContext&) = delete;
+  // A context that never reaches its callback still ends its trace execution.
+  ~FinishContext() {
+    if (trace != nullptr) trace->AbandonExecution();
+  }
+
+  const PhysicalBackend* backend = nullptr;
   std::shared_ptr<placement::Core> core;
-  uint64_t ticket;
-  std::shared_ptr<Trace> trace;
+  uint64_t ticket = 0;
+  std::shared_ptr<Trace> trace;  // set once BeginExecution was called on it
   TraceEvent event;
 };
 
@@ -54,7 +62,8 @@ FLEXNPU_RETHROWS_FORCED_UNWIND void OnExecutionDone(PJRT_Error* error, void* arg
     if (context->trace != nullptr) {
       context->event.end_ns = now;
       context->event.ok = ok;
-      context->trace->Record(context->event);
+      std::shared_ptr<Trace> trace = std::move(context->trace);
+      trace->FinishExecution(context->event);
     }
   } catch (abi::__forced_unwind&) {
     throw;
@@ -557,6 +566,7 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
       context->ticket = tickets[d];
       if (tracing) {
         context->trace = client_->trace();
+        context->trace->BeginExecution();
         context->event.physical_device = physical[d];
         context->event.virtual_device = devices[d]->index();
         context->event.phase = placement::PhaseName(profile_.phase);

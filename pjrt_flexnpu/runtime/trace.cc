@@ -1,5 +1,6 @@
 #include "pjrt_flexnpu/runtime/trace.h"
 
+#include <chrono>
 #include <cstdio>
 #include <sstream>
 
@@ -26,27 +27,64 @@ void Trace::Start() {
   std::lock_guard<std::mutex> lock(mu_);
   events_.clear();
   dropped_ = 0;
+  started_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now().time_since_epoch())
+                    .count();
   enabled_.store(true, std::memory_order_relaxed);
 }
 
-void Trace::Record(const TraceEvent& event) {
-  std::lock_guard<std::mutex> lock(mu_);
+void Trace::RecordLocked(const TraceEvent& event) {
+  if (event.start_ns < started_ns_) return;
   if (events_.size() >= kCapacity) {
     ++dropped_;
     return;
   }
-  events_.push_back(event);
+  try {
+    events_.push_back(event);
+  } catch (const std::bad_alloc&) {
+    ++dropped_;
+  }
+}
+
+void Trace::EndLocked() {
+  if (in_flight_ > 0 && --in_flight_ == 0) drained_.notify_all();
+}
+
+void Trace::Record(const TraceEvent& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RecordLocked(event);
+}
+
+void Trace::BeginExecution() {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++in_flight_;
+}
+
+void Trace::FinishExecution(const TraceEvent& event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RecordLocked(event);
+  EndLocked();
+}
+
+void Trace::AbandonExecution() {
+  std::lock_guard<std::mutex> lock(mu_);
+  EndLocked();
 }
 
 std::string Trace::ChromeJson(int num_physical, const std::string& title) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // Executions still running past the timeout (the program never waited for them) are
+  // reported as unfinished rather than holding the caller.
+  drained_.wait_for(lock, std::chrono::milliseconds(kDrainTimeoutMs),
+                    [this] { return in_flight_ == 0; });
   int64_t origin = 0;
   for (const auto& e : events_) {
     if (origin == 0 || e.start_ns < origin) origin = e.start_ns;
   }
   std::ostringstream out;
   out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":\"" << title
-      << "\",\"dropped_events\":" << dropped_ << "},\"traceEvents\":[";
+      << "\",\"dropped_events\":" << dropped_
+      << ",\"unfinished_executions\":" << in_flight_ << "},\"traceEvents\":[";
   bool first = true;
   auto comma = [&] {
     if (!first) out << ",";

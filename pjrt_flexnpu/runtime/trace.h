@@ -6,6 +6,7 @@
 #define FLEXNPU_RUNTIME_TRACE_H_
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -38,14 +39,30 @@ class Trace {
   void Stop() { enabled_.store(false, std::memory_order_relaxed); }
   void Record(const TraceEvent& event);
 
+  // An execution's event is recorded by its completion callback, which the inner plugin may
+  // run just after the outputs are ready: a program that waited for its results and then asks
+  // for the trace would miss the last executions. So executions are counted from dispatch
+  // (BeginExecution) to their event (FinishExecution) or to a callback that will never run
+  // (AbandonExecution), and ChromeJson waits, for at most kDrainTimeout, for those in flight.
+  void BeginExecution();
+  void FinishExecution(const TraceEvent& event);
+  void AbandonExecution();
+  static constexpr int64_t kDrainTimeoutMs = 2000;
+
   // Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev); `num_physical` tracks.
   std::string ChromeJson(int num_physical, const std::string& title) const;
 
  private:
   std::atomic<bool> enabled_{false};
+  void RecordLocked(const TraceEvent& event);
+  void EndLocked();
+
   mutable std::mutex mu_;
+  mutable std::condition_variable drained_;
   std::vector<TraceEvent> events_;
   uint64_t dropped_ = 0;
+  int64_t started_ns_ = 0;   // events that began before the last Start belong to no trace
+  int64_t in_flight_ = 0;    // executions begun and not yet finished or abandoned
 };
 
 }  // namespace flexnpu
