@@ -9,6 +9,7 @@
 
 #include "pjrt_flexnpu/backend/physical_backend.h"
 #include "pjrt_flexnpu/runtime/ffi.h"
+#include "pjrt_flexnpu/runtime/host_callback.h"
 #include "pjrt_flexnpu/runtime/profiler_extension.h"
 #include "pjrt_flexnpu/runtime/options.h"
 
@@ -179,6 +180,19 @@ __attribute__((visibility("default"))) const char* FlexNpu_RegisterFfiType(
   }
   error = e->status.message();
   delete e;
+  return error.c_str();
+}
+
+// Host callbacks (runtime/host_callback.h) for FlexNPU's Python side (flexnpu/host_callbacks.py,
+// through ctypes): installs the trampoline and registers FlexNPU's handler with the backends.
+// Returns nullptr on success, else a message that lives until the next call from the thread.
+__attribute__((visibility("default"))) const char* FlexNpu_InstallHostCallbacks(
+    void* trampoline) {
+  thread_local std::string error;
+  flexnpu::Status s = flexnpu::InstallHostCallbacks(
+      reinterpret_cast<flexnpu::HostCallbackTrampoline>(trampoline));
+  if (s.ok()) return nullptr;
+  error = s.message();
   return error.c_str();
 }
 

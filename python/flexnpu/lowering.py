@@ -10,9 +10,10 @@ reports (`flexnpu X over <kind> (...)` in the client's platform_version):
   then `kind`'s, live (rules registered for `kind` later are seen too). Each rule of `kind`
   runs with the module context's platforms set to `(kind,)`, as it would on `kind` itself.
 * The callback rules (pure_callback, io_callback, buffer_callback, debug.callback/print) check
-  the platform name themselves; flexnpu gets wrappers that run them as `kind`, except over a
-  CPU plugin, where host callbacks cannot run (HOST_CALLBACKS_ON_CPU_PLUGIN says why) and the
-  rules raise that instead of lowering to a call the plugin cannot serve.
+  the platform name themselves; flexnpu gets wrappers that run them as `kind`. Over a CPU
+  plugin jaxlib's callback handler cannot run, so JAX's `emit_python_callback` is wrapped:
+  while lowering for flexnpu over cpu it emits a call of FlexNPU's own FFI handler instead
+  (flexnpu/host_callbacks.py); elsewhere it is JAX's, unchanged.
 * FFI targets: `register_custom_call_handler("flexnpu", ...)` sends targets registered for
   "flexnpu" into FlexNPU's FFI registry (the plugin forwards them to the physical backend).
   For the cpu kind, jaxlib's own CPU targets (LAPACK, sparse, the Python-callback handlers),
@@ -47,9 +48,17 @@ HOOKS: tuple[tuple[str, str], ...] = (
     ("jax._src.interpreters.mlir", "LoweringRuleContext"),
     ("jax._src.callback", "pure_callback_p"),
     ("jax._src.callback", "io_callback_p"),
+    ("jax._src.callback", "emit_python_callback"),
     ("jax._src.buffer_callback", "buffer_callback_p"),
     ("jax._src.debugging", "debug_callback_p"),
     ("jax._src.debugging", "debug_print_p"),
+    ("jax._src.ffi", "build_ffi_lowering_function"),
+    ("jax._src.interpreters.mlir", "set_sharding"),
+    ("jax._src.xla_bridge", "_backends"),
+    ("jax._src.xla_bridge", "_backend_lock"),
+    ("jax._src.xla_bridge", "_init_backend"),
+    ("jax._src.sharding_impls", "SdyArray"),
+    ("jax._src.sharding_impls", "SdyArrayList"),
     ("jaxlib.xla_client", "register_custom_call_handler"),
     ("jaxlib.xla_client", "register_custom_type_handler"),
     ("jaxlib.xla_client", "_custom_callback_handler"),
@@ -70,8 +79,7 @@ _CALLBACK_PRIMITIVES = (
     ("jax._src.callback", "io_callback_p"),
     ("jax._src.buffer_callback", "buffer_callback_p"),
 )
-# Callback primitives with platform-specific rules (run as the kind, like the rest of them,
-# except on cpu where they cannot run at all).
+# Callback primitives with platform-specific rules (run as the kind, like the rest of them).
 _KIND_CALLBACK_PRIMITIVES = (
     ("jax._src.debugging", "debug_callback_p"),
     ("jax._src.debugging", "debug_print_p"),
@@ -126,6 +134,7 @@ def _module_context_as(kind: str) -> type:
         """A module context lowering for `kind` while compiling for the flexnpu client."""
 
         __slots__ = ()
+        flexnpu_kind = kind
 
         def get_backend(self, optional: bool = False) -> Any:
             # The kind's rules only check that the backend matches the lowering platform.
@@ -275,22 +284,37 @@ def install_lowering_rules(kind: str, jaxlib_kernels: bool = True) -> None:
         base = table[kind].get(primitive) or mlir._lowerings.get(primitive)
         if base is None or primitive in own:
             continue
-        rule = _no_host_callbacks if kind == "cpu" else run_as(kind, base.rule)
-        own[primitive] = mlir.LoweringRuleEntry(rule, base.inline)
+        own[primitive] = mlir.LoweringRuleEntry(run_as(kind, base.rule), base.inline)
     table[PLATFORM_NAME] = rules
+    if kind == "cpu":
+        _route_host_callbacks_over_cpu()
 
 
-HOST_CALLBACKS_ON_CPU_PLUGIN = (
-    "flexnpu over a CPU PJRT plugin cannot run host callbacks (jax.debug.print, "
-    "jax.debug.callback, jax.pure_callback, io_callback): jaxlib's CPU callback handler "
-    "(xla_ffi_python_cpu_callback) needs its FFI 'instantiate' stage, which PJRT's FFI "
-    "register_handler cannot register in the plugin, and XLA:CPU has no send/recv for the "
-    "other callback path. See README, Limits"
-)
+def lowers_for_flexnpu_over_cpu(module_context: Any) -> bool:
+    """Whether `module_context` is a kind rule's view of a flexnpu module over a CPU plugin."""
+    return getattr(type(module_context), "flexnpu_kind", None) == "cpu"
 
 
-def _no_host_callbacks(ctx: Any, *args: Any, **params: Any) -> Any:
-    raise NotImplementedError(HOST_CALLBACKS_ON_CPU_PLUGIN)
+def _route_host_callbacks_over_cpu() -> None:
+    """JAX's emit_python_callback, except while lowering for flexnpu over cpu, where jaxlib's
+    handler cannot run: there the call goes to FlexNPU's (flexnpu/host_callbacks.py)."""
+    from jax._src import callback
+
+    from flexnpu import host_callbacks
+
+    jax_emit = callback.emit_python_callback
+    if getattr(jax_emit, "_flexnpu_route", False):
+        return
+
+    def emit_python_callback(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if lowers_for_flexnpu_over_cpu(ctx.module_context):
+            host_callbacks.install()
+            return host_callbacks.emit(ctx, *args, **kwargs)
+        return jax_emit(ctx, *args, **kwargs)
+
+    emit_python_callback._flexnpu_route = True  # type: ignore[attr-defined]
+    emit_python_callback.__wrapped__ = jax_emit  # type: ignore[attr-defined]
+    callback.emit_python_callback = emit_python_callback
 
 
 # ---- FFI targets ------------------------------------------------------------------------

@@ -129,20 +129,25 @@ print("OK")
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-2000:]
 
 
-def test_host_callbacks_over_cpu_kind_raise_the_named_limit() -> None:
+def test_host_callbacks_over_cpu_kind_lower_to_flexnpus_handler() -> None:
+    # On flexnpu over cpu the callback is a call of FlexNPU's handler with the callback's id;
+    # on cpu itself JAX's emit_python_callback is unchanged (jaxlib's handler).
     from _subprocess import run_python
 
     code = r"""
-from jax._src.interpreters import mlir
+import jax, jax.numpy as jnp
 from jax._src import callback
-from flexnpu import lowering
-lowering.install_lowering_rules("cpu")
-rule = mlir._platform_specific_lowerings["flexnpu"][callback.pure_callback_p].rule
-try:
-    rule(None)
-except NotImplementedError as e:
-    print("RAISED " + str(e))
+f = jax.jit(lambda x: jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct((2,), x.dtype), x))
+print("FLEXNPU", f.lower(jnp.ones(2, jnp.float32)).as_text())
+on_cpu = jax.device_put(jnp.ones(2, jnp.float32), jax.devices("cpu")[0])
+print("CPU", f.lower(on_cpu).as_text())
+print("WRAPPED", callback.emit_python_callback.__wrapped__.__module__)
 """
-    proc = run_python(code, {"JAX_PLATFORMS": "cpu"})
+    proc = run_python(code, {"JAX_PLATFORMS": "flexnpu,cpu"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "RAISED " + lowering.HOST_CALLBACKS_ON_CPU_PLUGIN in proc.stdout
+    flexnpu_text = proc.stdout.split("FLEXNPU", 1)[1].split("\nCPU", 1)[0]
+    cpu_text = proc.stdout.split("\nCPU", 1)[1].split("\nWRAPPED", 1)[0]
+    assert "@flexnpu_host_callback" in flexnpu_text and "callback_id = " in flexnpu_text
+    assert "xla_ffi_python_cpu_callback" not in flexnpu_text
+    assert "@xla_ffi_python_cpu_callback" in cpu_text and "flexnpu_host_callback" not in cpu_text
+    assert "WRAPPED jax._src.callback" in proc.stdout

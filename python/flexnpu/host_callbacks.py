@@ -1,0 +1,244 @@
+"""Host callbacks (jax.debug.print, jax.pure_callback, io_callback, ...) on flexnpu over a CPU
+PJRT plugin.
+
+jaxlib's own CPU callback handler cannot run inside a PJRT plugin (it needs an FFI
+'instantiate' stage that PJRT's register_handler cannot register) and XLA:CPU has no
+send/recv. So flexnpu lowers each host callback to a custom call of FlexNPU's own
+execute-only FFI handler (pjrt_flexnpu/runtime/host_callback.cc), registered with the physical
+backend, with the callback's id as the attribute `callback_id`. The handler calls the
+trampoline installed here, which runs the Python callable under the GIL:
+
+* operands arrive as numpy arrays (copied out of the device buffers: the callable may keep
+  them, the buffers do not outlive the call); results are written straight into the result
+  buffers after their shapes and dtypes are checked;
+* a Python exception becomes the execution's error, carrying the exception's text;
+* ordering is JAX's: ordered effects (io_callback(ordered=True)) thread a token through the
+  custom calls, as on cpu.
+
+The callable lives as long as the executable: its registration is a keepalive of the module
+(JAX keeps those with the executable). Ids are unique per process (a random base), because
+they are part of the program and so of its persistent-cache key.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import secrets
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+TARGET_NAME = "flexnpu_host_callback"
+CALLBACK_ID_ATTRIBUTE = "callback_id"
+
+
+class _Buffer(ctypes.Structure):
+    """runtime/host_callback.h's HostCallbackBuffer."""
+
+    _fields_ = (
+        ("dtype", ctypes.c_int32),
+        ("data", ctypes.c_void_p),
+        ("rank", ctypes.c_int64),
+        ("dims", ctypes.POINTER(ctypes.c_int64)),
+    )
+
+
+_TRAMPOLINE = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_uint64,
+    ctypes.c_int64,
+    ctypes.POINTER(_Buffer),
+    ctypes.c_int64,
+    ctypes.POINTER(_Buffer),
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+)
+
+
+def _numpy_dtypes() -> dict[int, np.dtype[Any]]:
+    import ml_dtypes
+
+    # XLA_FFI_DataType codes (xla/ffi/api/c_api.h).
+    by_code: dict[int, Any] = {
+        1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
+        6: np.uint8, 7: np.uint16, 8: np.uint32, 9: np.uint64,
+        10: np.float16, 11: np.float32, 12: np.float64, 15: np.complex64, 18: np.complex128,
+        16: ml_dtypes.bfloat16, 19: ml_dtypes.float8_e5m2, 20: ml_dtypes.float8_e4m3fn,
+        23: ml_dtypes.float8_e4m3b11fnuz, 24: ml_dtypes.float8_e5m2fnuz,
+        25: ml_dtypes.float8_e4m3fnuz,
+    }
+    return {code: np.dtype(t) for code, t in by_code.items()}
+
+
+_DTYPES = _numpy_dtypes()
+_lock = threading.Lock()
+_callables: dict[int, Callable[..., Sequence[Any]]] = {}
+_next_id = secrets.randbits(40) << 20
+_installed: Any = None  # the ctypes trampoline, kept alive for the process
+
+
+class Registration:
+    """A registered callable; unregistered when this object (a module keepalive) goes."""
+
+    __slots__ = ("callback_id",)
+
+    def __init__(self, callback_id: int) -> None:
+        self.callback_id = callback_id
+
+    def __del__(self) -> None:
+        _callables.pop(self.callback_id, None)
+
+
+def register(fn: Callable[..., Sequence[Any]]) -> Registration:
+    """Registers `fn` (arrays in, a sequence of arrays out) under a fresh id."""
+    global _next_id
+    with _lock:
+        callback_id = _next_id
+        _next_id += 1
+        _callables[callback_id] = fn
+    return Registration(callback_id)
+
+
+def _array(buffer: _Buffer) -> np.ndarray:
+    """A numpy view of `buffer` (an empty array when it holds no elements)."""
+    dtype = _DTYPES.get(buffer.dtype)
+    if dtype is None:
+        raise TypeError(f"XLA FFI data type {buffer.dtype} has no numpy equivalent here")
+    shape = tuple(buffer.dims[i] for i in range(buffer.rank))
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0 or not buffer.data:
+        return np.empty(shape, dtype)
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(buffer.data)
+    return np.frombuffer(raw, dtype).reshape(shape)
+
+
+def _run(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any) -> None:
+    fn = _callables.get(callback_id)
+    if fn is None:
+        raise RuntimeError(f"host callback {callback_id} is not registered (its executable "
+                           "was freed, or the program was compiled in another process)")
+    outs = fn(*(_array(args[i]).copy() for i in range(num_args)))
+    if len(outs) != num_rets:
+        raise RuntimeError(f"the callback returned {len(outs)} values, the program expects "
+                           f"{num_rets}")
+    for i, out in enumerate(outs):
+        target = _array(rets[i])
+        value = np.asarray(out)
+        if value.shape != target.shape or value.dtype != target.dtype:
+            raise RuntimeError(f"result #{i} is {value.dtype}{list(value.shape)}, the program "
+                               f"expects {target.dtype}{list(target.shape)}")
+        if target.size:
+            np.copyto(target, value)
+
+
+def _trampoline(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any,
+                error: int, error_size: int) -> int:
+    # Nothing may propagate into C: a failure is returned as its message.
+    try:
+        _run(callback_id, num_args, args, num_rets, rets)
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes the FFI error
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        encoded = text.encode("utf-8", "replace")[: max(int(error_size) - 1, 0)]
+        ctypes.memmove(error, encoded + b"\0", len(encoded) + 1)
+        return 1
+
+
+def install() -> None:
+    """Installs the trampoline and FlexNPU's handler in the physical backends (idempotent)."""
+    global _installed
+    with _lock:
+        if _installed is not None:
+            return
+        from flexnpu._paths import plugin_library_path
+
+        library = ctypes.CDLL(str(plugin_library_path()))
+        library.FlexNpu_InstallHostCallbacks.restype = ctypes.c_char_p
+        library.FlexNpu_InstallHostCallbacks.argtypes = [ctypes.c_void_p]
+        trampoline = _TRAMPOLINE(_trampoline)
+        error = library.FlexNpu_InstallHostCallbacks(ctypes.cast(trampoline, ctypes.c_void_p))
+        if error is not None:
+            raise RuntimeError(f"flexnpu: installing host callbacks: {error.decode()}")
+        _installed = trampoline
+
+
+def ensure_host_cpu_backend() -> None:
+    """JAX runs every host callback's Python with its inputs on a "cpu" device (on any
+    platform); under JAX_PLATFORMS=flexnpu there is none, so FlexNPU adds jaxlib's CPU
+    backend to JAX's backends the first time a host callback is lowered. The default backend
+    stays flexnpu."""
+    from jax._src import xla_bridge
+
+    backends = xla_bridge.backends()
+    if "cpu" in backends:
+        return
+    cpu = xla_bridge._init_backend("cpu")
+    with xla_bridge._backend_lock:
+        xla_bridge._backends.setdefault("cpu", cpu)
+
+
+def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[Any],
+         operand_avals: Sequence[Any], result_avals: Sequence[Any], *, has_side_effect: bool,
+         returns_token: bool = True, partitioned: bool = False,
+         sharding: Any = None) -> tuple[Sequence[Any], Any, Any]:
+    """jax._src.callback.emit_python_callback for flexnpu over a CPU plugin: the same checks
+    and token handling, lowered to FlexNPU's handler instead of jaxlib's."""
+    del returns_token, operand_avals  # the token is threaded whenever one is given, as on cpu
+    from jax._src import config, core, dtypes
+    from jax._src import ffi as jax_ffi
+    from jax._src.interpreters import mlir
+    from jax._src.sharding_impls import SdyArray, SdyArrayList
+
+    if len(ctx.module_context.platforms) > 1:
+        raise NotImplementedError("multi-platform lowering for python_callback")
+    if partitioned and result_avals:
+        raise ValueError("Partitioned callback not supported with return values.")
+
+    def checked_callback(*args: Any) -> tuple[Any, ...]:
+        # jaxlib's checks and messages (jax._src.callback.emit_python_callback).
+        out_vals = callback(*args)
+        if len(out_vals) != len(result_avals):
+            raise RuntimeError(
+                "Mismatched number of outputs from callback. "
+                f"Expected: {len(result_avals)}, Actual: {len(out_vals)}")
+        out_vals = tuple(dtypes.canonicalize_value(np.asarray(a)) for a in out_vals)
+        for i, (out_val, out_aval) in enumerate(zip(out_vals, result_avals, strict=True)):
+            if out_val.shape != out_aval.shape:
+                raise RuntimeError(
+                    f"Incorrect output shape for return value #{i}: "
+                    f"Expected: {out_aval.shape}, Actual: {out_val.shape}")
+            if out_val.dtype != out_aval.dtype:
+                raise RuntimeError(
+                    f"Incorrect output dtype for return value #{i}: "
+                    f"Expected: {out_aval.dtype}, Actual: {out_val.dtype}")
+        return out_vals
+
+    ensure_host_cpu_backend()
+    registration = register(checked_callback)
+    ctx.module_context.add_keepalive(registration)
+    if token:
+        operands = [token, *operands]
+        if (config.use_shardy_partitioner.value and isinstance(sharding, SdyArrayList)
+                and len(ctx.avals_out) > 0):
+            # As jaxlib: the token gets a sharding of its own when there are outputs.
+            sharding = SdyArrayList((
+                SdyArray(mesh_shape=(), dim_shardings=(),
+                         logical_device_ids=sharding.shardings[0].logical_device_ids),
+                *sharding.shardings))
+        ctx = dataclasses.replace(
+            ctx,
+            avals_in=[core.abstract_token, *ctx.avals_in],
+            avals_out=[core.abstract_token, *ctx.avals_out],
+        )
+    result = jax_ffi.build_ffi_lowering_function(TARGET_NAME, has_side_effect=has_side_effect)(
+        ctx, *operands, **{CALLBACK_ID_ATTRIBUTE: np.uint64(registration.callback_id)})
+    if sharding is not None:
+        mlir.set_sharding(ctx.module_context, result, sharding)
+    results = list(result.results)
+    if token:
+        token, *results = results
+    return results, token, None

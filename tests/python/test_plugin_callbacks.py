@@ -1,0 +1,172 @@
+"""Host callbacks on flexnpu over CPU plugins (flexnpu/host_callbacks.py, FlexNPU's own FFI
+handler runtime/host_callback.cc) against jaxlib's cpu in the same run: debug.print output,
+pure_callback values (also under vmap, for several dtypes and empty arrays), ordered
+io_callback side effects across calls and inside loops, and errors raised in the callback.
+Each configuration runs in a fresh interpreter under JAX_PLATFORMS=<one platform>."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _subprocess import run_python
+
+_PROGRAM = r"""
+import json, jax, jax.numpy as jnp, numpy as np, ml_dtypes
+from jax.experimental import io_callback
+out, seen = {}, []
+
+@jax.jit
+def printed(x):
+    jax.debug.print("x={x} sum={s}", x=x, s=x.sum())
+    return x + 1
+@jax.jit
+def printed_in_order(x):
+    jax.debug.print("ordered {}", x[0], ordered=True)
+    jax.debug.print("ordered {}", x[1], ordered=True)
+    return x + 1
+for i in range(2):
+    printed(jnp.arange(3.0) + i).block_until_ready()
+    printed_in_order(jnp.arange(3.0) + i).block_until_ready()
+jax.effects_barrier()
+
+sin = jax.jit(lambda x: jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+out["sin"] = np.asarray(sin(jnp.linspace(0, 1, 5, dtype=jnp.float32))).tolist()
+for method in ("sequential", "expand_dims", "broadcast_all"):
+    f = jax.vmap(lambda x: jax.pure_callback(
+        lambda a: np.asarray(a) * 3 + np.asarray(a).ndim, jax.ShapeDtypeStruct((), x.dtype), x,
+        vmap_method=method))
+    out["vmap_" + method] = np.asarray(jax.jit(f)(jnp.arange(4.0))).tolist()
+for name in ("int32", "bool", "bfloat16", "complex64", "uint8", "float64"):
+    dtype = np.dtype(getattr(ml_dtypes, name, None) or name)
+    x = jnp.asarray(np.arange(6).reshape(2, 3) % 2 + 1, dtype=dtype)
+    f = jax.jit(lambda x: jax.pure_callback(
+        lambda a: (np.asarray(a), np.asarray(a).T.copy()),
+        (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape[::-1], x.dtype)), x))
+    a, b = f(x)
+    out["dtype_" + name] = [str(a.dtype), np.asarray(a).astype(np.float64).tolist(),
+                            np.asarray(b).astype(np.float64).tolist()]
+empty = jax.jit(lambda x: jax.pure_callback(
+    lambda a: (np.zeros((0, 2), np.float32), np.float32(a.size)),
+    (jax.ShapeDtypeStruct((0, 2), jnp.float32), jax.ShapeDtypeStruct((), jnp.float32)), x))
+e0, e1 = empty(jnp.zeros((0,), jnp.float32))
+out["empty"] = [list(e0.shape), float(e1)]
+
+def record(tag):
+    def cb(x):
+        seen.append([tag, np.asarray(x).tolist()])
+        return np.asarray(x) + 1
+    return cb
+@jax.jit
+def ordered(x):
+    a = io_callback(record("a"), jax.ShapeDtypeStruct(x.shape, x.dtype), x, ordered=True)
+    b = io_callback(record("b"), jax.ShapeDtypeStruct(x.shape, x.dtype), x * 10, ordered=True)
+    def body(i, c):
+        return io_callback(record("loop"), jax.ShapeDtypeStruct(c.shape, c.dtype), c, ordered=True)
+    return jax.lax.fori_loop(0, 3, body, a + b)
+out["ordered"] = [np.asarray(ordered(jnp.float32(i))).tolist() for i in range(3)]
+jax.effects_barrier()
+
+errors = {}
+def boom(x):
+    raise ValueError("boom from the callback 42")
+for name, f in {
+    "raises": lambda x: jax.pure_callback(boom, jax.ShapeDtypeStruct(x.shape, x.dtype), x),
+    "wrong_shape": lambda x: jax.pure_callback(
+        lambda a: np.zeros(5, np.float32), jax.ShapeDtypeStruct(x.shape, x.dtype), x),
+    "io_raises": lambda x: io_callback(boom, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                                       ordered=True),
+}.items():
+    try:
+        np.asarray(jax.jit(f)(jnp.ones(3, jnp.float32)))
+        errors[name] = None
+    except Exception as e:
+        errors[name] = f"{type(e).__name__}: {e}"
+out["after_errors"] = np.asarray(jax.jit(lambda v: v * 2)(jnp.arange(3.0))).tolist()
+print("RESULT " + json.dumps({"platform": jax.devices()[0].platform, "out": out,
+                              "seen": seen, "errors": errors}))
+"""
+
+
+def _run(env: dict[str, str]) -> dict:
+    proc = run_python(_PROGRAM, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    result["printed"] = [line for line in proc.stdout.splitlines()
+                         if line.startswith(("x=", "ordered "))]
+    return result
+
+
+def _lammps_env() -> dict[str, str]:
+    lammps = pytest.importorskip("lammps_jax_pjrt_cpu")
+    path = Path(lammps.__file__).parent / "pjrt_c_api_cpu_plugin.so"
+    return {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_BACKEND": str(path),
+            "FLEXNPU_ALLOW_NEWER_BACKEND": "1", "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=2"}
+
+
+@pytest.fixture(scope="module")
+def on_cpu() -> dict:
+    result = _run({"JAX_PLATFORMS": "cpu"})
+    assert result["platform"] == "cpu"
+    return result
+
+
+@pytest.mark.parametrize("backend", ["default", "lammps"])
+def test_host_callbacks_equal_cpu(backend: str, on_cpu: dict) -> None:
+    env = {"JAX_PLATFORMS": "flexnpu"} if backend == "default" else _lammps_env()
+    result = _run(env)
+    assert result["platform"] == "flexnpu"
+    # debug.print: the same lines, once per call, in call order.
+    assert result["printed"] == on_cpu["printed"]
+    assert on_cpu["printed"] == ["x=[0. 1. 2.] sum=3.0", "ordered 0.0", "ordered 1.0",
+                                 "x=[1. 2. 3.] sum=6.0", "ordered 1.0", "ordered 2.0"]
+    # Values: exactly cpu's (the same numpy code runs in both).
+    assert result["out"] == on_cpu["out"]
+    np.testing.assert_allclose(on_cpu["out"]["sin"], np.sin(np.linspace(0, 1, 5)), rtol=1e-6)
+    assert on_cpu["out"]["vmap_sequential"] == [0.0, 3.0, 6.0, 9.0]
+    assert on_cpu["out"]["empty"] == [[0, 2], 0.0]
+    # Ordered io_callbacks: a, b, then the loop's three, per call; calls in order.
+    assert result["seen"] == on_cpu["seen"]
+    assert [tag for tag, _ in on_cpu["seen"]] == ["a", "b", "loop", "loop", "loop"] * 3
+    assert [v for _, v in on_cpu["seen"][:5]] == [0.0, 0.0, 2.0, 3.0, 4.0]
+    # Errors: the callback's exception text reaches the caller; the process goes on.
+    for name in ("raises", "io_raises"):
+        assert "ValueError: boom from the callback 42" in on_cpu["errors"][name], name
+        assert "ValueError: boom from the callback 42" in result["errors"][name], name
+        assert result["errors"][name].startswith("JaxRuntimeError: "), result["errors"][name]
+    shape_error = "Incorrect output shape for return value #0: Expected: (3,), Actual: (5,)"
+    assert shape_error in on_cpu["errors"]["wrong_shape"]
+    assert shape_error in result["errors"]["wrong_shape"]
+
+
+def test_registration_lives_with_its_keepalive() -> None:
+    from flexnpu import host_callbacks
+
+    registration = host_callbacks.register(lambda: ())
+    callback_id = registration.callback_id
+    assert host_callbacks._callables[callback_id] is not None
+    other = host_callbacks.register(lambda: ())
+    assert other.callback_id == callback_id + 1
+    del registration
+    assert callback_id not in host_callbacks._callables
+    assert other.callback_id in host_callbacks._callables
+
+
+_FREED = r"""
+import jax, jax.numpy as jnp, numpy as np
+from flexnpu import host_callbacks
+f = jax.jit(lambda x: jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+compiled = f.lower(jnp.ones(2)).compile()
+print("LIVE", len(host_callbacks._callables))
+print("VALUE", np.asarray(compiled(jnp.ones(2))).tolist())
+"""
+
+
+def test_callable_is_registered_while_its_executable_lives() -> None:
+    proc = run_python(_FREED, {"JAX_PLATFORMS": "flexnpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LIVE 1" in proc.stdout and "VALUE [1.0, 1.0]" in proc.stdout, proc.stdout
