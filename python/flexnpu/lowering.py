@@ -14,6 +14,8 @@ reports (`flexnpu X over <kind> (...)` in the client's platform_version):
   plugin jaxlib's callback handler cannot run, so JAX's `emit_python_callback` is wrapped:
   while lowering for flexnpu over cpu it emits a call of FlexNPU's own FFI handler instead
   (flexnpu/host_callbacks.py); elsewhere it is JAX's, unchanged.
+* `lax.platform_dependent` (platform_index and cond's branch pruning) takes `kind`'s branch
+  on flexnpu, unless the program has a branch for flexnpu itself.
 * FFI targets: `register_custom_call_handler("flexnpu", ...)` sends targets registered for
   "flexnpu" into FlexNPU's FFI registry (the plugin forwards them to the physical backend).
   For the cpu kind, jaxlib's own CPU targets (LAPACK, sparse, the Python-callback handlers),
@@ -67,6 +69,8 @@ HOOKS: tuple[tuple[str, str], ...] = (
     ("jaxlib._jax", "custom_call_targets"),
     ("jaxlib._jax", "register_custom_call_target"),
     ("jax._src.tpu.linalg.eigh", "_eigh_tpu_lowering"),
+    ("jax._src.lax.control_flow.conditionals", "platform_index_p"),
+    ("jax._src.lax.control_flow.conditionals", "cond_p"),
 )
 
 # Physical platforms (as PJRT clients name them) whose JAX lowering rules flexnpu can use.
@@ -285,9 +289,44 @@ def install_lowering_rules(kind: str, jaxlib_kernels: bool = True) -> None:
         if base is None or primitive in own:
             continue
         own[primitive] = mlir.LoweringRuleEntry(run_as(kind, base.rule), base.inline)
+    for primitive, entry in _platform_dependent_rules(kind, table[kind]).items():
+        own.setdefault(primitive, entry)
     table[PLATFORM_NAME] = rules
     if kind == "cpu":
         _route_host_callbacks_over_cpu()
+
+
+def _branches_with_flexnpu(branches_platforms: Any, kind: str) -> Any:
+    """`branches_platforms` with flexnpu added to `kind`'s branch, unless one names flexnpu."""
+    named = [b for b in branches_platforms if b is not None]
+    if any(PLATFORM_NAME in b for b in named) or not any(kind in b for b in named):
+        return branches_platforms
+    return tuple(b if b is None or kind not in b else (*b, PLATFORM_NAME)
+                 for b in branches_platforms)
+
+
+def _platform_dependent_rules(kind: str, table: dict[Any, Any]) -> dict[Any, Any]:
+    """lax.platform_dependent picks its branch by the lowering platform (platform_index, then
+    cond prunes branches by it): on flexnpu the branch of `kind`, unless the program names
+    flexnpu itself."""
+    from jax._src.interpreters import mlir
+    from jax._src.lax.control_flow import conditionals
+
+    def with_flexnpu(rule: Callable[..., Any], param: str) -> Callable[..., Any]:
+        def rule_for_flexnpu(ctx: Any, *args: Any, **params: Any) -> Any:
+            if params.get(param) is not None:
+                params[param] = _branches_with_flexnpu(params[param], kind)
+            return rule(ctx, *args, **params)
+
+        rule_for_flexnpu.__wrapped__ = rule  # type: ignore[attr-defined]
+        return rule_for_flexnpu
+
+    rules = {}
+    for primitive, param in ((conditionals.platform_index_p, "platforms"),
+                             (conditionals.cond_p, "branches_platforms")):
+        base = table.get(primitive) or mlir._lowerings[primitive]
+        rules[primitive] = mlir.LoweringRuleEntry(with_flexnpu(base.rule, param), base.inline)
+    return rules
 
 
 def lowers_for_flexnpu_over_cpu(module_context: Any) -> bool:

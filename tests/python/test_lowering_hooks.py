@@ -151,3 +151,24 @@ print("WRAPPED", callback.emit_python_callback.__wrapped__.__module__)
     assert "xla_ffi_python_cpu_callback" not in flexnpu_text
     assert "@xla_ffi_python_cpu_callback" in cpu_text and "flexnpu_host_callback" not in cpu_text
     assert "WRAPPED jax._src.callback" in proc.stdout
+
+
+def test_platform_dependent_takes_the_physical_kinds_branch(npu_devices: list) -> None:
+    import jax
+    import numpy as np
+    from jax import lax
+
+    def by_platform(x: object) -> object:
+        return lax.platform_dependent(x, cpu=lambda v: v + 1, cuda=lambda v: v + 2,
+                                      default=lambda v: v - 1)
+
+    def names_flexnpu(x: object) -> object:
+        return lax.platform_dependent(x, flexnpu=lambda v: v * 10, cpu=lambda v: v + 1,
+                                      default=lambda v: v - 1)
+
+    x = jax.device_put(np.float32(1.0), npu_devices[0])
+    assert float(jax.jit(by_platform)(x)) == 2.0  # cpu's branch, as on the physical platform
+    assert float(by_platform(x)) == 2.0  # eagerly too
+    assert float(jax.jit(names_flexnpu)(x)) == 10.0  # a branch for flexnpu itself wins
+    assert lowering._branches_with_flexnpu((("cpu",), ("cuda",), None), "cpu") == (
+        ("cpu", "flexnpu"), ("cuda",), None)
