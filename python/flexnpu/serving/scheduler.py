@@ -321,18 +321,18 @@ class _WaitQueue:
     def remove(self, seq: Sequence) -> None:
         self._live.discard(id(seq))
 
-    def _clean(self) -> None:
-        while self._heap and id(self._heap[0][2]) not in self._live:
-            heapq.heappop(self._heap)
-
     def peek(self) -> Sequence | None:
-        self._clean()
-        return self._heap[0][2] if self._heap else None
+        heap, live = self._heap, self._live
+        while heap and id(heap[0][2]) not in live:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
 
     def pop(self) -> Sequence:
-        self._clean()
-        seq = heapq.heappop(self._heap)[2]
-        self._live.discard(id(seq))
+        heap, live = self._heap, self._live
+        while id(heap[0][2]) not in live:
+            heapq.heappop(heap)
+        seq = heapq.heappop(heap)[2]
+        live.discard(id(seq))
         return seq
 
     def __iter__(self):
@@ -368,6 +368,13 @@ class Scheduler:
 
     def _check(self, seq: Sequence, bounded: bool = True) -> None:
         c = self.config
+        total = seq.num_prompt_tokens + seq.max_tokens
+        # The common case in one test; any failure is named by the checks below.
+        if seq.num_prompt_tokens >= 1 and seq.max_tokens >= 1 and total <= c.max_model_len \
+                and -(-total // c.block_size) <= c.num_blocks - c.watermark_blocks \
+                and (not bounded or len(self._waiting._live) < c.max_waiting) \
+                and seq.request_id not in self._by_id:
+            return
         if seq.request_id in self._by_id:
             raise ValueError(f"scheduler: request id {seq.request_id!r} is already scheduled")
         if seq.num_prompt_tokens < 1:
@@ -397,7 +404,11 @@ class Scheduler:
         self._check(seq)
         seq.status = SeqStatus.WAITING
         seq.num_computed_tokens = 0
-        self._enqueue(seq)
+        if seq.deadline is not None:
+            self._num_deadlines += 1
+        self._by_id[seq.request_id] = seq
+        self._waiting.push(seq)
+        self._waiting_tokens += seq.num_tokens
 
     def add_prefilled(self, seq: Sequence) -> None:
         """A decode instance takes a sequence prefilled elsewhere (its KV arrives with it)."""
@@ -690,33 +701,59 @@ class Scheduler:
 
     def _admit(self, plan: StepPlan, budget: int, prefill_seqs: int) -> None:
         c = self.config
-        while budget > 0 and len(self._running) < c.max_num_seqs:
-            if c.max_prefill_seqs and prefill_seqs >= c.max_prefill_seqs:
+        max_seqs, cap, chunked, bs = (c.max_num_seqs, c.max_prefill_seqs, c.chunked_prefill,
+                                      c.block_size)
+        max_len, prefill_role = c.max_model_len, c.role is Role.PREFILL
+        running, waiting, free = self._running, self._waiting, self._free_blocks
+        entries, finishing = plan._entries, plan._finishing
+        take = free.popleft
+        while budget > 0 and len(running) < max_seqs:
+            if cap and prefill_seqs >= cap:
                 break
-            seq = self._waiting.peek()
+            seq = waiting.peek()
             if seq is None:
                 break
-            upto = self._first_chunk(seq, budget)
-            n = upto - seq.num_computed_tokens
-            if not seq.needs_kv_insert and not c.chunked_prefill and n > budget and \
-                    plan.num_scheduled:
+            computed = seq.num_computed_tokens
+            total = seq.num_prompt_tokens + seq.num_output_tokens
+            kv_insert = seq.needs_kv_insert
+            if kv_insert:  # handed-off KV plus the first decode (see _first_chunk)
+                upto = total
+            else:
+                remaining = total - computed
+                upto = computed + (min(remaining, budget) if chunked else remaining)
+            n = upto - computed
+            if not kv_insert and not chunked and n > budget and plan.num_scheduled:
                 break  # a whole prompt that does not fit this step waits for the next
-            need = self.blocks_needed(upto)
-            if need + self._reserve(seq) > len(self._free_blocks):
+            need = -(-upto // bs)
+            if need + (0 if kv_insert else c.watermark_blocks) > len(free):
                 break  # head-of-line: keep arrival order, wait for blocks
-            self._waiting.pop()
-            self._dequeue(seq)
-            take = self._free_blocks.popleft
+            waiting.pop()
+            self._waiting_tokens -= total - computed
             seq.blocks = [take() for _ in range(need)]
             seq.status = SeqStatus.RUNNING
             seq._serial = next(self._serials)
-            self._running[seq] = None
-            if seq.needs_kv_insert:
+            running[seq] = None
+            if kv_insert:
                 plan.kv_inserts.append(seq)
                 seq.needs_kv_insert = False
             else:
                 prefill_seqs += 1
-            self._schedule_entry(seq, n, plan)
+            # _schedule_entry(seq, n, plan), with the counts read above
+            seq.num_computed_tokens = upto
+            samples = upto == total
+            if samples:
+                out = seq.num_output_tokens + 1  # placeholder for the token it samples
+                seq.num_output_tokens = out
+                if out >= seq.max_tokens or seq.num_prompt_tokens + out >= max_len:
+                    seq.pending_finish = "length"
+                elif prefill_role:
+                    seq.pending_finish = "prefilled"
+                else:
+                    self._joiners.append(seq)
+            e = ScheduledSeq(seq, computed, n, samples, seq.pending_finish is not None)
+            entries.append(e)
+            if e.finishes and finishing is not None:
+                finishing.append(e)
             budget -= n
 
     def _schedule_entry(self, seq: Sequence, n: int, plan: StepPlan) -> None:
@@ -853,7 +890,9 @@ class Scheduler:
         return self._waiting_tokens
 
     def _load_key(self) -> tuple[int, int, float]:
-        self._load = (self.waiting_tokens + self.num_waiting, self.num_running, self.kv_usage)
+        # (waiting_tokens + num_waiting, num_running, kv_usage), read directly
+        self._load = (self._waiting_tokens + len(self._waiting._live), len(self._running),
+                      1.0 - len(self._free_blocks) / self.config.num_blocks)
         return self._load
 
     @property

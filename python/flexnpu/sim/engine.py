@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,6 @@ from flexnpu.serving.scheduler import (
     Scheduler,
     SchedulerConfig,
     Sequence,
-    least_loaded,
 )
 from flexnpu.sim.hardware import LINKS, Link, Preset, StepTimer
 from flexnpu.sim.models import ModelShape
@@ -123,7 +123,8 @@ class _Request:
 
 
 class _Instance:
-    __slots__ = ("idx", "sched", "role", "kv_unit", "inflight", "max_inflight", "steps")
+    __slots__ = ("idx", "sched", "role", "kv_unit", "inflight", "max_inflight", "steps", "pos",
+                 "changed")
 
     def __init__(self, idx: int, sched: Scheduler, role: Role, kv_unit: int,
                  max_inflight: int) -> None:
@@ -134,6 +135,57 @@ class _Instance:
         self.inflight = 0  # steps dispatched, not finished
         self.max_inflight = max_inflight
         self.steps = 0
+        self.pos = 0  # index in its router (front: takes arrivals; back: takes handoffs)
+        # Its router's list of instances whose scheduler changed since it last routed.
+        self.changed: list[_Instance] = []
+
+
+def _core_calls(core: Any) -> tuple[Callable[..., tuple], Callable[[int, int], None],
+                                     Callable[[int, int], None]]:
+    """place(virtual, executable_id, phase, flops, bytes, inputs, now_ns, weight) -> the
+    decision's fields, on_start and on_finish of `core`. For a flexnpu.placement.Core these
+    are the bindings its methods call (same call, same decision) without the Profile and
+    Decision objects of every call (the simulator places every step); any other core (a
+    test's wrapper) is called through its Python methods."""
+    if type(core) is fp.Core:
+        native = core._core
+        return native.place, native.on_start, lambda ticket, now_ns: native.on_finish(
+            ticket, now_ns, True)
+
+    def place(v: int, exe: int, phase: str, flops: float, nbytes: float,
+              inputs: list[tuple[int, int]], now_ns: int, weight: float) -> tuple:
+        d = core.place(v, fp.Profile(phase, flops, nbytes), now_ns=now_ns, inputs=inputs,
+                       executable_id=exe, weight=weight)
+        return (d.physical_device, d.reason, d.predicted_start_ns, d.predicted_finish_ns,
+                d.migrate_bytes, d.ticket)
+
+    return place, core.on_start, core.on_finish
+
+
+class _Router:
+    """least_loaded (flexnpu.serving.scheduler) over a fixed list of instances, kept
+    incrementally: each instance's key (with its index last, so ties go to the lowest index
+    as there) is recomputed only after its scheduler changed, which only the calls below
+    that add, schedule or finish work do (they append the instance to `changed`)."""
+
+    __slots__ = ("insts", "keys", "changed")
+
+    def __init__(self, insts: list[_Instance]) -> None:
+        self.insts = insts
+        self.changed: list[_Instance] = []
+        for i, x in enumerate(insts):
+            x.pos, x.changed = i, self.changed
+        self.keys = [(*x.sched._load_key(), i) for i, x in enumerate(insts)]
+
+    def pick(self) -> _Instance:
+        insts = self.insts
+        if len(insts) == 1:
+            return insts[0]
+        keys, changed = self.keys, self.changed
+        for x in changed:
+            keys[x.pos] = (*x.sched._load_key(), x.pos)
+        changed.clear()
+        return insts[min(keys)[3]]
 
 
 @dataclass
@@ -198,8 +250,6 @@ class Simulation:
         ]
         self.front = [x for x in self.instances if x.role is not Role.DECODE]
         self.back = [x for x in self.instances if x.role is Role.DECODE]
-        self._front_scheds = [x.sched for x in self.front]
-        self._back_scheds = [x.sched for x in self.back]
 
     # ---- configuration ---------------------------------------------------------------------
 
@@ -257,20 +307,28 @@ class Simulation:
         self._link_free = [0.0] * units
         self._reasons: Counter[str] = Counter()
         self._kv_handoff = self._kv_migrated = 0
-        self._steps = self._placements = self._events = self._preempted = 0
+        self._steps = self._placements = self._preempted = 0
         self._timeline: list[tuple[int, float, float, str]] = []
         self._window_end = wl.duration
         self._tokens_in_window = 0
-        reqs = [_Request(i, float(t), int(p), int(o)) for i, (t, p, o) in
-                enumerate(zip(wl.arrivals, wl.prompt_tokens, wl.output_tokens, strict=True))]
+        self._front = _Router(self.front)
+        self._back = _Router(self.back)
+        self._place, self._on_start, self._on_finish = _core_calls(self.core)
+        reqs = [_Request(i, t, p, o) for i, (t, p, o) in
+                enumerate(zip(np.asarray(wl.arrivals, dtype=float).tolist(),
+                              np.asarray(wl.prompt_tokens, dtype=np.int64).tolist(),
+                              np.asarray(wl.output_tokens, dtype=np.int64).tolist(), strict=True))]
         self._requests = reqs
-        horizon = (float(wl.arrivals[-1]) if len(wl) else 0.0) + self.drain_s
+        horizon = (reqs[-1].arrival if reqs else 0.0) + self.drain_s
         heap = self._heap
         n, i = len(reqs), 0
         now = 0.0
+        events = 0
         pop = heapq.heappop
+        on_done, on_kv, on_arrival = self._on_done, self._on_kv, self._on_arrival
+        on_start = self._on_start
+        next_arrival = reqs[0].arrival if n else math.inf
         while True:
-            next_arrival = reqs[i].arrival if i < n else math.inf
             if heap and heap[0][0] <= next_arrival:
                 ev = pop(heap)
                 now = ev[0]
@@ -278,18 +336,20 @@ class Simulation:
                     break
                 kind = ev[2]
                 if kind == _DONE:
-                    self._on_done(ev[3], ev[4], ev[5], ev[6], now)
-                elif kind == _START:
-                    self.core.on_start(ev[3], int(now * 1e9))
+                    on_done(ev[3], ev[4], ev[5], ev[6], now)
+                elif kind == _KV:
+                    on_kv(ev[3], ev[4], now)
                 else:
-                    self._on_kv(ev[3], ev[4], now)
+                    on_start(ev[3], int(now * 1e9))
             elif i < n:
                 now = next_arrival
-                self._on_arrival(reqs[i], now)
+                on_arrival(reqs[i], now)
                 i += 1
+                next_arrival = reqs[i].arrival if i < n else math.inf
             else:
                 break
-            self._events += 1
+            events += 1
+        self._events = events
         end = max(now, max((r.finish for r in reqs), default=0.0))
         for r in reqs:
             if r.finish < 0 and not r.dropped:
@@ -315,17 +375,18 @@ class Simulation:
         heapq.heappush(self._heap, (t, self._order, kind, *payload))
 
     def _on_arrival(self, req: _Request, now: float) -> None:
-        inst = self.front[least_loaded(self._front_scheds)] if len(self.front) > 1 else \
-            self.front[0]
+        inst = self._front.pick()
         seq = Sequence(req.rid, req.prompt, req.output, now, payload=req)
+        sched = inst.sched
         try:
-            inst.sched.add(seq)
+            sched.add(seq)
         except QueueFullError:
             req.dropped = "queue_full"
             return
         except RequestTooLongError:
             req.dropped = "too_long"
             return
+        inst.changed.append(inst)
         if inst.inflight < inst.max_inflight:
             self._start_step(inst, now)
 
@@ -335,6 +396,7 @@ class Simulation:
         except RequestTooLongError:
             seq.payload.dropped = "too_long"
             return
+        inst.changed.append(inst)
         if inst.inflight < inst.max_inflight:
             self._start_step(inst, now)
 
@@ -347,6 +409,7 @@ class Simulation:
         """Schedules and places one step of `inst`; False if there was nothing to run."""
         sched = inst.sched
         plan = sched.schedule(now)
+        inst.changed.append(inst)
         if plan.preempted:
             self._preempted += len(plan.preempted)
         if plan.is_empty:
@@ -363,30 +426,29 @@ class Simulation:
         # The engine's program decides the phase (a step with prompt tokens is its prefill
         # program), not the roofline: on a 910C group a short DeepSeek prefill is bandwidth-
         # bound (it reads every touched expert) and would be classed "decode".
-        phase = "decode" if (rest[-1].is_decode if rest else bulk) else "prefill"
+        is_decode = rest[-1].is_decode if rest else bulk > 0
         kv_bytes = 0
         if inst.role is not Role.PREFILL:
             used = sched.config.num_blocks - sched.num_free_blocks
             kv_bytes = used * sched.config.block_size * self.kv_per_token
         now_ns = int(now * 1e9)
-        inputs = ((inst.kv_unit, kv_bytes),) if kv_bytes else ()
-        exe = (_PHASE_CODE[phase] << 32) | max(1, num_scheduled).bit_length() << 8 | \
-            min(255, int(plan.num_tokens).bit_length())
+        num_tokens = bulk + sum(e.num_tokens for e in rest) if rest else bulk
+        exe = (_PHASE_CODE["decode" if is_decode else "prefill"] << 32) | \
+            max(1, num_scheduled).bit_length() << 8 | min(255, num_tokens.bit_length())
         # weight: the sequences whose latency this step's placement decides (the engine knows
         # them): its batch, and for a prefill also the prompts queued behind it, which wait as
         # long as it does. The core weighs them against the decode sequences it would delay.
-        weight = num_scheduled + (sched.num_waiting if phase == "prefill" else 0) \
+        weight = num_scheduled + (0 if is_decode else sched.num_waiting) \
             if self.request_weights else 0
-        d = self.core.place(inst.idx, fp.Profile(phase, flops, nbytes), now_ns=now_ns,
-                            inputs=inputs, executable_id=exe, weight=weight)
+        u, reason, _, _, migrate_bytes, ticket = self._place(
+            inst.idx, exe, "decode" if is_decode else "prefill", float(flops), float(nbytes),
+            [(inst.kv_unit, int(kv_bytes))] if kv_bytes else [], now_ns, float(weight))
         self._placements += 1
-        self._reasons[d.reason] += 1
-        u = d.physical_device
+        self._reasons[reason] += 1
         ready = now
-        if d.migrate_bytes:
-            ready += d.migrate_bytes / self.link_bw + self.link.latency_s
-            self._kv_migrated += d.migrate_bytes
-        exec_s = timer.seconds(flops, nbytes)
+        if migrate_bytes:
+            ready += migrate_bytes / self.link_bw + self.link.latency_s
+            self._kv_migrated += migrate_bytes
         if self.co_run:
             start = ready
             k1 = self._inflight[u] + 1
@@ -398,28 +460,33 @@ class Simulation:
             self._hc[u] = max(self._hc[u], start) + c
             self._hm[u] = max(self._hm[u], start) + m
         else:
-            start = max(ready, self._free_at[u])
-            end = start + exec_s
+            free_at = self._free_at[u]
+            start = ready if ready > free_at else free_at
+            end = start + timer.seconds(flops, nbytes)
             self._free_at[u] = end
         self._inflight[u] += 1
-        self._busy[u] += max(0.0, end - max(start, self._busy_until[u]))
-        self._busy_until[u] = max(self._busy_until[u], end)
+        busy_until = self._busy_until[u]
+        self._busy[u] += max(0.0, end - max(start, busy_until))
+        if end > busy_until:
+            self._busy_until[u] = end
         inst.kv_unit = u
         inst.inflight += 1
         inst.steps += 1
         self._steps += 1
+        self._order += 1
         if start > now:
-            self._push(start, _START, d.ticket)
+            heapq.heappush(self._heap, (start, self._order, _START, ticket))
+            self._order += 1
         else:
-            self.core.on_start(d.ticket, now_ns)
+            self._on_start(ticket, now_ns)
         w = self.window
         if w is not None and start < w[1] and end > w[0]:
-            self._timeline.append((u, start, end, phase))
-        self._push(end, _DONE, inst, plan, d.ticket, u)
+            self._timeline.append((u, start, end, "decode" if is_decode else "prefill"))
+        heapq.heappush(self._heap, (end, self._order, _DONE, inst, plan, ticket, u))
         return True
 
     def _on_done(self, inst: _Instance, plan, ticket: int, unit: int, now: float) -> None:
-        self.core.on_finish(ticket, int(now * 1e9))
+        self._on_finish(ticket, int(now * 1e9))
         self._inflight[unit] -= 1
         inst.inflight -= 1
         sampled = plan.num_scheduled
@@ -434,7 +501,9 @@ class Simulation:
                 sampled -= 1
         if now <= self._window_end:
             self._tokens_in_window += sampled
-        for seq in inst.sched.on_step_done(plan, now):
+        done = inst.sched.on_step_done(plan, now)
+        inst.changed.append(inst)
+        for seq in done:
             req = seq.payload
             if seq.finish_reason == "prefilled":
                 self._handoff(inst, seq, now)
@@ -444,16 +513,18 @@ class Simulation:
         self._start_step(inst, now)
 
     def _handoff(self, src: _Instance, seq: Sequence, now: float) -> None:
-        dst = self.back[least_loaded(self._back_scheds)] if len(self.back) > 1 else self.back[0]
+        dst = self._back.pick()
+        self._order += 1
         if src.kv_unit == dst.kv_unit:  # same unit (co-located): the KV stays in place
-            self._push(now, _KV, dst, seq)
+            heapq.heappush(self._heap, (now, self._order, _KV, dst, seq))
             return
         nbytes = seq.num_tokens * self.kv_per_token
         u = src.kv_unit
-        start = max(now, self._link_free[u])
-        self._link_free[u] = start + nbytes / self.link_bw
+        link_free = self._link_free[u]
+        start = now if now > link_free else link_free
+        link_free = self._link_free[u] = start + nbytes / self.link_bw
         self._kv_handoff += nbytes
-        self._push(self._link_free[u] + self.link.latency_s, _KV, dst, seq)
+        heapq.heappush(self._heap, (link_free + self.link.latency_s, self._order, _KV, dst, seq))
 
 
 def percentiles(xs: np.ndarray) -> dict[str, float]:
