@@ -9,8 +9,10 @@ and writes JUnit XML; the script then prints a table of passed/failed/skipped/er
 platform, totals, and every test that passes on the baseline but not on flexnpu, and writes all of
 it (per-test outcomes included) as JSON.
 
-Platforms (`--platforms`, first one is the one under test, the second the baseline):
+Platforms (`--platforms`; the flexnpu ones are under test, every other one is a baseline):
   flexnpu       JAX_PLATFORMS=flexnpu (FlexNPU over the `xla-cpu-pjrt` plugin, 4 devices).
+  flexnpu_dynamic  the same with FLEXNPU_POLICY=dynamic and twice as many virtual devices
+                (FLEXNPU_NUM_VIRTUAL_DEVICES): SPMD groups collide, buffers move.
   xla_cpu_pjrt  the very plugin FlexNPU loads (`xla_cpu_pjrt.so`, cpu_device_count=4), registered
                 with JAX under its own name via PJRT_NAMES_AND_LIBRARY_PATHS. It reports platform
                 "cpu", so JAX uses its cpu lowerings (LAPACK/FFI custom calls this .so lacks).
@@ -25,12 +27,14 @@ default a small pytest plugin (written to the output folder, loaded with `-p`) s
 Example:
   python tools/jax_conformance.py --tests-dir /work/jax-tests/tests --out /tmp/jaxconf \\
       api_test.py "lax_test.py:testAdd or testDot"
-(`FILE:EXPR` passes EXPR to pytest -k.)
+(`FILE:EXPR` passes EXPR to pytest -k.) With `--reuse`, a file whose JUnit XML is already in the
+output folder is read instead of run again: an interrupted run continues where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -90,9 +94,12 @@ def _xla_cpu_pjrt_path() -> Path:
 def platform_env(platform: str, out: Path, devices: int) -> dict[str, str]:
     """Environment that makes JAX run on `platform` with `devices` devices."""
     env: dict[str, str] = {}
-    if platform == "flexnpu":
+    if platform in ("flexnpu", "flexnpu_dynamic"):
         env["JAX_PLATFORMS"] = "flexnpu"
         env["FLEXNPU_BACKEND_OPTIONS"] = f"cpu_device_count={devices}"
+        if platform == "flexnpu_dynamic":
+            env["FLEXNPU_POLICY"] = "dynamic"
+            env["FLEXNPU_NUM_VIRTUAL_DEVICES"] = str(2 * devices)
     elif platform == "xla_cpu_pjrt":
         config = out / "xla_cpu_pjrt.json"
         config.write_text(
@@ -134,6 +141,13 @@ def parse_junit(path: Path, result: FileResult) -> None:
             result.messages[name] = message[:500]
 
 
+def output_stem(spec: str) -> str:
+    """Name of a spec's JUnit XML and log: parts of one file split with -k get their own."""
+    file, _, kexpr = spec.partition(":")
+    stem = Path(file).stem
+    return f"{stem}-k{hashlib.sha1(kexpr.encode()).hexdigest()[:8]}" if kexpr else stem
+
+
 def run_file(
     tests_dir: Path,
     spec: str,
@@ -143,10 +157,18 @@ def run_file(
 ) -> FileResult:
     """Runs one test file (optionally `FILE:K_EXPR`) on one platform."""
     file, _, kexpr = spec.partition(":")
-    stem = Path(file).stem
+    stem = output_stem(spec)
     junit = out / platform / f"{stem}.xml"
     log = out / platform / f"{stem}.log"
     junit.parent.mkdir(parents=True, exist_ok=True)
+    result = FileResult()
+    if args.reuse and junit.exists():
+        try:
+            parse_junit(junit, result)
+            result.note = "reused"
+            return result
+        except ET.ParseError:
+            result = FileResult()  # a file cut off mid-write: run it again
     junit.unlink(missing_ok=True)
     env = dict(os.environ)
     for key in ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "PJRT_NAMES_AND_LIBRARY_PATHS"):
@@ -164,7 +186,6 @@ def run_file(
         cmd += ["-k", kexpr]
     if args.workers > 1:
         cmd += ["-n", str(args.workers)]
-    result = FileResult()
     start = time.monotonic()
     with open(log, "w") as log_file:
         try:
@@ -242,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="pytest processes at once")
     parser.add_argument("--test-timeout", type=int, default=120, help="seconds per test")
     parser.add_argument("--file-timeout", type=int, default=1800, help="seconds per file")
+    parser.add_argument(
+        "--reuse", action="store_true", help="read files whose JUnit XML is in --out, run the rest"
+    )
     args = parser.parse_args(argv)
 
     tests_dir: Path = args.tests_dir.resolve()
@@ -274,11 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         "files": args.files,
         "results": {p: {s: asdict(r) for s, r in results[p].items()} for p in platforms},
     }
-    if len(platforms) >= 2:
-        for base in platforms[1:]:
-            diffs = differences(args.files, platforms[0], base, results)
-            report[f"pass_on_{base}_not_on_{platforms[0]}"] = diffs
-            print(f"\n{len(diffs)} tests pass on {base} but not on {platforms[0]}:")
+    under_test = [p for p in platforms if p.startswith("flexnpu")]
+    for base in [p for p in platforms if p not in under_test]:
+        for dut in under_test:
+            diffs = differences(args.files, dut, base, results)
+            report[f"pass_on_{base}_not_on_{dut}"] = diffs
+            print(f"\n{len(diffs)} tests pass on {base} but not on {dut}:")
             missing: dict[str, int] = {}
             for d in diffs:
                 if d["outcome"] == "missing":  # the file crashed or timed out: one line per file

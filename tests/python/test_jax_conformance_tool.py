@@ -1,0 +1,85 @@
+"""tools/jax_conformance.py: the dynamic configuration, -k parts of one file, resuming a run."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "jax_conformance.py"
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="tests.x_test.T" name="test_ok" />
+<testcase classname="tests.x_test.T" name="test_bad"><failure message="boom">tb</failure></testcase>
+<testcase classname="tests.x_test.T" name="test_skip"><skipped message="no" /></testcase>
+</testsuite></testsuites>
+"""
+
+
+@pytest.fixture(scope="module")
+def tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("jax_conformance", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["jax_conformance"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dynamic_configuration_has_twice_the_virtual_devices(tool: ModuleType, tmp_path: Path):
+    env = tool.platform_env("flexnpu_dynamic", tmp_path, 4)
+    assert env == {
+        "JAX_PLATFORMS": "flexnpu",
+        "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=4",
+        "FLEXNPU_POLICY": "dynamic",
+        "FLEXNPU_NUM_VIRTUAL_DEVICES": "8",
+    }
+    assert "FLEXNPU_POLICY" not in tool.platform_env("flexnpu", tmp_path, 4)
+    with pytest.raises(SystemExit, match="unknown platform 'tpu'"):
+        tool.platform_env("tpu", tmp_path, 4)
+
+
+def test_parts_of_one_file_have_their_own_outputs(tool: ModuleType):
+    a = tool.output_stem("lax_test.py:testAdd")
+    b = tool.output_stem("lax_test.py:not testAdd")
+    assert tool.output_stem("lax_test.py") == "lax_test"
+    assert a.startswith("lax_test-k") and b.startswith("lax_test-k") and a != b
+    assert tool.output_stem("lax_test.py:testAdd") == a
+
+
+def test_reuse_reads_the_junit_xml_instead_of_running(tool: ModuleType, tmp_path: Path):
+    (tmp_path / "flexnpu").mkdir()
+    (tmp_path / "flexnpu" / "x_test.xml").write_text(JUNIT)
+    args = argparse.Namespace(reuse=True)  # nothing else is read: no pytest is started
+    result = tool.run_file(tmp_path / "no-tests", "x_test.py", "flexnpu", tmp_path, args)
+    assert result.note == "reused"
+    assert result.counts == {"passed": 1, "failed": 1, "skipped": 1, "errors": 0}
+    assert result.tests["tests.x_test.T::test_bad"] == "failed"
+    assert result.messages["tests.x_test.T::test_bad"] == "boom"
+
+
+def test_every_flexnpu_configuration_is_compared_with_the_baseline(
+    tool: ModuleType, tmp_path: Path
+):
+    passing = JUNIT.replace('<failure message="boom">tb</failure>', "")
+    for platform, xml in (
+        ("xla_cpu_pjrt", passing),
+        ("flexnpu", passing),
+        ("flexnpu_dynamic", JUNIT),
+    ):
+        (tmp_path / platform).mkdir()
+        (tmp_path / platform / "x_test.xml").write_text(xml)
+    argv = ["--tests-dir", str(tmp_path), "--out", str(tmp_path), "--reuse", "x_test.py"]
+    assert tool.main(argv + ["--platforms", "flexnpu,flexnpu_dynamic,xla_cpu_pjrt"]) == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["pass_on_xla_cpu_pjrt_not_on_flexnpu"] == []
+    assert report["pass_on_xla_cpu_pjrt_not_on_flexnpu_dynamic"] == [
+        {"test": "tests.x_test.T::test_bad", "outcome": "failed", "message": "boom"}
+    ]
+    assert "pass_on_flexnpu_not_on_flexnpu_dynamic" not in report
