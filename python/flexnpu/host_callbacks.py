@@ -74,7 +74,19 @@ def _numpy_dtypes() -> dict[int, np.dtype[Any]]:
     return {code: np.dtype(t) for code, t in by_code.items()}
 
 
+def _sub_byte_dtypes() -> dict[int, tuple[np.dtype[Any], int]]:
+    import ml_dtypes
+
+    # XLA packs these in memory, the first element in the lowest bits; numpy holds one a byte.
+    by_code: dict[int, tuple[Any, int]] = {
+        26: (ml_dtypes.int2, 2), 27: (ml_dtypes.uint2, 2), 21: (ml_dtypes.int4, 4),
+        22: (ml_dtypes.uint4, 4), 32: (ml_dtypes.float4_e2m1fn, 4),
+    }
+    return {code: (np.dtype(t), bits) for code, (t, bits) in by_code.items()}
+
+
 _DTYPES = _numpy_dtypes()
+_SUB_BYTE_DTYPES = _sub_byte_dtypes()
 _lock = threading.Lock()
 _callables: dict[int, Callable[..., Sequence[Any]]] = {}
 _next_id = secrets.randbits(40) << 20
@@ -103,17 +115,60 @@ def register(fn: Callable[..., Sequence[Any]]) -> Registration:
     return Registration(callback_id)
 
 
+def _numpy_dtype(code: int) -> np.dtype[Any]:
+    if code in _SUB_BYTE_DTYPES:
+        return _SUB_BYTE_DTYPES[code][0]
+    if code not in _DTYPES:
+        raise TypeError(f"XLA FFI data type {code} has no numpy equivalent here")
+    return _DTYPES[code]
+
+
+def _shape(buffer: _Buffer) -> tuple[int, ...]:
+    return tuple(buffer.dims[i] for i in range(buffer.rank))
+
+
+def _raw(buffer: _Buffer, nbytes: int) -> np.ndarray:
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(buffer.data), np.uint8)
+
+
 def _array(buffer: _Buffer) -> np.ndarray:
-    """A numpy view of `buffer` (an empty array when it holds no elements)."""
-    dtype = _DTYPES.get(buffer.dtype)
-    if dtype is None:
-        raise TypeError(f"XLA FFI data type {buffer.dtype} has no numpy equivalent here")
-    shape = tuple(buffer.dims[i] for i in range(buffer.rank))
+    """A numpy view of `buffer` (a copy for packed sub-byte types; empty without elements)."""
+    shape = _shape(buffer)
     count = int(np.prod(shape, dtype=np.int64))
+    sub_byte = _SUB_BYTE_DTYPES.get(buffer.dtype)
+    if sub_byte is not None:
+        dtype, bits = sub_byte
+        if count == 0 or not buffer.data:
+            return np.empty(shape, dtype)
+        per_byte = 8 // bits
+        packed = _raw(buffer, -(-count // per_byte))
+        shifts = np.arange(per_byte, dtype=np.uint8) * bits
+        values = (packed[:, None] >> shifts) & ((1 << bits) - 1)
+        return values.reshape(-1)[:count].astype(np.uint8).view(dtype).reshape(shape)
+    dtype = _numpy_dtype(buffer.dtype)
     if count == 0 or not buffer.data:
         return np.empty(shape, dtype)
-    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(buffer.data)
-    return np.frombuffer(raw, dtype).reshape(shape)
+    return _raw(buffer, count * dtype.itemsize).view(dtype).reshape(shape)
+
+
+def _write(buffer: _Buffer, value: np.ndarray) -> None:
+    """Writes `value` (already checked against `buffer`'s shape and dtype) into `buffer`."""
+    sub_byte = _SUB_BYTE_DTYPES.get(buffer.dtype)
+    if sub_byte is None:
+        target = _array(buffer)
+        if target.size:
+            np.copyto(target, value)
+        return
+    _, bits = sub_byte
+    if value.size == 0 or not buffer.data:
+        return
+    per_byte = 8 // bits
+    nibbles = np.ascontiguousarray(value).reshape(-1).view(np.uint8) & ((1 << bits) - 1)
+    padded = np.zeros(-(-nibbles.size // per_byte) * per_byte, np.uint8)
+    padded[: nibbles.size] = nibbles
+    shifts = np.arange(per_byte, dtype=np.uint8) * bits
+    packed = np.bitwise_or.reduce(padded.reshape(-1, per_byte) << shifts, axis=1)
+    _raw(buffer, packed.size)[:] = packed.astype(np.uint8)
 
 
 def _run(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any) -> None:
@@ -126,13 +181,13 @@ def _run(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any) -
         raise RuntimeError(f"the callback returned {len(outs)} values, the program expects "
                            f"{num_rets}")
     for i, out in enumerate(outs):
-        target = _array(rets[i])
         value = np.asarray(out)
-        if value.shape != target.shape or value.dtype != target.dtype:
+        shape = _shape(rets[i])
+        dtype = _numpy_dtype(rets[i].dtype)
+        if value.shape != shape or value.dtype != dtype:
             raise RuntimeError(f"result #{i} is {value.dtype}{list(value.shape)}, the program "
-                               f"expects {target.dtype}{list(target.shape)}")
-        if target.size:
-            np.copyto(target, value)
+                               f"expects {dtype}{list(shape)}")
+        _write(rets[i], value)
 
 
 def _trampoline(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any,

@@ -58,6 +58,25 @@ def _make_client() -> Any:
     return client
 
 
+def _requested_platforms() -> list[str] | None:
+    """The platforms JAX will create backends for (jax_platforms), or None: all it knows."""
+    from jax._src import config, xla_bridge
+
+    value = config.jax_platforms.value
+    if not value:
+        return None
+    return [p for name in value.split(",") for p in xla_bridge.expand_platform_alias(name)]
+
+
+def _load_and_make_client() -> Any:
+    from jaxlib import xla_client
+
+    from flexnpu._paths import plugin_library_path
+
+    xla_client.load_pjrt_plugin_dynamically(PLATFORM_NAME, str(plugin_library_path()))
+    return _make_client()
+
+
 def initialize() -> None:
     from jax._src import xla_bridge
 
@@ -66,9 +85,19 @@ def initialize() -> None:
     # FlexNPU's C++ side offers the PJRT extensions (FFI, ...) of the backend it will use; it
     # decides when JAX loads it, before any create option, so it reads the default from here.
     os.environ.setdefault("FLEXNPU_CPU_PLUGIN_PATH", str(cpu_plugin_path()))
-    xla_bridge.register_plugin(
-        PLATFORM_NAME, library_path=str(plugin_library_path()), factory=_make_client
-    )
+    requested = _requested_platforms()
+    if requested is not None and PLATFORM_NAME not in requested:
+        # JAX discovers plugins when it first needs a backend, after jax_platforms is final:
+        # one that leaves flexnpu out never creates it, so loading FlexNPU (and with it the
+        # physical backend, ~0.1 s) waits until someone asks for it anyway.
+        xla_bridge.register_backend_factory(
+            PLATFORM_NAME, _load_and_make_client, priority=400, fail_quietly=False,
+            experimental=True,
+        )
+    else:
+        xla_bridge.register_plugin(
+            PLATFORM_NAME, library_path=str(plugin_library_path()), factory=_make_client
+        )
     _enable_donation()
     # JAX's persistent compilation cache only serves listed platforms: flexnpu/compilation_cache.py.
     from flexnpu import compilation_cache

@@ -39,9 +39,15 @@ for method in ("sequential", "expand_dims", "broadcast_all"):
         lambda a: np.asarray(a) * 3 + np.asarray(a).ndim, jax.ShapeDtypeStruct((), x.dtype), x,
         vmap_method=method))
     out["vmap_" + method] = np.asarray(jax.jit(f)(jnp.arange(4.0))).tolist()
-for name in ("int32", "bool", "bfloat16", "complex64", "uint8", "float64"):
+for name, shape in (("int32", (2, 3)), ("bool", (2, 3)), ("bfloat16", (2, 3)),
+                    ("complex64", (2, 3)), ("uint8", (2, 3)), ("float64", (2, 3)),
+                    ("int4", (1, 5)), ("uint4", (2, 3)), ("int2", (3, 3)),
+                    ("float4_e2m1fn", (1, 3))):
     dtype = np.dtype(getattr(ml_dtypes, name, None) or name)
-    x = jnp.asarray(np.arange(6).reshape(2, 3) % 2 + 1, dtype=dtype)
+    count = int(np.prod(shape))
+    unsigned = name in ("bool", "uint8", "uint4")
+    values = np.arange(count) % 2 if unsigned else np.arange(count) % 3 - 1
+    x = jnp.asarray(values.reshape(shape), dtype=dtype)
     f = jax.jit(lambda x: jax.pure_callback(
         lambda a: (np.asarray(a), np.asarray(a).T.copy()),
         (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape[::-1], x.dtype)), x))
