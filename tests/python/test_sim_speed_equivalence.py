@@ -26,6 +26,7 @@ from flexnpu.serving.scheduler import (
     Scheduler,
     SchedulerConfig,
     Sequence,
+    least_loaded,
 )
 from flexnpu.sim import engine as sim_engine
 from flexnpu.sim.engine import POLICIES
@@ -207,6 +208,42 @@ def test_plan_totals_match_its_entries():
         assert plan.bulk_decodes == (0, 0) and plan.entries_after_bulk is entries
         s.on_step_done(plan, 0.0)
     assert bulk_seen > 100
+
+
+@pytest.mark.parametrize("role", [Role.MIXED, Role.DECODE])
+def test_router_picks_as_least_loaded(role):
+    """The simulator's incremental router (keys recomputed only for instances whose scheduler
+    changed) picks the instance least_loaded picks over all of them, ties included."""
+    rng = random.Random(5)
+    cfg = dict(max_num_seqs=6, max_num_batched_tokens=40, block_size=4, num_blocks=60,
+               max_model_len=120, role=role)
+    insts = [sim_engine._Instance(i, Scheduler(SchedulerConfig(**cfg)), role, 0, 1)
+             for i in range(5)]
+    router = sim_engine._Router(insts)
+    scheds = [x.sched for x in insts]
+    assert router.pick() is insts[0]  # all equal: the lowest index
+    plans: list = []
+    picked = set()
+    for rid in range(400):
+        x = router.pick()
+        assert x is insts[least_loaded(scheds)]
+        picked.add(x.idx)
+        q = Sequence(rid, rng.randint(1, 30), rng.randint(1, 20), 0.0)
+        if role is Role.DECODE:
+            q.num_output_tokens = 1
+            x.sched.add_prefilled(q)
+        else:
+            x.sched.add(q)
+        x.changed.append(x)
+        for _ in range(2):  # some instances step, some finish a step
+            if rng.random() < 0.5 or not plans:
+                y = rng.choice(insts)
+                plans.append((y, y.sched.schedule(0.0)))
+            else:
+                y, plan = plans.pop(0)
+                y.sched.on_step_done(plan, 0.0)
+            y.changed.append(y)
+    assert picked == set(range(5))
 
 
 if __name__ == "__main__" and "--record" in sys.argv:
