@@ -2,7 +2,8 @@
 # Installs what the tests need and runs them all, the same way locally and in CI:
 #   1. the package (pip install ".[test]") and the Debian packages for the C++ tests;
 #   2. C++ unit tests and the C-API tests (CTest), again under ASan + UBSan, and again under
-#      ThreadSanitizer (the C-API tests run executions, moves and readers on many threads);
+#      ThreadSanitizer (the C-API tests run executions, moves and readers on many threads),
+#      then the threaded pytest files with that TSan plugin;
 #   3. the Bazel build and tests (offline, Debian's bazel-bootstrap);
 #   4. a bounded fuzz run of the HLO reader, when its script is present;
 #   5. ruff and pytest (JAX programs on flexnpu vs the physical backend, errors, threads, ...).
@@ -60,6 +61,12 @@ cmake -S . -B build/tsan -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHO
   -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null
 ninja -C build/tsan -j"$JOBS" >/dev/null
 ctest --test-dir build/tsan --output-on-failure -j"$JOBS"
+
+step "Threaded pytest subset under ThreadSanitizer"
+# The plugin just built in build/tsan, loaded by the uninstrumented CPython and jaxlib with
+# libtsan preloaded (tools/tsan_pytest.sh): concurrent dispatch, zero-copy reads while the dynamic
+# policy moves buffers, the placer under threads. About 3 min on 2 busy cores.
+PYTHON="$PYTHON" tools/tsan_pytest.sh build/tsan
 
 step "Bazel build and tests"
 FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
