@@ -93,6 +93,7 @@ PJRT_Extension_Base* BuildChain() {
   if (PJRT_Extension_Base* profiler = ForwardedProfilerExtension(*inner->api())) link(profiler);
   // Without Layouts JAX round-trips every optimized program through GetHloModules.
   if (PJRT_Extension_Base* layouts = LayoutsExtensionFor(*inner)) link(layouts);
+  if (PJRT_Extension_Base* memory = MemoryDescriptionsExtensionFor(*inner)) link(memory);
   return head;
 }
 

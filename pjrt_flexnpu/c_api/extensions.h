@@ -21,6 +21,9 @@ std::shared_ptr<const PhysicalBackend> EnvironmentBackend();
 // FlexNPU's Layouts extension forwarding to `backend`'s (c_api/extensions_layouts.cc), or
 // nullptr when `backend` lacks it. Called once, by ExtensionChain.
 PJRT_Extension_Base* LayoutsExtensionFor(const PhysicalBackend& backend);
+// FlexNPU's MemoryDescriptions extension forwarding to `backend`'s
+// (c_api/extensions_memory.cc), or nullptr when `backend` lacks it. Called once.
+PJRT_Extension_Base* MemoryDescriptionsExtensionFor(const PhysicalBackend& backend);
 
 PJRT_Error* ExecuteContext_Create(PJRT_ExecuteContext_Create_Args* args);
 PJRT_Error* ExecuteContext_Destroy(PJRT_ExecuteContext_Destroy_Args* args);

@@ -14,8 +14,8 @@
 namespace flexnpu::c_api {
 namespace {
 
-// The binary layout of the Layouts extension with its first six functions (the plugins at C
-// API 0.81 have exactly these; 0.115 adds GetParameterLayouts, which FlexNPU does not offer).
+// The binary layout of the Layouts extension: six functions at C API 0.81; C API 0.93 added a
+// seventh, GetParameterLayouts (the lammps plugin at 0.115 has it), offered when the backend's is.
 struct MemoryLayout;
 struct LayoutDestroyArgs {
   size_t struct_size;
@@ -62,6 +62,13 @@ struct OutputLayoutsArgs {
   size_t num_outputs;      // out
   MemoryLayout** layouts;  // out, owned by the executable
 };
+struct ParameterLayoutsArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Executable* executable;
+  size_t num_parameters;   // out
+  MemoryLayout** layouts;  // out, owned by the executable
+};
 struct LayoutsExtension {
   PJRT_Extension_Base base;
   PJRT_Error* (*destroy)(LayoutDestroyArgs*);
@@ -70,7 +77,10 @@ struct LayoutsExtension {
   PJRT_Error* (*buffer_layout)(BufferLayoutArgs*);
   PJRT_Error* (*topology_default_layout)(TopologyDefaultLayoutArgs*);
   PJRT_Error* (*output_layouts)(OutputLayoutsArgs*);
+  PJRT_Error* (*parameter_layouts)(ParameterLayoutsArgs*);  // C API 0.93+
 };
+inline constexpr size_t kLayoutsWithoutParameterLayouts =
+    offsetof(LayoutsExtension, parameter_layouts);
 
 const PhysicalBackend* g_backend = nullptr;        // the backend the chain was built for
 const LayoutsExtension* g_inner = nullptr;         // its Layouts extension
@@ -164,11 +174,23 @@ PJRT_Error* OutputLayouts(OutputLayoutsArgs* args) {
   });
 }
 
+PJRT_Error* ParameterLayouts(ParameterLayoutsArgs* args) {
+  constexpr const char* kWhere = "PJRT_Layouts_PJRT_Executable_GetParameterLayouts";
+  return Guard(kWhere, [&]() -> Status {
+    FLEXNPU_LAYOUT_ARGS(kWhere, ParameterLayoutsArgs, layouts);
+    auto* executable = FromHandle<VirtualExecutable>(args->executable);
+    if (executable == nullptr) return InvalidArgument(std::string(kWhere) + ": executable is not a FlexNPU handle");
+    FLEXNPU_RETURN_IF_ERROR(SameBackend(executable->backend(), kWhere));
+    return WithInner(g_inner->parameter_layouts, args, &args->executable, executable->inner(),
+                     kWhere);
+  });
+}
+
 }  // namespace
 
 PJRT_Extension_Base* LayoutsExtensionFor(const PhysicalBackend& backend) {
   const PJRT_Extension_Base* e = ::flexnpu::FindExtension(backend.api(), PJRT_Extension_Type_Layouts);
-  if (e == nullptr || e->struct_size < sizeof(LayoutsExtension)) return nullptr;
+  if (e == nullptr || e->struct_size < kLayoutsWithoutParameterLayouts) return nullptr;
   const auto* inner = reinterpret_cast<const LayoutsExtension*>(e);
   if (inner->destroy == nullptr || inner->serialize == nullptr ||
       inner->client_default_layout == nullptr || inner->buffer_layout == nullptr ||
@@ -178,7 +200,10 @@ PJRT_Extension_Base* LayoutsExtensionFor(const PhysicalBackend& backend) {
   g_backend = &backend;
   g_inner = inner;
   static LayoutsExtension layouts{};
-  layouts.base.struct_size = sizeof(layouts);
+  const bool has_parameter_layouts =
+      e->struct_size >= sizeof(LayoutsExtension) && inner->parameter_layouts != nullptr;
+  layouts.base.struct_size =
+      has_parameter_layouts ? sizeof(layouts) : kLayoutsWithoutParameterLayouts;
   layouts.base.type = PJRT_Extension_Type_Layouts;
   layouts.destroy = Destroy;
   layouts.serialize = Serialize;
@@ -186,6 +211,7 @@ PJRT_Extension_Base* LayoutsExtensionFor(const PhysicalBackend& backend) {
   layouts.buffer_layout = BufferLayout;
   layouts.topology_default_layout = TopologyDefaultLayout;
   layouts.output_layouts = OutputLayouts;
+  layouts.parameter_layouts = has_parameter_layouts ? ParameterLayouts : nullptr;
   return &layouts.base;
 }
 

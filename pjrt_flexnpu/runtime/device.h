@@ -14,6 +14,7 @@
 namespace flexnpu {
 
 class VirtualClient;
+class VirtualDevice;
 class VirtualMemory;
 
 // Bytes FlexNPU holds on one virtual device: the buffers alive there, whatever physical
@@ -44,8 +45,12 @@ class DeviceDescription : public Tagged {
   const std::string& debug_string() const { return debug_string_; }
   const std::string& to_string() const { return to_string_; }
   const std::vector<PJRT_NamedValue>& attributes() const { return attributes_; }
+  // The device described (the MemoryDescriptions extension asks its physical device).
+  const VirtualDevice* device() const { return device_; }
 
  private:
+  friend class VirtualDevice;
+  const VirtualDevice* device_ = nullptr;
   int id_;
   std::string kind_;
   std::string debug_string_;
@@ -64,7 +69,9 @@ class VirtualDevice : public Tagged {
         client_(client),
         index_(index),
         home_physical_(home_physical),
-        description_(index, home_physical, backend_platform) {}
+        description_(index, home_physical, backend_platform) {
+    description_.device_ = this;
+  }
 
   VirtualClient* client() const { return client_; }
   int index() const { return index_; }  // also its id and local hardware id

@@ -1,6 +1,10 @@
 // FlexNPU's PJRT extension chain: well-formed, and its FFI extension forwards to the physical
 // backend (a handler registered through it runs inside the inner plugin; execute contexts and
 // their user data reach the inner execution). The inner is the CPU plugin the environment names.
+#include <dlfcn.h>
+
+#include <cstdlib>
+
 #include "c_api_test_fixture.h"
 
 namespace {
@@ -319,6 +323,7 @@ struct OutputLayoutsArgs {
   size_t num_outputs;
   void** layouts;
 };
+using ParameterLayoutsArgs = OutputLayoutsArgs;  // the same fields (num_parameters)
 struct LayoutsExtension {
   PJRT_Extension_Base base;
   PJRT_Error* (*destroy)(LayoutDestroyArgs*);
@@ -327,6 +332,7 @@ struct LayoutsExtension {
   PJRT_Error* (*buffer_layout)(BufferLayoutArgs*);
   void* topology_default_layout;
   PJRT_Error* (*output_layouts)(OutputLayoutsArgs*);
+  PJRT_Error* (*parameter_layouts)(ParameterLayoutsArgs*);  // C API 0.93+, when offered
 };
 
 const LayoutsExtension* Layouts() {
@@ -404,6 +410,188 @@ TEST_F(CApiTest, LayoutsOfClientBufferAndExecutableAreTheBackends) {
   EXPECT_EQ(refused.code, PJRT_Error_Code_INVALID_ARGUMENT);
   EXPECT_NE(refused.message.find("buffer is not a FlexNPU handle"), std::string::npos)
       << refused.message;
+}
+
+// The backend's own Layouts extension (its struct size says whether it has the 7th function).
+const PJRT_Extension_Base* BackendExtension(PJRT_Extension_Type type) {
+  const char* path = std::getenv("FLEXNPU_BACKEND");
+  if (path == nullptr) path = std::getenv("FLEXNPU_CPU_PLUGIN_PATH");
+  if (path == nullptr) return nullptr;
+  void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) return nullptr;
+  auto get_api = reinterpret_cast<const PJRT_Api* (*)()>(dlsym(library, "GetPjrtApi"));
+  if (get_api == nullptr) return nullptr;
+  for (const PJRT_Extension_Base* e = get_api()->extension_start; e != nullptr; e = e->next) {
+    if (e->type == type) return e;
+  }
+  return nullptr;
+}
+
+TEST_F(CApiTest, ParameterLayoutsAreOfferedExactlyWhenTheBackendHasThem) {
+  ASSERT_NE(Layouts(), nullptr);
+  const PJRT_Extension_Base* backend = BackendExtension(PJRT_Extension_Type_Layouts);
+  ASSERT_NE(backend, nullptr) << "set FLEXNPU_BACKEND or FLEXNPU_CPU_PLUGIN_PATH";
+  const bool backend_has = backend->struct_size >= sizeof(LayoutsExtension);
+  if (!backend_has) {
+    EXPECT_EQ(Layouts()->base.struct_size, offsetof(LayoutsExtension, parameter_layouts));
+    GTEST_SKIP() << "this backend's Layouts has no GetParameterLayouts (C API < 0.93)";
+  }
+  ASSERT_EQ(Layouts()->base.struct_size, sizeof(LayoutsExtension));
+  ASSERT_NE(Layouts()->parameter_layouts, nullptr);
+  PJRT_Client* client = CreateClient(2);
+  ASSERT_NE(client, nullptr);
+  PJRT_LoadedExecutable* exe = nullptr;
+  ErrorInfo compiled = TryCompile(client, kAddProgram, CompileOptionsFor(0), &exe);
+  ASSERT_EQ(compiled.code, PJRT_Error_Code_OK) << compiled.message;
+  PJRT_LoadedExecutable_GetExecutable_Args get{};
+  get.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
+  get.loaded_executable = exe;
+  ASSERT_PJRT_OK(api->PJRT_LoadedExecutable_GetExecutable(&get));
+  ParameterLayoutsArgs params{};
+  params.struct_size = sizeof(params);
+  params.executable = get.executable;
+  ASSERT_PJRT_OK(Layouts()->parameter_layouts(&params));
+  EXPECT_EQ(params.executable, get.executable) << "the caller's handle is given back";
+  ASSERT_EQ(params.num_outputs, 2u);  // num_parameters: main(%a, %b)
+  const int64_t dims[] = {4};
+  ClientDefaultLayoutArgs def{};
+  def.struct_size = sizeof(def);
+  def.client = client;
+  def.type = PJRT_Buffer_Type_F32;
+  def.dims = dims;
+  def.num_dims = 1;
+  ASSERT_PJRT_OK(Layouts()->client_default_layout(&def));
+  EXPECT_EQ(Serialized(params.layouts[0]), Serialized(def.layout));
+  EXPECT_EQ(Serialized(params.layouts[1]), Serialized(def.layout));
+  DestroyLayout(def.layout);
+  PJRT_Executable_Destroy_Args destroy{};
+  destroy.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE;
+  destroy.executable = get.executable;
+  ASSERT_PJRT_OK(api->PJRT_Executable_Destroy(&destroy));
+}
+
+// The MemoryDescriptions extension, version 1 (c_api/extensions_memory.cc).
+struct MemoryDescriptionsArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_DeviceDescription* device_description;
+  const void* const* memory_descriptions;
+  size_t num_memory_descriptions;
+  size_t default_memory_index;
+};
+struct MemoryKindArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const void* memory_description;
+  const char* kind;
+  size_t kind_size;
+  int kind_id;
+};
+struct MemoryDescriptionsExtension {
+  PJRT_Extension_Base base;
+  PJRT_Error* (*memory_descriptions)(MemoryDescriptionsArgs*);
+  PJRT_Error* (*kind)(MemoryKindArgs*);
+};
+
+// The memory kinds the backend describes for device 0 of a client of its own.
+std::vector<std::string> BackendMemoryKinds(const PJRT_Extension_Base* extension) {
+  const char* path = std::getenv("FLEXNPU_BACKEND");
+  if (path == nullptr) path = std::getenv("FLEXNPU_CPU_PLUGIN_PATH");
+  void* library = dlopen(path, RTLD_NOW | RTLD_LOCAL);  // already loaded (and initialized)
+  auto* inner = reinterpret_cast<const PJRT_Api* (*)()>(dlsym(library, "GetPjrtApi"))();
+  PJRT_Client_Create_Args create{};
+  create.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
+  EXPECT_EQ(Info(inner->PJRT_Client_Create(&create)).code, PJRT_Error_Code_OK);
+  PJRT_Client_AddressableDevices_Args devices{};
+  devices.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
+  devices.client = create.client;
+  EXPECT_EQ(Info(inner->PJRT_Client_AddressableDevices(&devices)).code, PJRT_Error_Code_OK);
+  PJRT_Device_GetDescription_Args description{};
+  description.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
+  description.device = devices.addressable_devices[0];
+  EXPECT_EQ(Info(inner->PJRT_Device_GetDescription(&description)).code, PJRT_Error_Code_OK);
+  const auto* ext = reinterpret_cast<const MemoryDescriptionsExtension*>(extension);
+  MemoryDescriptionsArgs args{};
+  args.struct_size = sizeof(args);
+  args.device_description = description.device_description;
+  EXPECT_EQ(Info(ext->memory_descriptions(&args)).code, PJRT_Error_Code_OK);
+  std::vector<std::string> kinds;
+  for (size_t i = 0; i < args.num_memory_descriptions; ++i) {
+    MemoryKindArgs kind{};
+    kind.struct_size = sizeof(kind);
+    kind.memory_description = args.memory_descriptions[i];
+    EXPECT_EQ(Info(ext->kind(&kind)).code, PJRT_Error_Code_OK);
+    kinds.emplace_back(kind.kind, kind.kind_size);
+  }
+  PJRT_Client_Destroy_Args destroy{};
+  destroy.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
+  destroy.client = create.client;
+  EXPECT_EQ(Info(inner->PJRT_Client_Destroy(&destroy)).code, PJRT_Error_Code_OK);
+  return kinds;
+}
+
+TEST_F(CApiTest, MemoryDescriptionsAreTheHomePhysicalDevicesAndMatchItsMemories) {
+  const PJRT_Extension_Base* backend = BackendExtension(PJRT_Extension_Type_MemoryDescriptions);
+  const MemoryDescriptionsExtension* ext = nullptr;
+  for (const PJRT_Extension_Base* e = api->extension_start; e != nullptr; e = e->next) {
+    if (e->type == PJRT_Extension_Type_MemoryDescriptions) {
+      ext = reinterpret_cast<const MemoryDescriptionsExtension*>(e);
+    }
+  }
+  if (backend == nullptr) {
+    EXPECT_EQ(ext, nullptr) << "offered although the backend has none";
+    GTEST_SKIP() << "this backend has no MemoryDescriptions";
+  }
+  ASSERT_NE(ext, nullptr) << "the backend has MemoryDescriptions: FlexNPU offers them";
+  PJRT_Client* client = CreateClient(2);
+  ASSERT_NE(client, nullptr);
+  PJRT_Device_GetDescription_Args description{};
+  description.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
+  description.device = Device(client, 1);
+  ASSERT_PJRT_OK(api->PJRT_Device_GetDescription(&description));
+  MemoryDescriptionsArgs args{};
+  args.struct_size = sizeof(args);
+  args.device_description = description.device_description;
+  ASSERT_PJRT_OK(ext->memory_descriptions(&args));
+  EXPECT_EQ(args.device_description, description.device_description);
+  std::vector<std::string> described;
+  for (size_t i = 0; i < args.num_memory_descriptions; ++i) {
+    MemoryKindArgs kind{};
+    kind.struct_size = sizeof(kind);
+    kind.memory_description = args.memory_descriptions[i];
+    ASSERT_PJRT_OK(ext->kind(&kind));
+    described.emplace_back(kind.kind, kind.kind_size);
+  }
+  // The default one is the kind of the device's default memory as FlexNPU reports it.
+  PJRT_Device_DefaultMemory_Args memory{};
+  memory.struct_size = PJRT_Device_DefaultMemory_Args_STRUCT_SIZE;
+  memory.device = description.device;
+  ASSERT_PJRT_OK(api->PJRT_Device_DefaultMemory(&memory));
+  PJRT_Memory_Kind_Args memory_kind{};
+  memory_kind.struct_size = PJRT_Memory_Kind_Args_STRUCT_SIZE;
+  memory_kind.memory = memory.memory;
+  ASSERT_PJRT_OK(api->PJRT_Memory_Kind(&memory_kind));
+  // The backend's own answer for a device of its own client: the same kinds (the CPU plugins
+  // here describe none for a client's devices: XLA's CPU device description lists no memories).
+  EXPECT_EQ(described, BackendMemoryKinds(backend));
+  if (!described.empty()) {
+    ASSERT_LT(args.default_memory_index, described.size());
+    EXPECT_EQ(described[args.default_memory_index],
+              std::string(memory_kind.kind, memory_kind.kind_size));
+  }
+
+  int not_a_description = 0;
+  args.device_description = reinterpret_cast<PJRT_DeviceDescription*>(&not_a_description);
+  ErrorInfo refused = Info(ext->memory_descriptions(&args));
+  EXPECT_EQ(refused.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(refused.message.find("device_description is not a FlexNPU handle"), std::string::npos)
+      << refused.message;
+  MemoryDescriptionsArgs small{};
+  small.struct_size = 16;
+  ErrorInfo too_small = Info(ext->memory_descriptions(&small));
+  EXPECT_EQ(too_small.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(too_small.message.find("args struct_size 16 is too small"), std::string::npos)
+      << too_small.message;
 }
 
 }  // namespace
