@@ -236,6 +236,26 @@ def ensure_host_cpu_backend() -> None:
         xla_bridge._backends.setdefault("cpu", cpu)
 
 
+def give_eager_callbacks_a_host_device() -> None:
+    """Eager jax.debug.print / debug.callback run their impl in Python without lowering: it
+    wants the "cpu" device too (ensure_host_cpu_backend), so their impls ask for it first.
+    Installed when JAX registers flexnpu (flexnpu/jax_plugin.py), idempotent."""
+    from jax._src import debugging
+
+    for primitive in (debugging.debug_callback_p, debugging.debug_print_p):
+        impl = primitive.impl
+        if getattr(impl, "_flexnpu_host_device", False):
+            continue
+
+        def with_host_device(*args: Any, _impl: Any = impl, **params: Any) -> Any:
+            ensure_host_cpu_backend()
+            return _impl(*args, **params)
+
+        with_host_device._flexnpu_host_device = True  # type: ignore[attr-defined]
+        with_host_device.__wrapped__ = impl  # type: ignore[attr-defined]
+        primitive.def_impl(with_host_device)
+
+
 def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[Any],
          operand_avals: Sequence[Any], result_avals: Sequence[Any], *, has_side_effect: bool,
          returns_token: bool = True, partitioned: bool = False,

@@ -98,6 +98,11 @@ def initialize() -> None:
         xla_bridge.register_plugin(
             PLATFORM_NAME, library_path=str(plugin_library_path()), factory=_make_client
         )
+        # JAX runs host callbacks' Python with a "cpu" device, which JAX_PLATFORMS=flexnpu
+        # lacks: flexnpu/host_callbacks.py adds one when a callback needs it.
+        from flexnpu import host_callbacks
+
+        host_callbacks.give_eager_callbacks_a_host_device()
     _enable_donation()
     # JAX's persistent compilation cache only serves listed platforms: flexnpu/compilation_cache.py.
     from flexnpu import compilation_cache
