@@ -423,7 +423,11 @@ class Scheduler:
         seq.finish_reason = None
         seq.num_computed_tokens = seq.num_tokens - 1
         seq.needs_kv_insert = True
-        self._enqueue(seq)
+        if seq.deadline is not None:  # _enqueue (not known: _check passed)
+            self._num_deadlines += 1
+        self._by_id[seq.request_id] = seq
+        self._waiting.push(seq)
+        self._waiting_tokens += 1  # num_tokens - num_computed_tokens
 
     def _enqueue(self, seq: Sequence, front: bool = False) -> None:
         if seq.request_id not in self._by_id and seq.deadline is not None:
@@ -558,13 +562,17 @@ class Scheduler:
         """Files a member under the tick of its next event. With offsets (count - tick) the
         event ticks do not depend on the current tick."""
         c = self.config
-        tick = min(len(seq.blocks) * c.block_size - seq._computed,
-                   min(seq.max_tokens, c.max_model_len - seq.num_prompt_tokens)
-                   - seq._output - 1)
+        block_tick = len(seq.blocks) * c.block_size - seq._computed
+        last = c.max_model_len - seq.num_prompt_tokens
+        if seq.max_tokens < last:
+            last = seq.max_tokens
+        last_tick = last - seq._output - 1
+        tick = block_tick if block_tick < last_tick else last_tick
         seq._event = tick
-        bucket = self._cohort.events.get(tick)
+        events = self._cohort.events
+        bucket = events.get(tick)
         if bucket is None:
-            self._cohort.events[tick] = [seq]
+            events[tick] = [seq]
         else:
             bucket.append(seq)
 
@@ -573,11 +581,18 @@ class Scheduler:
         seq._computed -= co.tick
         seq._output -= co.tick
         seq._cohort = co
-        co.unshare()
-        i = bisect.bisect_left(co.serials, seq._serial)
-        co.seqs.insert(i, seq)
-        co.offs.insert(i, seq._computed)
-        co.serials.insert(i, seq._serial)
+        if co.shared:
+            co.unshare()
+        serials = co.serials
+        if not serials or serials[-1] < seq._serial:  # the common case: the latest admitted
+            co.seqs.append(seq)
+            co.offs.append(seq._computed)
+            serials.append(seq._serial)
+        else:
+            i = bisect.bisect_left(serials, seq._serial)
+            co.seqs.insert(i, seq)
+            co.offs.insert(i, seq._computed)
+            serials.insert(i, seq._serial)
         co.off_sum += seq._computed
         self._schedule_event(seq)
 
@@ -727,7 +742,8 @@ class Scheduler:
             need = -(-upto // bs)
             if need + (0 if kv_insert else c.watermark_blocks) > len(free):
                 break  # head-of-line: keep arrival order, wait for blocks
-            waiting.pop()
+            heapq.heappop(waiting._heap)  # = waiting.pop(): peek left `seq` on top
+            waiting._live.discard(id(seq))
             self._waiting_tokens -= total - computed
             seq.blocks = [take() for _ in range(need)]
             seq.status = SeqStatus.RUNNING
@@ -826,11 +842,14 @@ class Scheduler:
         self._load = None
         stopped = stopped or {}
         done: list[Sequence] = []
+        finished = SeqStatus.FINISHED
         for e in plan.finishing:
-            if not e.seq.finished:
-                reason = stopped.get(e.seq.request_id, e.seq.pending_finish)
-                self._finish(e.seq, reason or "length")
-                done.append(e.seq)
+            seq = e.seq
+            if seq.status is not finished:
+                reason = stopped.get(seq.request_id, seq.pending_finish) if stopped else \
+                    seq.pending_finish
+                self._finish(seq, reason or "length")
+                done.append(seq)
         for rid, reason in stopped.items():  # stops of sequences that go on in later plans
             seq = self._by_id.get(rid)
             if seq is not None:
@@ -839,15 +858,18 @@ class Scheduler:
         return done
 
     def _finish(self, seq: Sequence, reason: str) -> None:
-        if seq.finished:
+        status = seq.status
+        if status is SeqStatus.FINISHED:
             return
-        self._leave(seq)
-        if seq.status is SeqStatus.WAITING:
+        if seq._cohort is not None:
+            self._leave(seq)
+        if status is SeqStatus.RUNNING:  # (exactly the members of _running)
+            del self._running[seq]
+        elif status is SeqStatus.WAITING:
             self._waiting.remove(seq)
             self._dequeue(seq)
-        elif seq.status is SeqStatus.RUNNING:  # (exactly the members of _running)
-            del self._running[seq]
-        self._free(seq)
+        self._free_blocks.extend(seq.blocks)  # _free
+        seq.blocks = []
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
         seq.pending_finish = None
