@@ -11,17 +11,19 @@ project from a window long enough to be near its steady state (--duration 60 or 
     python bench/sim_speed.py --compare --repeat 3  # also the per-sequence scheduler path,
                                                     # interleaved, with the ratio
     python bench/sim_speed.py --duration 600        # the full goal (long: see the projection)
-    python bench/sim_speed.py --baseline REV --repeat 3  # this tree against the simulator and
-                                                    # scheduler of git revision REV, runs
-                                                    # alternated, ratios; fails if they differ
+    python bench/sim_speed.py --baseline REV --repeat 3  # this tree against itself with the
+                                                    # simulator engine and scheduler of git
+                                                    # revision REV, runs alternated, ratios;
+                                                    # fails if the results differ
 
 --compare runs the scheduler with its aggregate decode path off (every sequence one by one,
 the code the aggregate path replaced and must decide exactly like): both runs must give the
 same steps, events and makespan, or the bench fails.
 
 --baseline REV runs each measurement in a fresh interpreter, alternating between this tree's
-python/flexnpu and REV's (extracted with `git archive`, this build's compiled modules linked
-in, so only the Python code differs): before / after on the same loaded machine.
+python/flexnpu and a copy of it in which the files of _BASELINE_FILES (the event loop and the
+scheduler whose speed this is about) are REV's: before / after on the same loaded machine,
+with everything else (cost model, placer, compiled modules) the same on both sides.
 """
 
 from __future__ import annotations
@@ -130,20 +132,22 @@ _SAME = ("requests", "events", "steps", "placer_calls", "makespan_s", "throughpu
          "tpot_p50_ms", "ttft_p50_s")
 
 
-def checkout_package(rev: str, into: Path) -> Path:
-    """REV's python/flexnpu under `into`, with this build's compiled modules linked in."""
-    try:
-        tar = subprocess.run(["git", "-C", str(_ROOT), "archive", rev, "python/flexnpu"],
-                             check=True, capture_output=True).stdout
-    except subprocess.CalledProcessError as e:
-        raise SystemExit(f"--baseline {rev}: git archive failed: "
-                         f"{e.stderr.decode().strip()}") from None
-    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+_BASELINE_FILES = ("python/flexnpu/sim/engine.py", "python/flexnpu/serving/scheduler.py")
+
+
+def baseline_package(rev: str, into: Path) -> Path:
+    """A copy of this tree's python/flexnpu under `into` with REV's _BASELINE_FILES."""
     pkg = into / "python"
-    for so in (_ROOT / "python" / "flexnpu").glob("*.so"):
-        dst = pkg / "flexnpu" / so.name
-        if not dst.exists():
-            dst.symlink_to(so.resolve())
+    shutil.copytree(_ROOT / "python" / "flexnpu", pkg / "flexnpu", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for path in _BASELINE_FILES:
+        try:
+            text = subprocess.run(["git", "-C", str(_ROOT), "show", f"{rev}:{path}"],
+                                  check=True, capture_output=True).stdout
+        except subprocess.CalledProcessError as e:
+            raise SystemExit(f"--baseline {rev}: git show {rev}:{path} failed: "
+                             f"{e.stderr.decode().strip()}") from None
+        (into / path).write_bytes(text)
     return pkg
 
 
@@ -165,7 +169,7 @@ def baseline_main(args: argparse.Namespace, argv: list[str]) -> int:
             del child_argv[i:i + 2]
     tmp = Path(tempfile.mkdtemp(prefix="sim_speed_"))
     try:
-        pkgs = {"baseline": checkout_package(args.baseline, tmp),
+        pkgs = {"baseline": baseline_package(args.baseline, tmp),
                 "current": _ROOT / "python"}
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in pkgs}
         for k in range(args.repeat):
