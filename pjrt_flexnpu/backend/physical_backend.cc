@@ -87,6 +87,11 @@ StatusOr<std::shared_ptr<const PhysicalBackend>> PhysicalBackend::Load(const std
   return backend;
 }
 
+std::shared_ptr<const PhysicalBackend> PhysicalBackend::FromApi(const PJRT_Api* api,
+                                                                std::string name) {
+  return std::shared_ptr<const PhysicalBackend>(new PhysicalBackend(std::move(name), api));
+}
+
 #define FLEXNPU_DEFINE_DELETER(Handle, Fn, field)        \
   template <>                                          \
   void InnerDeleter<Handle>::operator()(Handle* h) const { \

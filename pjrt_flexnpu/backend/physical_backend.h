@@ -22,6 +22,9 @@ class PhysicalBackend {
   // Loads (once per process and path) the PJRT plugin at `path`. Plugins are never
   // unloaded: most cannot be dlclose'd safely.
   static StatusOr<std::shared_ptr<const PhysicalBackend>> Load(const std::string& path);
+  // A backend over an API table that is not a loaded plugin (the daemon client's remote
+  // API); `name` stands for the path in messages. `api` must outlive the backend.
+  static std::shared_ptr<const PhysicalBackend> FromApi(const PJRT_Api* api, std::string name);
 
   const PJRT_Api* api() const { return api_; }
   const std::string& path() const { return path_; }

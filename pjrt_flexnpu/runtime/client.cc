@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "pjrt_flexnpu/daemon/remote_api.h"
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable.h"
 #include "pjrt_flexnpu/runtime/executable_serialization.h"
@@ -74,7 +75,9 @@ Status VirtualClient::Init() {
   auto backend_path = BackendPath(options_);
   if (!backend_path.ok()) return backend_path.status();
   const std::string& path = *backend_path;
-  auto backend = PhysicalBackend::Load(path);
+  // "daemon:SOCKET": the physical backend is the FlexNPU daemon's, over its remote API.
+  auto backend = daemon::IsDaemonBackend(path) ? daemon::RemoteBackend(path)
+                                               : PhysicalBackend::Load(path);
   if (!backend.ok()) return backend.status();
   backend_ = *backend;
   const PhysicalBackend& b = *backend_;

@@ -8,7 +8,8 @@ import importlib
 import sys
 
 _SUBCOMMANDS = ("flexnpu._cli_analyze", "flexnpu._cli_stats", "flexnpu._cli_simulate",
-                "flexnpu._cli_serve", "flexnpu._cli_export_tokenizer", "flexnpu._cli_devices")
+                "flexnpu._cli_serve", "flexnpu._cli_export_tokenizer", "flexnpu._cli_devices",
+                "flexnpu.daemon")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ namespace flexnpu::python {
 void RegisterAnalysis(nb::module_& m);
 void RegisterPlacement(nb::module_& m);
 void RegisterHardware(nb::module_& m);
+void RegisterDaemon(nb::module_& m);
 }  // namespace flexnpu::python
 
 NB_MODULE(_native, m) {
@@ -20,5 +21,8 @@ NB_MODULE(_native, m) {
 #endif
 #ifdef FLEXNPU_HAVE_HARDWARE
   flexnpu::python::RegisterHardware(m);
+#endif
+#ifdef FLEXNPU_HAVE_DAEMON
+  flexnpu::python::RegisterDaemon(m);
 #endif
 }

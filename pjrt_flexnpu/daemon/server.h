@@ -1,0 +1,46 @@
+// The FlexNPU daemon: owns the physical PJRT client and serves client processes' remote
+// PJRT_Api calls (remote_api.cc) over a Unix-domain socket. Each connection is a session
+// with its own handle tables; closing it (or the client dying) destroys what it owned.
+#ifndef FLEXNPU_DAEMON_SERVER_H_
+#define FLEXNPU_DAEMON_SERVER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pjrt_flexnpu/runtime/status.h"
+
+namespace flexnpu::daemon {
+
+struct TenantConfig {
+  std::string name;
+  int64_t memory_quota_bytes = -1;  // bytes on physical devices; -1: unlimited
+  std::vector<int64_t> devices;     // physical device ids it may use; empty: all
+  std::string priority = "batch";   // latency | batch (recorded; placement is the next step)
+};
+
+struct ServerConfig {
+  std::string socket_path;
+  std::string backend_path;  // the physical PJRT plugin
+  // Integer create options of the physical client (e.g. cpu_device_count).
+  std::vector<std::pair<std::string, int64_t>> backend_int_options;
+  std::vector<TenantConfig> tenants;
+  bool allow_unknown_tenants = true;
+  bool log = true;  // one line per session event on stderr
+};
+
+class Server {
+ public:
+  static StatusOr<std::unique_ptr<Server>> Start(ServerConfig config);
+  virtual ~Server() = default;
+  // Stops accepting, ends every session (destroying what it owns) and removes the socket.
+  virtual void Stop() = 0;
+  // {"sessions": [...], "tenants": {...}, ...}
+  virtual std::string StatsJson() const = 0;
+};
+
+}  // namespace flexnpu::daemon
+
+#endif  // FLEXNPU_DAEMON_SERVER_H_

@@ -1,0 +1,163 @@
+"""`python -m flexnpu daemon --socket PATH [--backend cpu|LIB] [--backend-options K=V,...]
+[--tenants FILE]`: the per-host FlexNPU daemon. It owns the physical PJRT client; processes
+run with `FLEXNPU_BACKEND=daemon:PATH` reach it through their virtual devices. Foreground,
+logs on stderr; SIGTERM (or Ctrl-C) ends every session and stops.
+
+The tenants file (TOML or JSON) lists who may connect (`FLEXNPU_TENANT`)::
+
+    allow_unknown = false
+    [[tenants]]
+    name = "prefill"
+    memory_quota_bytes = 8_000_000_000
+    devices = [0, 1]          # physical device ids; absent: all
+    priority = "latency"      # or "batch"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PRIORITIES = ("latency", "batch")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    name: str
+    memory_quota_bytes: int = -1
+    devices: tuple[int, ...] = ()
+    priority: str = "batch"
+
+
+@dataclass(frozen=True)
+class Tenants:
+    tenants: tuple[Tenant, ...] = ()
+    allow_unknown: bool = True
+    names: frozenset[str] = field(default_factory=frozenset)
+
+
+def _tenant(entry: Any, where: str) -> Tenant:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+        raise ValueError(f"{where}: each tenant needs a non-empty string 'name'")
+    known = {"name", "memory_quota_bytes", "devices", "priority"}
+    unknown = set(entry) - known
+    if unknown:
+        raise ValueError(f"{where}: tenant '{entry['name']}' has unknown keys {sorted(unknown)} "
+                         f"(known: {sorted(known)})")
+    quota = entry.get("memory_quota_bytes", -1)
+    if not isinstance(quota, int) or isinstance(quota, bool) or quota < -1:
+        raise ValueError(f"{where}: tenant '{entry['name']}': memory_quota_bytes must be an "
+                         f"integer >= 0 (or -1 for none), not {quota!r}")
+    devices = entry.get("devices", [])
+    if not isinstance(devices, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+        raise ValueError(f"{where}: tenant '{entry['name']}': devices must be a list of "
+                         f"physical device ids, not {devices!r}")
+    priority = entry.get("priority", "batch")
+    if priority not in PRIORITIES:
+        raise ValueError(f"{where}: tenant '{entry['name']}': priority must be one of "
+                         f"{PRIORITIES}, not {priority!r}")
+    return Tenant(entry["name"], quota, tuple(devices), priority)
+
+
+def load_tenants(path: str | Path) -> Tenants:
+    """Parses a tenants file (.toml, else JSON) with errors naming the file and the field."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read tenants file {path}: {e}") from e
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"tenants file {path} is not valid {path.suffix or 'JSON'}: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"tenants file {path}: the top level must be a table/object")
+    unknown = set(data) - {"tenants", "allow_unknown"}
+    if unknown:
+        raise ValueError(f"tenants file {path}: unknown keys {sorted(unknown)}")
+    allow_unknown = data.get("allow_unknown", True)
+    if not isinstance(allow_unknown, bool):
+        raise ValueError(f"tenants file {path}: allow_unknown must be true or false")
+    entries = data.get("tenants", [])
+    if not isinstance(entries, list):
+        raise ValueError(f"tenants file {path}: 'tenants' must be a list")
+    tenants = tuple(_tenant(e, f"tenants file {path}") for e in entries)
+    names = [t.name for t in tenants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tenants file {path}: a tenant is listed twice: {names}")
+    return Tenants(tenants, allow_unknown, frozenset(names))
+
+
+def _backend_options(text: str) -> list[tuple[str, int]]:
+    options: list[tuple[str, int]] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, value = item.partition("=")
+        try:
+            options.append((key.strip(), int(value)))
+        except ValueError:
+            sep = ""
+        if not sep or not key.strip():
+            raise ValueError(f"--backend-options: '{item}' is not KEY=INTEGER")
+    return options
+
+
+def _backend_path(backend: str) -> str:
+    if backend == "cpu":
+        from flexnpu._paths import cpu_plugin_path
+
+        return str(cpu_plugin_path())
+    return backend
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "daemon", help="run the per-host daemon that shares physical devices between processes"
+    )
+    parser.add_argument("--socket", required=True, help="Unix-domain socket path to serve")
+    parser.add_argument("--backend", default="cpu",
+                        help="physical PJRT plugin: 'cpu' (xla-cpu-pjrt) or a library path")
+    parser.add_argument("--backend-options", default="",
+                        help="integer create options of the physical client, K=V,... "
+                             "(default for cpu: cpu_device_count=4)")
+    parser.add_argument("--tenants", help="tenants file (TOML or JSON)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flexnpu._native_loader import native
+
+    try:
+        tenants = load_tenants(args.tenants) if args.tenants else Tenants()
+        options = _backend_options(args.backend_options)
+        if args.backend == "cpu" and not any(k == "cpu_device_count" for k, _ in options):
+            options.append(("cpu_device_count", 4))
+        server_class = native("DaemonServer", "the daemon").DaemonServer
+        server = server_class.start(
+            args.socket, _backend_path(args.backend), options,
+            [(t.name, t.memory_quota_bytes, list(t.devices), t.priority) for t in tenants.tenants],
+            tenants.allow_unknown)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"flexnpu daemon: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        print(f"flexnpu daemon: {signal.Signals(signum).name}: stopping", file=sys.stderr,
+              flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    print(f"flexnpu daemon: ready on {args.socket}", file=sys.stderr, flush=True)
+    while not stop.wait(0.5):
+        pass
+    server.stop()
+    return 0

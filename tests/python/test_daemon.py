@@ -1,0 +1,362 @@
+"""The per-host daemon end to end: JAX processes with FLEXNPU_BACKEND=daemon:SOCK get the
+physical backend's results, two at once; a killed client is reclaimed; a dead daemon fails
+calls fast; the handshake, isolation, tenants and quotas hold at the protocol level."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from flexnpu._daemon_wire import (
+    OP_BUFFER_FROM_HOST,
+    OP_BUFFER_TO_HOST_SIZE,
+    Connection,
+    daemon_stats,
+)
+
+TESTS = Path(__file__).parent
+F32 = 11  # PJRT_Buffer_Type_F32
+NO_LAYOUT = [-1, 0, 0, 0]  # a host layout field saying "none"
+OK, NOT_FOUND, PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION = 0, 5, 7, 8, 9
+
+
+class Daemon:
+    def __init__(self, socket: Path, log: Path, tenants: Path | None = None) -> None:
+        self.socket = socket
+        self.log = log
+        cmd = [sys.executable, "-m", "flexnpu", "daemon", "--socket", str(socket)]
+        if tenants is not None:
+            cmd += ["--tenants", str(tenants)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_"))}
+        with open(log, "w") as out:
+            self.process = subprocess.Popen(cmd, stderr=out, stdout=out, env=env)
+        deadline = time.monotonic() + 60
+        while "ready on" not in log.read_text():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"daemon did not start: {log.read_text()}")
+            time.sleep(0.1)
+
+    def stats(self) -> dict:
+        return json.loads(daemon_stats(str(self.socket)))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("daemon")
+    d = Daemon(tmp / "flexnpu.sock", tmp / "daemon.log")
+    yield d
+    d.stop()
+
+
+def _client_env(socket: Path, tenant: str = "") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_"))}
+    env.update(JAX_PLATFORMS="flexnpu", FLEXNPU_BACKEND=f"daemon:{socket}")
+    if tenant:
+        env["FLEXNPU_TENANT"] = tenant
+    return env
+
+
+# Runs corpus programs (test_plugin_programs.PROGRAMS) on virtual device 2 and pickles the
+# results: argv = [output path, names...].
+CORPUS_CLIENT = """
+import pickle, sys
+import jax, numpy as np
+sys.path.insert(0, {tests!r})
+from test_plugin_programs import PROGRAMS
+device = jax.devices()[2]
+results = {{}}
+for name in sys.argv[2:]:
+    fn, args = PROGRAMS[name]
+    out = jax.jit(fn)(*jax.device_put(args, device))
+    results[name] = [np.asarray(leaf) for leaf in jax.tree.leaves(out)]
+with open(sys.argv[1], "wb") as f:
+    pickle.dump((jax.devices()[0].client.platform_version, results), f)
+"""
+
+
+def _assert_matches_backend(results: dict, ref_devices: list) -> None:
+    from test_plugin_programs import PROGRAMS
+
+    for name, got in results.items():
+        fn, args = PROGRAMS[name]
+        want = jax.tree.leaves(jax.jit(fn)(*jax.device_put(args, ref_devices[2])))
+        assert len(got) == len(want), name
+        for g, w in zip(got, want, strict=True):
+            w = np.asarray(w)
+            assert g.dtype == w.dtype and g.shape == w.shape, name
+            np.testing.assert_array_equal(g, w, err_msg=name)
+
+
+def test_two_clients_run_the_corpus_concurrently(daemon: Daemon, ref_devices: list,
+                                                 tmp_path: Path) -> None:
+    from test_plugin_programs import PROGRAMS
+
+    names = sorted(PROGRAMS)
+    code = CORPUS_CLIENT.format(tests=str(TESTS))
+    outputs = [tmp_path / "a.pkl", tmp_path / "b.pkl"]
+    # Different orders, so the two sessions compile and run different programs at once.
+    orders = [names, names[::-1]]
+    clients = [
+        subprocess.Popen([sys.executable, "-c", code, str(out), *order],
+                         env=_client_env(daemon.socket, tenant), stderr=subprocess.PIPE,
+                         text=True)
+        for out, order, tenant in zip(outputs, orders, ["alpha", "beta"], strict=True)
+    ]
+    for client in clients:
+        _, err = client.communicate(timeout=600)
+        assert client.returncode == 0, err[-3000:]
+    for out in outputs:
+        version, results = pickle.loads(out.read_bytes())
+        assert "over cpu" in version
+        assert sorted(results) == names
+        _assert_matches_backend(results, ref_devices)
+    assert daemon.stats()["sessions_served"] >= 2
+
+
+# Holds a 4 MB buffer (shared-memory path) and a compiled executable, then waits.
+HOLDER = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+x = jax.device_put(np.ones((1024, 1024), np.float32))
+y = jax.jit(lambda v: v * 2)(x)
+assert float(y[0, 0]) == 2.0
+print("holding", flush=True)
+sys.stdin.readline()
+"""
+
+SMALL_PROGRAM = """
+import jax, jax.numpy as jnp, numpy as np
+x = np.arange(100000, dtype=np.float32)
+print(float(jax.jit(lambda v: (v * 3).sum())(x)))
+"""
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_killed_client_is_reclaimed_while_others_run(daemon: Daemon) -> None:
+    victim = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_client_env(daemon.socket, "victim"))
+    survivor = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_client_env(daemon.socket, "survivor"))
+    try:
+        for p in (victim, survivor):
+            assert p.stdout.readline().strip() == "holding", p.stderr.read()[-3000:]
+        before = daemon.stats()
+        assert before["tenants"]["victim"]["bytes_in_use"] >= 4 * 1024 * 1024
+        victim_sessions = [s for s in before["sessions"] if s["tenant"] == "victim"]
+        assert len(victim_sessions) == 1 and victim_sessions[0]["buffers"] >= 2
+        assert victim_sessions[0]["executables"] >= 1
+
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+
+        def reclaimed() -> bool:
+            s = daemon.stats()
+            return (not any(x["tenant"] == "victim" for x in s["sessions"])
+                    and s["tenants"]["victim"]["bytes_in_use"] == 0)
+
+        assert _wait_for(reclaimed), daemon.stats()
+        after = daemon.stats()
+        assert after["tenants"]["victim"]["sessions"] == 0
+        assert after["tenants"]["survivor"]["bytes_in_use"] >= 4 * 1024 * 1024
+        # Others keep running: a new client computes while the survivor still holds its data.
+        done = subprocess.run([sys.executable, "-c", SMALL_PROGRAM], capture_output=True,
+                              text=True, timeout=300, env=_client_env(daemon.socket, "third"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert float(done.stdout.strip()) == float((np.arange(100000, dtype=np.float32) * 3).sum())
+    finally:
+        for p in (victim, survivor):
+            if p.poll() is None:
+                p.communicate("\n", timeout=60)
+
+
+# Computes once, waits for the test to kill the daemon, then computes again.
+AFTER_DAEMON_DIES = """
+import sys, time
+import jax, numpy as np
+f = jax.jit(lambda v: v + 1)
+print(float(f(np.float32(1))), flush=True)
+sys.stdin.readline()
+start = time.monotonic()
+try:
+    print(float(f(np.float32(2))))
+except Exception as e:
+    print("ERROR", type(e).__name__, str(e).replace(chr(10), " "))
+print("seconds", time.monotonic() - start)
+"""
+
+
+def test_daemon_death_fails_calls_fast_and_restart_serves_new_clients(tmp_path: Path) -> None:
+    socket = tmp_path / "d.sock"
+    d = Daemon(socket, tmp_path / "d1.log")
+    client = subprocess.Popen([sys.executable, "-c", AFTER_DAEMON_DIES], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_client_env(socket))
+    try:
+        assert client.stdout.readline().strip() == "2.0", client.stderr.read()[-3000:]
+        d.process.send_signal(signal.SIGKILL)
+        d.process.wait(timeout=10)
+        out, err = client.communicate("\n", timeout=120)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("ERROR"), out + err[-3000:]
+    assert str(socket) in lines[0] and "connection lost" in lines[0], lines[0]
+
+    # A new daemon takes over the stale socket file; new clients work.
+    d2 = Daemon(socket, tmp_path / "d2.log")
+    try:
+        done = subprocess.run([sys.executable, "-c", SMALL_PROGRAM], capture_output=True,
+                              text=True, timeout=300, env=_client_env(socket))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert float(done.stdout.strip()) == float((np.arange(100000, dtype=np.float32) * 3).sum())
+    finally:
+        d2.stop()
+    assert not socket.exists()  # SIGTERM removes the socket
+
+
+def test_client_without_daemon_names_the_socket(tmp_path: Path) -> None:
+    socket = tmp_path / "nobody.sock"
+    done = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
+                          capture_output=True, text=True, timeout=300,
+                          env=_client_env(socket))
+    assert done.returncode != 0
+    assert f"cannot connect to the flexnpu daemon at {socket}" in done.stderr
+
+
+def test_protocol_version_mismatch_is_refused(daemon: Daemon) -> None:
+    with Connection(str(daemon.socket)) as c:
+        reply = c.hello(version=99)
+    assert reply.code == FAILED_PRECONDITION
+    assert "protocol version mismatch" in reply.text and "speaks version 1" in reply.text
+    assert "client 99" in reply.text
+
+
+def _device_indices(reply) -> list[tuple[int, int]]:
+    ints = reply.ints
+    pos = 2 + 3 * ints[1]
+    count = ints[pos]
+    pos += 1
+    out = []
+    for _ in range(count):
+        index, device_id = ints[pos], ints[pos + 1]
+        num_memories = ints[pos + 4]
+        pos += 5 + num_memories
+        out.append((index, device_id))
+    return out
+
+
+def _put(c: Connection, device_index: int, values: np.ndarray):
+    data = values.astype(np.float32).tobytes()
+    return c.call(OP_BUFFER_FROM_HOST,
+                  [F32, 1, values.size, 0, device_index, -1, 1, len(data)], blobs=[data])
+
+
+def test_a_session_cannot_name_another_sessions_buffer(daemon: Daemon) -> None:
+    with Connection(str(daemon.socket)) as a, Connection(str(daemon.socket)) as b:
+        hello_a = a.hello("alpha")
+        assert hello_a.code == OK
+        assert b.hello("beta").code == OK
+        device = _device_indices(hello_a)[0][0]
+        put = _put(a, device, np.arange(4))
+        assert put.code == OK, put.text
+        buffer_id = put.ints[0]
+        own = a.call(OP_BUFFER_TO_HOST_SIZE, [buffer_id, *NO_LAYOUT])
+        assert own.code == OK and own.ints == [16]
+        other = b.call(OP_BUFFER_TO_HOST_SIZE, [buffer_id, *NO_LAYOUT])
+        assert other.code == NOT_FOUND
+        assert f"buffer {buffer_id} is not one of session" in other.text
+
+
+@pytest.fixture(scope="module")
+def tenant_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("tenants")
+    tenants = tmp / "tenants.toml"
+    tenants.write_text(
+        'allow_unknown = false\n'
+        '[[tenants]]\nname = "small"\nmemory_quota_bytes = 1000\npriority = "batch"\n'
+        '[[tenants]]\nname = "pinned"\ndevices = [1, 3]\npriority = "latency"\n'
+    )
+    d = Daemon(tmp / "t.sock", tmp / "t.log", tenants)
+    yield d
+    d.stop()
+
+
+def test_unknown_tenant_is_refused(tenant_daemon: Daemon) -> None:
+    with Connection(str(tenant_daemon.socket)) as c:
+        reply = c.hello("stranger")
+    assert reply.code == PERMISSION_DENIED
+    assert "unknown tenant 'stranger'" in reply.text and "refuses unknown tenants" in reply.text
+
+
+def test_quota_is_enforced_with_tenant_quota_and_request(tenant_daemon: Daemon) -> None:
+    with Connection(str(tenant_daemon.socket)) as c:
+        hello = c.hello("small")
+        assert hello.code == OK
+        device = _device_indices(hello)[0][0]
+        fits = _put(c, device, np.arange(100))  # 400 bytes
+        assert fits.code == OK, fits.text
+        over = _put(c, device, np.arange(200))  # 800 more: over 1000
+        assert over.code == RESOURCE_EXHAUSTED
+        assert "tenant 'small' is over its memory quota" in over.text
+        assert "needs 800 bytes" in over.text and "quota of 1000 bytes" in over.text
+        assert "400 of its quota" in over.text
+    # Through JAX the same error reaches the program.
+    done = subprocess.run(
+        [sys.executable, "-c",
+         "import jax, numpy as np; jax.device_put(np.ones(1000, np.float32)).block_until_ready()"],
+        capture_output=True, text=True, timeout=300,
+        env=_client_env(tenant_daemon.socket, "small"))
+    assert done.returncode != 0
+    assert "RESOURCE_EXHAUSTED" in done.stderr
+    assert "tenant 'small' is over its memory quota" in done.stderr
+
+
+def test_device_set_filters_the_devices_a_session_sees(tenant_daemon: Daemon) -> None:
+    with Connection(str(tenant_daemon.socket)) as c:
+        hello = c.hello("pinned")
+        assert hello.code == OK
+        assert [device_id for _, device_id in _device_indices(hello)] == [1, 3]
+        refused = _put(c, 0, np.arange(4))  # device index 0 is outside the set
+    assert refused.code == PERMISSION_DENIED
+    assert "outside the device set of tenant 'pinned'" in refused.text
+
+
+def test_stats_cli_lists_sessions_and_tenants(tenant_daemon: Daemon) -> None:
+    with Connection(str(tenant_daemon.socket)) as c:
+        assert c.hello("pinned").code == OK
+        done = subprocess.run([sys.executable, "-m", "flexnpu", "stats", "--daemon",
+                               str(tenant_daemon.socket), "--json"],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    state = json.loads(done.stdout)
+    assert [s["tenant"] for s in state["sessions"]] == ["pinned"]
+    assert state["tenants"]["small"]["memory_quota_bytes"] == 1000
+    assert state["tenants"]["pinned"]["priority"] == "latency"
+    assert state["tenants"]["pinned"]["devices"] == [1, 3]
