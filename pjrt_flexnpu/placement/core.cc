@@ -15,8 +15,9 @@ namespace {
 
 constexpr double kUnhealthy = 1e30;  // added to the cost of a quarantined device
 constexpr double kMaxExternal = 0.9;  // external load share at most (times at most 10x)
-// Added to a decode move's cost on a device serving another instance's prefills (its role);
-// below kUnhealthy, so a decode that must leave its device may still go there.
+// Added to a decode move's cost on a device serving another instance's prefills (its role),
+// and to a prefill's on a device whose decode streams' stall budget it exceeds; below
+// kUnhealthy, so work that has nowhere else to go may still go there.
 constexpr double kOtherRole = 1e20;
 
 struct TicketRecord {
@@ -126,6 +127,8 @@ struct Core::State {
   int move_home = -1;          // ScanAll: a moving decode's home (>= 0: avoid prefill homes)
   std::vector<int64_t> prefill_home_ns;  // last prefill placed by a virtual device homed here
   std::vector<int> prefill_home_outstanding;  // ... and its prefills not finished yet
+  std::vector<double> stall_bank;     // SLO-aware admission: decode stall budget (ns) ...
+  std::vector<double> stall_pending;  // ... and the blocking time of prefills admitted since
   std::vector<double> away_weight;    // scratch: ComputeAwayWeight (zero outside a prefill)
   double request_weight = 1;   // scratch: Request::weight of the request being placed
 
@@ -154,7 +157,8 @@ struct Core::State {
   // Virtual devices.
   std::vector<int> home, current, stream_device;
   std::vector<double> stream_weight;  // weight of the virtual device's last decode
-  std::vector<int64_t> stream_last_ns;  // time of the virtual device's last decode
+  std::vector<int64_t> stream_last_ns;  // predicted end of the virtual device's last decode
+  std::vector<double> stream_finish;    // predicted finish of its last decode (ns)
   std::vector<int64_t> moved_ns;
   std::vector<VirtualStats> vstats;
 
@@ -205,11 +209,19 @@ struct Core::State {
   // Interference of work (c, m) placed on d with the decode streams active there: the
   // sequences it delays per sequence it serves, times `weight` (1 for prefill, 0: none).
   double Penalty(int d, int64_t now_i, double c, double m, double weight) const {
-    const bool active =
-        decode_streams[d] != 0 && last_decode_ns[d] > now_i - tuning.decode_active_ns;
+    const bool active = DecodeActive(d, now_i);
     const double w = (active ? decode_weight[d] : 0) + away_weight[d];
     if (w == 0) return 0;
-    return weight * tuning.tpot_weight * (w / request_weight) * (overlap[d] ? m : std::max(c, m));
+    const double block = overlap[d] ? m : std::max(c, m);
+    // SLO-aware admission: beyond the streams' stall budget only if nothing else is left.
+    if (active && tuning.tpot_slo_ns > 0 && block > stall_bank[d] - stall_pending[d]) {
+      return kOtherRole;
+    }
+    return weight * tuning.tpot_weight * (w / request_weight) * block;
+  }
+
+  bool DecodeActive(int d, int64_t now_i) const {
+    return decode_streams[d] != 0 && last_decode_ns[d] > now_i - tuning.decode_active_ns;
   }
 
   // away_weight: the active decode streams homed at each device but running elsewhere (a
@@ -341,6 +353,10 @@ Status CheckTuning(const Tuning& t) {
   if (!(t.tpot_weight >= 0 && Finite(t.tpot_weight))) return bad("tpot_weight < 0");
   if (t.max_executables < 1) return bad("max_executables < 1");
   if (!(t.move_weight >= 0 && Finite(t.move_weight))) return bad("move_weight < 0");
+  if (t.tpot_slo_ns < 0) return bad("tpot_slo_ns < 0");
+  if (!(t.stall_bank_steps >= 0 && Finite(t.stall_bank_steps))) {
+    return bad("stall_bank_steps < 0");
+  }
   if (!(t.ewma_alpha >= 0 && t.ewma_alpha <= 1)) return bad("ewma_alpha outside [0, 1]");
   if (!(t.device_alpha >= 0 && t.device_alpha <= 1)) return bad("device_alpha outside [0, 1]");
   return Status::Ok();
@@ -397,6 +413,8 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   s->prefill_home_ns.assign(P, INT64_MIN);
   s->prefill_home_outstanding.assign(P, 0);
   s->away_weight.assign(P, 0);
+  s->stall_bank.assign(P, 0);
+  s->stall_pending.assign(P, 0);
   s->last_finish.assign(P, INT64_MIN);
   s->busy_end.assign(P, INT64_MIN);
   s->dstats.assign(P, DeviceStats{});
@@ -415,6 +433,7 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   s->stream_device.assign(s->V, -1);
   s->stream_weight.assign(s->V, 0);
   s->stream_last_ns.assign(s->V, INT64_MIN);
+  s->stream_finish.assign(s->V, 0);
   s->moved_ns.assign(s->V, INT64_MIN / 2);
   s->vstats.assign(s->V, VirtualStats{});
   s->exec_factor =
@@ -681,6 +700,20 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
   } else {
     s.avail[d] = fin;
   }
+  if (s.tuning.tpot_slo_ns > 0) {
+    if (phase == Phase::kPrefill && s.DecodeActive(d, now)) {
+      s.stall_pending[d] += s.overlap[d] ? m : std::max(c, m);
+    } else if (phase == Phase::kDecode) {
+      // The stream's time for this token (its wait included: the prefills admitted since
+      // its last step, other streams' steps) against the SLO; k streams share the bank.
+      const double slo = static_cast<double>(s.tuning.tpot_slo_ns);
+      const double cap = slo * s.tuning.stall_bank_steps;
+      const double gap = fin - std::max(static_cast<double>(now), s.stream_finish[v]);
+      const int k = std::max(1, s.decode_streams[d] + (s.stream_device[v] == d ? 0 : 1));
+      s.stall_bank[d] = std::clamp(s.stall_bank[d] + (slo - gap) / k, -cap, cap);
+      s.stall_pending[d] *= 1.0 - 1.0 / k;  // the prefills are now in this stream's time
+    }
+  }
   ++s.outstanding[d];
   if (phase == Phase::kPrefill) {
     ++s.prefill_outstanding[d];
@@ -699,8 +732,12 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
     s.stream_weight[v] = s.request_weight;
     s.decode_weight[d] += s.request_weight;
     s.stream_device[v] = d;
-    s.last_decode_ns[d] = now;
-    s.stream_last_ns[v] = now;
+    // Active until its step is predicted to end (a stream stalled behind a prefill for longer
+    // than decode_active_ns is waiting, not idle) and decode_active_ns after.
+    const int64_t end = std::max(now, static_cast<int64_t>(fin));
+    s.last_decode_ns[d] = std::max(s.last_decode_ns[d], end);
+    s.stream_last_ns[v] = end;
+    s.stream_finish[v] = fin;
   }
   if (s.current[v] != d) {
     if (s.current[v] >= 0) s.moved_ns[v] = now;

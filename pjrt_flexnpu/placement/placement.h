@@ -78,8 +78,9 @@
 //     with the margin this gives hysteresis: no A->B->A ping-pong.
 //   * Prefill (TTFT): earliest predicted finish over all healthy devices plus an interference
 //     penalty for devices that serve decode: tpot_weight * (decode weight there / the
-//     prefill's weight, if a decode ran there within decode_active_ns) * (time the prefill
-//     blocks them: its exec on a FIFO device, its bandwidth share of it on an overlapping one).
+//     prefill's weight, if a decode is outstanding there or ended within decode_active_ns:
+//     a stream stalled behind a prefill is waiting, not idle) * (time the prefill blocks
+//     them: its exec on a FIFO device, its bandwidth share of it on an overlapping one).
 //     The decode weight of a device is the sum over the decode streams with affinity there of
 //     their last Request::weight (sequences in the batch; 1 each by default: then it counts
 //     streams), plus that of active streams homed there but displaced elsewhere (a prefill on
@@ -89,7 +90,11 @@
 //     prefill batch facing a small decode batch spills onto it. Prefill goes to idle
 //     devices first and spills onto decode devices only when that is faster overall, so it is
 //     never starved; decode does not queue behind long prefills where an alternative exists
-//     (TPOT).
+//     (TPOT). With Tuning::tpot_slo_ns set, a decode device also keeps a stall budget: a
+//     prefill may start in front of its active streams only while the budget (banked by their
+//     steps' slack under the SLO, spent by earlier admitted prefills) covers the time it
+//     blocks them; otherwise it waits for a prefill device (SLO-aware admission: the ratio
+//     penalty alone lets a long prompt queue stall the same decode batch again and again).
 //   * Errors: a device whose execution fails is quarantined for error_quarantine_ns, doubled per
 //     consecutive error (up to 64x); a success resets the doubling. Quarantined devices are
 //     skipped by every policy but passthrough (kAvoidFailed when the preferred device was
@@ -230,6 +235,15 @@ struct Tuning {
   int64_t prefill_role_ns = 100'000'000;  // a decode does not move onto the home of another
                                      // virtual device with a prefill outstanding or placed
                                      // within this window (unless it must leave; 0: it may)
+  // SLO-aware admission (dynamic): a prefill starts in front of a device's active decode
+  // streams only if their stall budget covers the time it blocks them. Each decode step banks
+  // tpot_slo_ns minus the time its token took (predicted finish - max(placement, the stream's
+  // previous finish): waits behind prefills and other streams included), shared by the k
+  // streams there, within +-stall_bank_steps * tpot_slo_ns; prefills admitted since are
+  // reserved against it until the streams' next steps see them. 0: off (the tpot_weight
+  // penalty alone decides).
+  int64_t tpot_slo_ns = 0;
+  double stall_bank_steps = 4.0;
   int64_t max_executables = 4096;    // executables whose correction is kept (least recently
                                      // placed ones are forgotten beyond; >= 1)
   double ewma_alpha = 0.25;          // executable correction

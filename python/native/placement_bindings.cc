@@ -81,6 +81,8 @@ placement::Tuning TuningFromDict(const nb::dict& d) {
     else if (k == "move_weight") t.move_weight = nb::cast<double>(value);
     else if (k == "max_executables") t.max_executables = nb::cast<int64_t>(value);
     else if (k == "prefill_role_ns") t.prefill_role_ns = nb::cast<int64_t>(value);
+    else if (k == "tpot_slo_ns") t.tpot_slo_ns = nb::cast<int64_t>(value);
+    else if (k == "stall_bank_steps") t.stall_bank_steps = nb::cast<double>(value);
     else throw nb::value_error(("unknown placement tuning option '" + k + "'").c_str());
   }
   return t;
