@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="the paper's scale: --ds-devices 384 --seeds 3")
     p.add_argument("--ds-splits", default="",
                    help="sharegpt,phase-shift static-PD prefill units (default: tuned by search)")
+    p.add_argument("--ds-dynamic-splits", default="",
+                   help="sharegpt,phase-shift prefill units of dynamic's layout (default: "
+                        "static-pd's)")
+    p.add_argument("--core-tuning", action="append", default=[], metavar="KEY=VALUE",
+                   help="placement core Tuning field for the DeepSeek-R1 runs (repeatable), "
+                        "e.g. tpot_slo_ns=100000000")
     p.add_argument("--json", default="paper.json")
     args = p.parse_args(argv)
     if args.paper:
@@ -83,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     splits = [int(x) for x in args.ds_splits.split(",")] if args.ds_splits else [0, 0]
     if len(splits) != 2:
         p.error("--ds-splits takes two numbers: sharegpt,phase-shift prefill units")
+    dyn_splits = ([int(x) for x in args.ds_dynamic_splits.split(",")]
+                  if args.ds_dynamic_splits else [0, 0])
+    if len(dyn_splits) != 2:
+        p.error("--ds-dynamic-splits takes two numbers: sharegpt,phase-shift prefill units")
+    tuning: dict[str, float] = {}
+    for item in args.core_tuning:
+        key, sep, value = item.partition("=")
+        if not sep:
+            p.error(f"--core-tuning {item!r} is not KEY=VALUE")
+        tuning[key] = int(value) if key.endswith("_ns") else float(value)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     scale = args.ds_devices / 96
     r_share, r_phase = (float(x) * scale for x in args.ds_rates.split(","))
@@ -90,12 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     docs: dict[str, dict] = {}
     ds = SimSpec(devices=args.ds_devices, device="910c", model="deepseek-r1",
                  duration=args.duration, seeds=args.seeds, search_duration=args.duration,
-                 dynamic_layout="disaggregated", policies=("static-pd", "dynamic"))
-    for (name, wl, rate), split in zip((("ds_sharegpt", "sharegpt", r_share),
-                                        ("ds_phase_shift", "phase-shift", r_phase)), splits,
-                                       strict=True):
+                 dynamic_layout="disaggregated", policies=("static-pd", "dynamic"),
+                 core_tuning=tuning)
+    for (name, wl, rate), split, dyn in zip((("ds_sharegpt", "sharegpt", r_share),
+                                             ("ds_phase_shift", "phase-shift", r_phase)),
+                                            splits, dyn_splits, strict=True):
         log(f"== {name}: {args.ds_devices} x 910C, deepseek-r1, {wl} at {rate:g} req/s")
-        docs[name] = run_all(replace(ds, workload=wl, rate=rate, prefill_units=split), log=log)
+        docs[name] = run_all(replace(ds, workload=wl, rate=rate, prefill_units=split,
+                                     dynamic_prefill_units=dyn), log=log)
         _save(args.json, {"runs": docs})
     log(f"== qwen: {args.qwen_devices} x 910C, qwen2.5-7b, sharegpt at {args.qwen_rate:g}")
     docs["qwen_colocate"] = run_all(SimSpec(
@@ -118,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         d = docs[name]["policies"]
         sp, dy = d["static-pd"], d["dynamic"]
         ratio = f"{sp['prefill_units']}P:{sp['decode_units']}D"
+        if (dy["prefill_units"], dy["decode_units"]) != (sp["prefill_units"], sp["decode_units"]):
+            ratio += f", dynamic {dy['prefill_units']}P:{dy['decode_units']}D"
         how = "tuned" if "search" in docs[name]["config"]["static_pd_split"] else "given"
         rows.append(f"| vs static-pd ({name[3:]}, {how} {ratio}) | throughput | {paper} "
                     f"| {_pct(dy['throughput_tok_s'], sp['throughput_tok_s'])} "
@@ -125,9 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(f"| | goodput (2 s / 100 ms) | | "
                     f"{_pct(dy['goodput_rps'], sp['goodput_rps'])} "
                     f"({dy['goodput_rps']:.1f} vs {sp['goodput_rps']:.1f} req/s) |")
-        rows.append(f"| | TTFT p50 / TPOT p50 | | {dy['ttft_s']['p50']:.3f} vs "
+        rows.append(f"| | TTFT p50 / TPOT p50 / TPOT p99 | | {dy['ttft_s']['p50']:.3f} vs "
                     f"{sp['ttft_s']['p50']:.3f} s / {dy['tpot_s']['p50'] * 1e3:.1f} vs "
-                    f"{sp['tpot_s']['p50'] * 1e3:.1f} ms |")
+                    f"{sp['tpot_s']['p50'] * 1e3:.1f} ms / {dy['tpot_s']['p99'] * 1e3:.1f} vs "
+                    f"{sp['tpot_s']['p99'] * 1e3:.1f} ms |")
         ci = dy["ci95"]["throughput_tok_s"], sp["ci95"]["throughput_tok_s"]
         moves = {k: v for k, v in dy["decisions_by_reason"].items()
                  if k in ("idle_steal", "return_home", "least_loaded") and v}

@@ -71,6 +71,7 @@ class SimSpec:
     seed: int = 0
     slos: tuple[Slo, ...] = (Slo(2.0, 0.1), Slo(0.2, 0.05))
     prefill_units: int = 0  # 0: tuned by search
+    dynamic_prefill_units: int = 0  # dynamic's disaggregated layout; 0: static-pd's split
     search_duration: float = 60.0
     dynamic_layout: str = "colocated"
     max_num_seqs: int = 0
@@ -118,6 +119,8 @@ class SimSpec:
                              f"--parallel {d['parallel']} = {units}")
         if self.prefill_units and pd and not 1 <= self.prefill_units < units:
             raise ValueError(f"--prefill-units must be in [1, {units - 1}]")
+        if self.dynamic_prefill_units and not 1 <= self.dynamic_prefill_units < units:
+            raise ValueError(f"dynamic_prefill_units must be in [1, {units - 1}]")
         if self.prefill_inflight < 1:
             raise ValueError(f"--prefill-inflight must be >= 1, got {self.prefill_inflight}")
         if self.seeds < 1:
@@ -328,7 +331,8 @@ def run_all(spec: SimSpec, log: Callable[[str], None] = lambda s: None,
     result: dict[str, Any] = {"config": spec.to_json() | {"units": units}, "policies": {}}
     tuned: dict[str, Any] = {}
     needs_split = "static-pd" in spec.policies or (
-        "dynamic" in spec.policies and spec.dynamic_layout == "disaggregated")
+        "dynamic" in spec.policies and spec.dynamic_layout == "disaggregated" and
+        not spec.dynamic_prefill_units)
     split = spec.prefill_units
     if needs_split and not split:
         log(f"tuning the static-PD prefill:decode split over {units} units")
@@ -338,9 +342,11 @@ def run_all(spec: SimSpec, log: Callable[[str], None] = lambda s: None,
         {"prefill_units": split, "decode_units": units - split} if split else None)
     for policy in spec.policies:
         per_seed = []
+        units_p = spec.dynamic_prefill_units if policy == "dynamic" and \
+            spec.dynamic_prefill_units else split
         for k in range(spec.seeds):
             window = spec.timeline_window if k == 0 else None
-            r = simulate_once(spec, policy, spec.seed + k, prefill_units=split, window=window)
+            r = simulate_once(spec, policy, spec.seed + k, prefill_units=units_p, window=window)
             m = run_metrics(r, spec, spec.duration)
             if keep_samples and k == 0:
                 result.setdefault("_samples", {})[policy] = request_samples(r)
@@ -354,10 +360,10 @@ def run_all(spec: SimSpec, log: Callable[[str], None] = lambda s: None,
             agg["timeline"] = per_seed[0].pop("timeline")
         if policy == "static-pd" or (policy == "dynamic" and spec.dynamic_layout ==
                                       "disaggregated"):
-            agg["prefill_units"], agg["decode_units"] = split, units - split
+            agg["prefill_units"], agg["decode_units"] = units_p, units - units_p
         if spec.goodput_search:
             log(f"goodput search for {policy}")
-            agg["goodput_rps"], agg["goodput_curve"] = search_goodput(spec, policy, split, log)
+            agg["goodput_rps"], agg["goodput_curve"] = search_goodput(spec, policy, units_p, log)
             agg["goodput_definition"] = "largest rate with >= 90% meeting " + spec.slos[0].name
         else:
             agg["goodput_definition"] = (
