@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -91,6 +92,201 @@ std::shared_ptr<const PhysicalBackend> PhysicalBackend::FromApi(const PJRT_Api* 
                                                                 std::string name) {
   return std::shared_ptr<const PhysicalBackend>(new PhysicalBackend(std::move(name), api));
 }
+
+PhysicalBackend::PhysicalBackend(std::string path, const PJRT_Api* api)
+    : path_(std::move(path)), api_(api) {
+  std::memcpy(&table_, api, std::min<size_t>(api->struct_size, sizeof(table_)));
+}
+
+namespace {
+
+Status MissingSlot(const char* name) {
+  return Unimplemented(std::string(name) +
+                       " is not provided by the physical backend (C API too old)");
+}
+
+}  // namespace
+
+// Calls slot `Fn` of the resolved table with `args` (an Fn##_Args whose struct_size is set).
+#define FLEXNPU_TYPED_CALL(Fn, args) \
+  (table_.Fn == nullptr ? MissingSlot(#Fn) : Consume(table_.Fn(&(args)), #Fn))
+// Declares `args` as an Fn##_Args with its struct_size set.
+#define FLEXNPU_ARGS(Fn, args) \
+  Fn##_Args args{};            \
+  args.struct_size = Fn##_Args_STRUCT_SIZE
+
+Status PhysicalBackend::Await(PJRT_Event* event) const {
+  FLEXNPU_ARGS(PJRT_Event_Await, args);
+  args.event = event;
+  return FLEXNPU_TYPED_CALL(PJRT_Event_Await, args);
+}
+
+StatusOr<bool> PhysicalBackend::IsReady(PJRT_Event* event) const {
+  FLEXNPU_ARGS(PJRT_Event_IsReady, args);
+  args.event = event;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Event_IsReady, args));
+  return args.is_ready;
+}
+
+Status PhysicalBackend::EventError(PJRT_Event* event) const {
+  FLEXNPU_ARGS(PJRT_Event_Error, args);
+  args.event = event;
+  return FLEXNPU_TYPED_CALL(PJRT_Event_Error, args);
+}
+
+Status PhysicalBackend::OnReady(PJRT_Event* event, PJRT_Event_OnReadyCallback callback,
+                                void* user_arg) const {
+  FLEXNPU_ARGS(PJRT_Event_OnReady, args);
+  args.event = event;
+  args.callback = callback;
+  args.user_arg = user_arg;
+  return FLEXNPU_TYPED_CALL(PJRT_Event_OnReady, args);
+}
+
+StatusOr<BufferMetadata> PhysicalBackend::Metadata(PJRT_Buffer* buffer) const {
+  BufferMetadata metadata;
+  FLEXNPU_ARGS(PJRT_Buffer_ElementType, type);
+  type.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_ElementType, type));
+  metadata.element_type = type.type;
+  FLEXNPU_ARGS(PJRT_Buffer_Dimensions, dims);
+  dims.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_Dimensions, dims));
+  metadata.dims.assign(dims.dims, dims.dims + dims.num_dims);
+  FLEXNPU_ARGS(PJRT_Buffer_OnDeviceSizeInBytes, size);
+  size.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_OnDeviceSizeInBytes, size));
+  metadata.on_device_size = static_cast<int64_t>(size.on_device_size_in_bytes);
+  return metadata;
+}
+
+StatusOr<PJRT_Memory*> PhysicalBackend::Memory(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_Memory, args);
+  args.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_Memory, args));
+  return args.memory;
+}
+
+StatusOr<size_t> PhysicalBackend::NumDynamicDims(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_DynamicDimensionIndices, args);
+  args.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_DynamicDimensionIndices, args));
+  return args.num_dynamic_dims;
+}
+
+StatusOr<InnerBuffer> PhysicalBackend::CopyToMemory(PJRT_Buffer* buffer,
+                                                    PJRT_Memory* memory) const {
+  FLEXNPU_ARGS(PJRT_Buffer_CopyToMemory, args);
+  args.buffer = buffer;
+  args.dst_memory = memory;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_CopyToMemory, args));
+  return Own(*this, args.dst_buffer);
+}
+
+Status PhysicalBackend::Delete(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_Delete, args);
+  args.buffer = buffer;
+  return FLEXNPU_TYPED_CALL(PJRT_Buffer_Delete, args);
+}
+
+StatusOr<bool> PhysicalBackend::IsDeleted(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_IsDeleted, args);
+  args.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_IsDeleted, args));
+  return args.is_deleted;
+}
+
+StatusOr<InnerEvent> PhysicalBackend::ReadyEvent(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_ReadyEvent, args);
+  args.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_ReadyEvent, args));
+  return Own(*this, args.event);
+}
+
+Status PhysicalBackend::IncreaseExternalReferenceCount(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_IncreaseExternalReferenceCount, args);
+  args.buffer = buffer;
+  return FLEXNPU_TYPED_CALL(PJRT_Buffer_IncreaseExternalReferenceCount, args);
+}
+
+Status PhysicalBackend::DecreaseExternalReferenceCount(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_DecreaseExternalReferenceCount, args);
+  args.buffer = buffer;
+  return FLEXNPU_TYPED_CALL(PJRT_Buffer_DecreaseExternalReferenceCount, args);
+}
+
+StatusOr<InnerLoadedExecutable> PhysicalBackend::Compile(PJRT_Client* client,
+                                                         const PJRT_Program* program,
+                                                         std::string_view options) const {
+  FLEXNPU_ARGS(PJRT_Client_Compile, args);
+  args.client = client;
+  args.program = program;
+  args.compile_options = options.data();
+  args.compile_options_size = options.size();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Client_Compile, args));
+  return Own(*this, args.executable);
+}
+
+StatusOr<InnerExecutable> PhysicalBackend::GetExecutable(
+    PJRT_LoadedExecutable* executable) const {
+  FLEXNPU_ARGS(PJRT_LoadedExecutable_GetExecutable, args);
+  args.loaded_executable = executable;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_LoadedExecutable_GetExecutable, args));
+  return Own(*this, args.executable);
+}
+
+StatusOr<size_t> PhysicalBackend::NumReplicas(PJRT_Executable* executable) const {
+  FLEXNPU_ARGS(PJRT_Executable_NumReplicas, args);
+  args.executable = executable;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_NumReplicas, args));
+  return args.num_replicas;
+}
+
+StatusOr<size_t> PhysicalBackend::NumPartitions(PJRT_Executable* executable) const {
+  FLEXNPU_ARGS(PJRT_Executable_NumPartitions, args);
+  args.executable = executable;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_NumPartitions, args));
+  return args.num_partitions;
+}
+
+StatusOr<size_t> PhysicalBackend::NumOutputs(PJRT_Executable* executable) const {
+  FLEXNPU_ARGS(PJRT_Executable_NumOutputs, args);
+  args.executable = executable;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_NumOutputs, args));
+  return args.num_outputs;
+}
+
+StatusOr<int64_t> PhysicalBackend::AliasSizeInBytes(PJRT_Executable* executable) const {
+  FLEXNPU_ARGS(PJRT_Executable_GetCompiledMemoryStats, args);
+  args.executable = executable;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_GetCompiledMemoryStats, args));
+  return args.alias_size_in_bytes;
+}
+
+Status PhysicalBackend::AddressableDevices(PJRT_LoadedExecutable* executable,
+                                           PJRT_Device* const** devices,
+                                           size_t* num_devices) const {
+  FLEXNPU_ARGS(PJRT_LoadedExecutable_AddressableDevices, args);
+  args.executable = executable;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_LoadedExecutable_AddressableDevices, args));
+  *devices = args.addressable_devices;
+  *num_devices = args.num_addressable_devices;
+  return Status::Ok();
+}
+
+Status PhysicalBackend::Execute(PJRT_LoadedExecutable_Execute_Args* args) const {
+  args->struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+  return FLEXNPU_TYPED_CALL(PJRT_LoadedExecutable_Execute, *args);
+}
+
+Status PhysicalBackend::Delete(PJRT_LoadedExecutable* executable) const {
+  FLEXNPU_ARGS(PJRT_LoadedExecutable_Delete, args);
+  args.executable = executable;
+  return FLEXNPU_TYPED_CALL(PJRT_LoadedExecutable_Delete, args);
+}
+
+#undef FLEXNPU_ARGS
+#undef FLEXNPU_TYPED_CALL
 
 #define FLEXNPU_DEFINE_DELETER(Handle, Fn, field)        \
   template <>                                          \

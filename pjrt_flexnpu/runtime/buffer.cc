@@ -5,26 +5,6 @@
 
 namespace flexnpu {
 
-StatusOr<BufferMetadata> QueryBufferMetadata(const PhysicalBackend& b, PJRT_Buffer* buffer) {
-  BufferMetadata metadata;
-  PJRT_Buffer_ElementType_Args type_args{};
-  type_args.struct_size = PJRT_Buffer_ElementType_Args_STRUCT_SIZE;
-  type_args.buffer = buffer;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_ElementType, &type_args));
-  metadata.element_type = type_args.type;
-  PJRT_Buffer_Dimensions_Args dims_args{};
-  dims_args.struct_size = PJRT_Buffer_Dimensions_Args_STRUCT_SIZE;
-  dims_args.buffer = buffer;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_Dimensions, &dims_args));
-  metadata.dims.assign(dims_args.dims, dims_args.dims + dims_args.num_dims);
-  PJRT_Buffer_OnDeviceSizeInBytes_Args size_args{};
-  size_args.struct_size = PJRT_Buffer_OnDeviceSizeInBytes_Args_STRUCT_SIZE;
-  size_args.buffer = buffer;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_OnDeviceSizeInBytes, &size_args));
-  metadata.on_device_size = static_cast<int64_t>(size_args.on_device_size_in_bytes);
-  return metadata;
-}
-
 namespace {
 
 std::shared_ptr<PhysicalBuffer> MakePhysical(InnerBuffer handle, int physical_device,
@@ -40,7 +20,7 @@ std::shared_ptr<PhysicalBuffer> MakePhysical(InnerBuffer handle, int physical_de
 
 StatusOr<VirtualBuffer*> VirtualBuffer::Wrap(VirtualMemory* memory, InnerBuffer inner,
                                              int physical_device) {
-  auto metadata = QueryBufferMetadata(memory->device()->client()->backend(), inner.get());
+  auto metadata = memory->device()->client()->backend().Metadata(inner.get());
   if (!metadata.ok()) return metadata.status();
   return WrapKnown(memory, std::move(inner), physical_device, *metadata);
 }
@@ -50,7 +30,7 @@ VirtualBuffer* VirtualBuffer::WrapKnown(VirtualMemory* memory, InnerBuffer inner
   auto* buffer =
       new VirtualBuffer(memory, MakePhysical(std::move(inner), physical_device, false));
   buffer->element_type_ = metadata.element_type;
-  buffer->dims_ = metadata.dims;
+  buffer->dims_.assign(metadata.dims.data(), metadata.dims.size());
   buffer->on_device_size_ = metadata.on_device_size;
   buffer->StartCounting();
   return buffer;
@@ -65,20 +45,15 @@ VirtualBuffer::VirtualBuffer(VirtualMemory* memory, std::shared_ptr<PhysicalBuff
     : Tagged(kTag, kPooled),
       client_(memory->device()->client()),
       memory_(memory),
-      physical_(std::move(physical)) {}
+      physical_(std::move(physical)),
+      physical_device_(physical_->physical_device) {}
 
 VirtualBuffer::~VirtualBuffer() {
   StopCounting();
   // External references JAX never released: give them back to the inner buffer before it
   // goes, so the backend does not keep its memory forever.
   while (external_references_ > 0 && pinned_ != nullptr) {
-    PJRT_Buffer_DecreaseExternalReferenceCount_Args args{};
-    args.struct_size = PJRT_Buffer_DecreaseExternalReferenceCount_Args_STRUCT_SIZE;
-    args.buffer = pinned_->handle.get();
-    if (!FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_DecreaseExternalReferenceCount, &args)
-             .ok()) {
-      break;
-    }
+    if (!client_->backend().DecreaseExternalReferenceCount(pinned_->handle.get()).ok()) break;
     --external_references_;
   }
 }
@@ -106,12 +81,9 @@ StatusOr<std::shared_ptr<PhysicalBuffer>> VirtualBuffer::OnDevice(int physical_d
                               std::to_string(physical_device) + ": it has no '" +
                               memory_->kind() + "' memory");
   }
-  PJRT_Buffer_CopyToMemory_Args args{};
-  args.struct_size = PJRT_Buffer_CopyToMemory_Args_STRUCT_SIZE;
-  args.buffer = physical_->handle.get();
-  args.dst_memory = target;
   const int64_t start_ns = client_->trace()->enabled() ? Placer::NowNs() : 0;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_CopyToMemory, &args));
+  auto copy = b.CopyToMemory(physical_->handle.get(), target);
+  if (!copy.ok()) return copy.status();
   if (start_ns != 0) {
     TraceEvent event;
     event.kind = TraceEvent::Kind::kMigration;
@@ -125,7 +97,8 @@ StatusOr<std::shared_ptr<PhysicalBuffer>> VirtualBuffer::OnDevice(int physical_d
   }
   // Publish the copy; the previous physical buffer lives on in whoever still holds it
   // (executions in flight, external references, handed-out addresses).
-  physical_ = MakePhysical(Own(b, args.dst_buffer), physical_device, true);
+  physical_ = MakePhysical(std::move(*copy), physical_device, true);
+  physical_device_.store(physical_device, std::memory_order_relaxed);
   client_->counters().migrations.fetch_add(1, std::memory_order_relaxed);
   client_->counters().bytes_migrated.fetch_add(on_device_size_, std::memory_order_relaxed);
   return physical_;
@@ -133,21 +106,14 @@ StatusOr<std::shared_ptr<PhysicalBuffer>> VirtualBuffer::OnDevice(int physical_d
 
 Status VirtualBuffer::Delete() {
   std::shared_ptr<PhysicalBuffer> physical = this->physical();
-  PJRT_Buffer_Delete_Args args{};
-  args.struct_size = PJRT_Buffer_Delete_Args_STRUCT_SIZE;
-  args.buffer = physical->handle.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_Delete, &args));
+  FLEXNPU_RETURN_IF_ERROR(client_->backend().Delete(physical->handle.get()));
   StopCounting();
   return Status::Ok();
 }
 
 StatusOr<bool> VirtualBuffer::IsDeleted() const {
   std::shared_ptr<PhysicalBuffer> physical = this->physical();
-  PJRT_Buffer_IsDeleted_Args args{};
-  args.struct_size = PJRT_Buffer_IsDeleted_Args_STRUCT_SIZE;
-  args.buffer = physical->handle.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_IsDeleted, &args));
-  return args.is_deleted;
+  return client_->backend().IsDeleted(physical->handle.get());
 }
 
 void VirtualBuffer::NoteMaybeDonated() {
@@ -161,15 +127,9 @@ Status VirtualBuffer::AwaitComplete(PhysicalBuffer* physical) {
     return Status::Ok();
   }
   const PhysicalBackend& b = client_->backend();
-  PJRT_Buffer_ReadyEvent_Args ready{};
-  ready.struct_size = PJRT_Buffer_ReadyEvent_Args_STRUCT_SIZE;
-  ready.buffer = physical->handle.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_ReadyEvent, &ready));
-  InnerEvent event = Own(b, ready.event);
-  PJRT_Event_Await_Args await{};
-  await.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
-  await.event = event.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Event_Await, &await));
+  auto event = b.ReadyEvent(physical->handle.get());
+  if (!event.ok()) return event.status();
+  FLEXNPU_RETURN_IF_ERROR(b.Await(event->get()));
   physical->known_ready.store(true, std::memory_order_release);
   return Status::Ok();
 }
@@ -180,11 +140,7 @@ Status VirtualBuffer::IncreaseExternalReferenceCount() {
     std::lock_guard<std::mutex> lock(mu_);
     if (pinned_ == nullptr) pinned_ = physical_;
     pinned = pinned_;
-    PJRT_Buffer_IncreaseExternalReferenceCount_Args args{};
-    args.struct_size = PJRT_Buffer_IncreaseExternalReferenceCount_Args_STRUCT_SIZE;
-    args.buffer = pinned->handle.get();
-    Status status = FLEXNPU_INNER_CALL(client_->backend(),
-                                       PJRT_Buffer_IncreaseExternalReferenceCount, &args);
+    Status status = client_->backend().IncreaseExternalReferenceCount(pinned->handle.get());
     if (!status.ok()) {
       if (external_references_ == 0) pinned_.reset();
       return status;
@@ -202,11 +158,8 @@ Status VirtualBuffer::DecreaseExternalReferenceCount() {
     return FailedPrecondition(
         "PJRT_Buffer_DecreaseExternalReferenceCount without a matching increase");
   }
-  PJRT_Buffer_DecreaseExternalReferenceCount_Args args{};
-  args.struct_size = PJRT_Buffer_DecreaseExternalReferenceCount_Args_STRUCT_SIZE;
-  args.buffer = pinned_->handle.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(client_->backend(),
-                                             PJRT_Buffer_DecreaseExternalReferenceCount, &args));
+  FLEXNPU_RETURN_IF_ERROR(
+      client_->backend().DecreaseExternalReferenceCount(pinned_->handle.get()));
   if (--external_references_ == 0) pinned_.reset();
   return Status::Ok();
 }

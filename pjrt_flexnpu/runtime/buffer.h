@@ -3,6 +3,7 @@
 #ifndef FLEXNPU_RUNTIME_BUFFER_H_
 #define FLEXNPU_RUNTIME_BUFFER_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -31,13 +32,27 @@ struct PhysicalBuffer {
   std::atomic<bool> known_ready{false};
 };
 
-// What JAX asks of a buffer, read once from the backend.
-struct BufferMetadata {
-  PJRT_Buffer_Type element_type = PJRT_Buffer_Type_INVALID;
-  std::vector<int64_t> dims;
-  int64_t on_device_size = 0;
+// A buffer's dimensions, inline up to rank 6: wrapping an output allocates nothing for them.
+class BufferDims {
+ public:
+  void assign(const int64_t* dims, size_t n) {
+    size_ = n;
+    if (n <= kInline) {
+      std::copy(dims, dims + n, inline_);
+      heap_.clear();
+    } else {
+      heap_.assign(dims, dims + n);
+    }
+  }
+  const int64_t* data() const { return size_ <= kInline ? inline_ : heap_.data(); }
+  size_t size() const { return size_; }
+
+ private:
+  static constexpr size_t kInline = 6;
+  size_t size_ = 0;
+  int64_t inline_[kInline] = {};
+  std::vector<int64_t> heap_;
 };
-StatusOr<BufferMetadata> QueryBufferMetadata(const PhysicalBackend& backend, PJRT_Buffer* buffer);
 
 class VirtualBuffer : public Tagged {
  public:
@@ -57,11 +72,13 @@ class VirtualBuffer : public Tagged {
   VirtualMemory* memory() const { return memory_; }
   VirtualDevice* device() const;
   PJRT_Buffer_Type element_type() const { return element_type_; }
-  const std::vector<int64_t>& dims() const { return dims_; }
+  const BufferDims& dims() const { return dims_; }
   int64_t on_device_size() const { return on_device_size_; }
 
   // The physical buffer now behind this one; holding the pointer keeps it alive.
   std::shared_ptr<PhysicalBuffer> physical() const;
+  // The physical device it is on now (for placement decisions: no reference taken).
+  int physical_device() const { return physical_device_.load(std::memory_order_relaxed); }
 
   // The physical buffer on `physical_device`, moving this buffer there first if needed (a copy
   // through the backend published as the new physical buffer; the old one goes when its last
@@ -100,7 +117,7 @@ class VirtualBuffer : public Tagged {
   VirtualClient* client_;
   VirtualMemory* memory_;
   PJRT_Buffer_Type element_type_ = PJRT_Buffer_Type_INVALID;
-  std::vector<int64_t> dims_;
+  BufferDims dims_;
   int64_t on_device_size_ = 0;
   std::atomic<bool> counted_{false};
 
@@ -112,6 +129,7 @@ class VirtualBuffer : public Tagged {
 
   mutable std::mutex mu_;
   std::shared_ptr<PhysicalBuffer> physical_;
+  std::atomic<int> physical_device_;  // physical_->physical_device, readable without mu_
   // What external references pin (null when there are none) and how many there are.
   std::shared_ptr<PhysicalBuffer> pinned_;
   int64_t external_references_ = 0;

@@ -50,27 +50,17 @@ FLEXNPU_RETHROWS_FORCED_UNWIND void InnerOnReady(PJRT_Error* inner_error, void* 
 
 StatusOr<bool> Event::IsReady() const {
   if (!inner_) return true;
-  PJRT_Event_IsReady_Args args{};
-  args.struct_size = PJRT_Event_IsReady_Args_STRUCT_SIZE;
-  args.event = inner_.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend_, PJRT_Event_IsReady, &args));
-  return args.is_ready;
+  return backend_->IsReady(inner_.get());
 }
 
 Status Event::Error() const {
   if (!inner_) return status_;
-  PJRT_Event_Error_Args args{};
-  args.struct_size = PJRT_Event_Error_Args_STRUCT_SIZE;
-  args.event = inner_.get();
-  return FLEXNPU_INNER_CALL(*backend_, PJRT_Event_Error, &args);
+  return backend_->EventError(inner_.get());
 }
 
 Status Event::Await() const {
   if (!inner_) return status_;
-  PJRT_Event_Await_Args args{};
-  args.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
-  args.event = inner_.get();
-  return FLEXNPU_INNER_CALL(*backend_, PJRT_Event_Await, &args);
+  return backend_->Await(inner_.get());
 }
 
 Status Event::OnReady(PJRT_Event_OnReadyCallback callback, void* user_arg) const {
@@ -79,13 +69,8 @@ Status Event::OnReady(PJRT_Event_OnReadyCallback callback, void* user_arg) const
     return Status::Ok();
   }
   auto* context = new OnReadyContext{backend_, callback, user_arg};
-  PJRT_Event_OnReady_Args args{};
-  args.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
-  args.event = inner_.get();
-  args.callback = InnerOnReady;
-  args.user_arg = context;
   FLEXNPU_TSAN_RELEASE(context);
-  Status status = FLEXNPU_INNER_CALL(*backend_, PJRT_Event_OnReady, &args);
+  Status status = backend_->OnReady(inner_.get(), InnerOnReady, context);
   if (!status.ok()) delete context;
   return status;
 }

@@ -76,13 +76,8 @@ FLEXNPU_RETHROWS_FORCED_UNWIND void OnExecutionDone(PJRT_Error* error, void* arg
 // stays with the caller.
 void TrackCompletion(const PhysicalBackend& b, std::unique_ptr<FinishContext> context,
                      PJRT_Event* inner_event) {
-  PJRT_Event_OnReady_Args args{};
-  args.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
-  args.event = inner_event;
-  args.callback = OnExecutionDone;
-  args.user_arg = context.get();
   FLEXNPU_TSAN_RELEASE(context.get());
-  if (FLEXNPU_INNER_CALL(b, PJRT_Event_OnReady, &args).ok()) {
+  if (b.OnReady(inner_event, OnExecutionDone, context.get()).ok()) {
     context.release();  // the callback owns it now
   } else if (context->ticket != 0) {
     (void)context->core->Cancel(context->ticket);
@@ -137,21 +132,15 @@ StatusOr<VirtualBuffer*> ArgumentBuffer(VirtualClient* client, PJRT_Buffer* hand
 StatusOr<VirtualExecutable*> VirtualExecutable::Wrap(const PhysicalBackend& b,
                                                    PJRT_Executable* inner) {
   std::unique_ptr<VirtualExecutable> exe(new VirtualExecutable(b, inner));
-  PJRT_Executable_NumReplicas_Args replicas{};
-  replicas.struct_size = PJRT_Executable_NumReplicas_Args_STRUCT_SIZE;
-  replicas.executable = inner;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_NumReplicas, &replicas));
-  exe->num_replicas_ = replicas.num_replicas;
-  PJRT_Executable_NumPartitions_Args partitions{};
-  partitions.struct_size = PJRT_Executable_NumPartitions_Args_STRUCT_SIZE;
-  partitions.executable = inner;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_NumPartitions, &partitions));
-  exe->num_partitions_ = partitions.num_partitions;
-  PJRT_Executable_NumOutputs_Args outputs{};
-  outputs.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
-  outputs.executable = inner;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_NumOutputs, &outputs));
-  exe->num_outputs_ = outputs.num_outputs;
+  auto replicas = b.NumReplicas(inner);
+  if (!replicas.ok()) return replicas.status();
+  exe->num_replicas_ = *replicas;
+  auto partitions = b.NumPartitions(inner);
+  if (!partitions.ok()) return partitions.status();
+  exe->num_partitions_ = *partitions;
+  auto outputs = b.NumOutputs(inner);
+  if (!outputs.ok()) return outputs.status();
+  exe->num_outputs_ = *outputs;
   return exe.release();
 }
 
@@ -198,7 +187,7 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
 
   const std::string& mode = client->options().single_device_compile;
   exe->portable_ = exe->single_device_ && mode == "portable";
-  exe->off_home_portable_ =
+  exe->portable_fallback_ =
       exe->single_device_ && mode == "auto" && !client->placer().passthrough();
   exe->executable_id_ = next_executable_id.fetch_add(1, std::memory_order_relaxed);
   std::vector<int> mapping;
@@ -208,7 +197,7 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
     exe->compile_options_ = std::move(*portable);
   } else {
     exe->compile_options_.assign(compile_options);
-    if (exe->off_home_portable_) {
+    if (exe->portable_fallback_) {
       auto portable = RewriteAsPortable(compile_options);
       if (!portable.ok()) return portable.status();
       exe->portable_options_ = std::move(*portable);
@@ -226,21 +215,14 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   exe->initial_ = *compiled;
 
   const PhysicalBackend& b = client->backend();
-  PJRT_LoadedExecutable_GetExecutable_Args get_args{};
-  get_args.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
-  get_args.loaded_executable = exe->initial_->executable.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_GetExecutable, &get_args));
-  InnerExecutable unloaded = Own(b, get_args.executable);
-  PJRT_Executable_NumOutputs_Args outputs_args{};
-  outputs_args.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
-  outputs_args.executable = unloaded.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_NumOutputs, &outputs_args));
-  exe->num_outputs_ = outputs_args.num_outputs;
-  PJRT_Executable_GetCompiledMemoryStats_Args memory_args{};
-  memory_args.struct_size = PJRT_Executable_GetCompiledMemoryStats_Args_STRUCT_SIZE;
-  memory_args.executable = unloaded.get();
-  if (FLEXNPU_INNER_CALL(b, PJRT_Executable_GetCompiledMemoryStats, &memory_args).ok()) {
-    exe->may_donate_ = memory_args.alias_size_in_bytes > 0;
+  auto got = b.GetExecutable(exe->initial_->executable.get());
+  if (!got.ok()) return got.status();
+  InnerExecutable unloaded = std::move(*got);
+  auto num_outputs = b.NumOutputs(unloaded.get());
+  if (!num_outputs.ok()) return num_outputs.status();
+  exe->num_outputs_ = *num_outputs;
+  if (auto aliased = b.AliasSizeInBytes(unloaded.get()); aliased.ok()) {
+    exe->may_donate_ = *aliased > 0;
   }
   if (exe->prebuilt_ != nullptr && exe->prebuilt_->has_profile) {
     exe->profile_ = exe->prebuilt_->profile;  // analysed when it was first compiled
@@ -275,12 +257,6 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
   program.code_size = program_code_.size();
   program.format = program_format_.data();
   program.format_size = program_format_.size();
-  PJRT_Client_Compile_Args args{};
-  args.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE;
-  args.client = client_->inner();
-  args.program = &program;
-  args.compile_options = options.data();
-  args.compile_options_size = options.size();
   InnerLoadedExecutable loaded;
   if (prebuilt_ != nullptr) {  // deserialized: load the variant when the envelope has it
     auto found = LoadPrebuiltVariant(*prebuilt_, *client_, physical);
@@ -291,8 +267,9 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
     }
   }
   if (loaded == nullptr) {
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_Compile, &args));
-    loaded = Own(b, args.executable);
+    auto compiled = b.Compile(client_->inner(), &program, options);
+    if (!compiled.ok()) return compiled.status();
+    loaded = std::move(*compiled);
     client_->counters().backend_compiles.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -300,15 +277,14 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
   compiled->executable = std::move(loaded);
   compiled->physical = physical;
   if (physical.size() > 1) {
-    PJRT_LoadedExecutable_AddressableDevices_Args devices_args{};
-    devices_args.struct_size = PJRT_LoadedExecutable_AddressableDevices_Args_STRUCT_SIZE;
-    devices_args.executable = compiled->executable.get();
+    PJRT_Device* const* devices = nullptr;
+    size_t num_devices = 0;
     FLEXNPU_RETURN_IF_ERROR(
-        FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_AddressableDevices, &devices_args));
+        b.AddressableDevices(compiled->executable.get(), &devices, &num_devices));
     for (int p : physical) {
       int position = -1;
-      for (size_t i = 0; i < devices_args.num_addressable_devices; ++i) {
-        if (devices_args.addressable_devices[i] == client_->physical(p).device) {
+      for (size_t i = 0; i < num_devices; ++i) {
+        if (devices[i] == client_->physical(p).device) {
           position = static_cast<int>(i);
         }
       }
@@ -323,36 +299,70 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
 }
 
 StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>>
-VirtualLoadedExecutable::CompiledFor(const std::vector<int>& physical) {
-  if (!portable_ && physical == initial_->physical) return initial_;
+VirtualLoadedExecutable::CompiledFor(const int* physical, size_t n) {
+  if (!portable_ && n == initial_->physical.size() &&
+      std::equal(physical, physical + n, initial_->physical.begin())) {
+    return initial_;
+  }
+  if (n == 1) {
+    std::lock_guard<std::mutex> lock(recent_mu_);
+    if (recent_ != nullptr && recent_device_ == physical[0]) {
+      recent_->last_use.store(++use_clock_, std::memory_order_relaxed);
+      return recent_;
+    }
+  }
   std::promise<CompiledResult> promise;
   std::shared_future<CompiledResult> future;
   bool compile_here = false;
+  const std::vector<int>* key = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = by_mapping_.find(physical);
+    auto it = by_mapping_.find(MappingKey{physical, n});
     if (it != by_mapping_.end()) {
       it->second.last_use = ++use_clock_;
       future = it->second.compiled;
     } else {
       future = promise.get_future().share();
-      by_mapping_.emplace(physical, CacheEntry{future, ++use_clock_});
+      it = by_mapping_.emplace(std::vector<int>(physical, physical + n),
+                               CacheEntry{future, ++use_clock_}).first;
+      key = &it->first;  // stays valid: compiles in progress are never evicted
       EvictLocked();
       compile_here = true;
     }
   }
-  if (compile_here) {
+  if (!compile_here) {
+    CompiledResult found = future.get();
+    if (found.ok() && n == 1) Remember(physical[0], *found);
+    return found;
+  }
+  {
     // Outside mu_: executions of mappings already compiled go on meanwhile; those wanting this
     // one wait on the future.
-    CompiledResult compiled = CompileFor(physical);
+    const std::vector<int> mapping = *key;
+    CompiledResult compiled = CompileFor(mapping);
     if (!compiled.ok()) {
       // Failures are not cached: a later execution may try again.
       std::lock_guard<std::mutex> lock(mu_);
-      by_mapping_.erase(physical);
+      by_mapping_.erase(mapping);
     }
+    if (compiled.ok() && n == 1) Remember(physical[0], *compiled);
     promise.set_value(std::move(compiled));
   }
   return future.get();
+}
+
+void VirtualLoadedExecutable::Remember(int physical_device,
+                                       const std::shared_ptr<Compiled>& compiled) {
+  compiled->last_use.store(++use_clock_, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(recent_mu_);
+  recent_device_ = physical_device;
+  recent_ = compiled;
+}
+
+uint64_t VirtualLoadedExecutable::LastUse(const CacheEntry& entry) {
+  const CompiledResult& result = entry.compiled.get();  // ready: only those are evicted
+  if (!result.ok()) return entry.last_use;
+  return std::max(entry.last_use, (*result)->last_use.load(std::memory_order_relaxed));
 }
 
 void VirtualLoadedExecutable::EvictLocked() {
@@ -363,7 +373,7 @@ void VirtualLoadedExecutable::EvictLocked() {
       if (it->second.compiled.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
         continue;
       }
-      if (victim == by_mapping_.end() || it->second.last_use < victim->second.last_use) {
+      if (victim == by_mapping_.end() || LastUse(it->second) < LastUse(victim->second)) {
         victim = it;
       }
     }
@@ -456,7 +466,7 @@ Status VirtualLoadedExecutable::Place(VirtualDevice* const* devices, size_t n,
   for (size_t d = 0; d < n; ++d) {
     for (size_t a = 0; a < num_args; ++a) {
       VirtualBuffer* buffer = buffers[d * num_args + a];
-      inputs[a].physical_device = buffer->physical()->physical_device;
+      inputs[a].physical_device = buffer->physical_device();
       inputs[a].bytes = buffer->on_device_size();
     }
     placement::Request request;
@@ -497,13 +507,15 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
   std::shared_ptr<Compiled> other;
   const Compiled* compiled = initial_.get();
   if (n > 1) {
-    auto found = CompiledFor(std::vector<int>(physical.data(), physical.data() + n));
+    auto found = CompiledFor(physical.data(), n);
     if (!found.ok()) return found.status();
     other = std::move(*found);
     compiled = other.get();
   } else if (!portable_ && physical[0] != initial_->physical[0]) {
-    auto found = CompiledFor(off_home_portable_ ? std::vector<int>{}
-                                                : std::vector<int>{physical[0]});
+    // Off home: the variant pinned to the device it was placed on; portable only as the
+    // fallback (single_device_compile=auto) when that variant cannot be compiled.
+    auto found = CompiledFor(physical.data(), 1);
+    if (!found.ok() && portable_fallback_) found = CompiledFor(nullptr, 0);
     if (!found.ok()) return found.status();
     other = std::move(*found);
     compiled = other.get();
@@ -538,7 +550,6 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
   if (!inner_context.ok()) return inner_context.status();
   options.context = *inner_context;
   PJRT_LoadedExecutable_Execute_Args inner{};
-  inner.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
   inner.executable = compiled->executable.get();
   inner.options = &options;
   inner.argument_lists = argument_lists.data();
@@ -555,7 +566,7 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
                              ? client_->physical(physical[0]).device
                              : nullptr;
   const int64_t start_ns = tracing ? Placer::NowNs() : 0;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Execute, &inner));
+  FLEXNPU_RETURN_IF_ERROR(b.Execute(&inner));
   cancel.Launched();
   client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
   if (tracked) {
@@ -624,21 +635,16 @@ Status VirtualLoadedExecutable::LearnOutputs(PJRT_Buffer** inner_outputs) {
   const PhysicalBackend& b = client_->backend();
   std::vector<OutputInfo> outputs(num_outputs_);
   for (size_t i = 0; i < num_outputs_; ++i) {
-    auto metadata = QueryBufferMetadata(b, inner_outputs[i]);
+    auto metadata = b.Metadata(inner_outputs[i]);
     if (!metadata.ok()) return metadata.status();
-    PJRT_Buffer_Memory_Args memory_args{};
-    memory_args.struct_size = PJRT_Buffer_Memory_Args_STRUCT_SIZE;
-    memory_args.buffer = inner_outputs[i];
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Buffer_Memory, &memory_args));
-    outputs[i] = OutputInfo{std::move(*metadata), client_->KindIndexOf(memory_args.memory)};
+    auto memory = b.Memory(inner_outputs[i]);
+    if (!memory.ok()) return memory.status();
+    outputs[i] = OutputInfo{std::move(*metadata), client_->KindIndexOf(*memory)};
     // Only arrays have dimensions: the CPU plugin CHECK-fails (aborts the process) when asked
     // for a token's dynamic dimensions (jax.lax.create_token() returned from a jit).
     if (outputs[i].metadata.element_type == PJRT_Buffer_Type_TOKEN) continue;
-    PJRT_Buffer_DynamicDimensionIndices_Args dynamic_args{};
-    dynamic_args.struct_size = PJRT_Buffer_DynamicDimensionIndices_Args_STRUCT_SIZE;
-    dynamic_args.buffer = inner_outputs[i];
-    if (FLEXNPU_INNER_CALL(b, PJRT_Buffer_DynamicDimensionIndices, &dynamic_args).ok()) {
-      outputs[i].varies = dynamic_args.num_dynamic_dims > 0;
+    if (auto dynamic = b.NumDynamicDims(inner_outputs[i]); dynamic.ok()) {
+      outputs[i].varies = *dynamic > 0;
     }
   }
   std::lock_guard<std::mutex> lock(outputs_mu_);
@@ -693,13 +699,16 @@ Status VirtualLoadedExecutable::Delete() {
       if (result.ok() && *result != initial_) compiled.push_back(*result);
     }
   }
-  const PhysicalBackend& b = client_->backend();
-  PJRT_LoadedExecutable_Delete_Args args{};
-  args.struct_size = PJRT_LoadedExecutable_Delete_Args_STRUCT_SIZE;
-  for (const auto& c : compiled) {
-    args.executable = c->executable.get();
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_Delete, &args));
+  {
+    // Evicted from the map but still the recent variant: deleted too.
+    std::lock_guard<std::mutex> lock(recent_mu_);
+    if (recent_ != nullptr &&
+        std::find(compiled.begin(), compiled.end(), recent_) == compiled.end()) {
+      compiled.push_back(recent_);
+    }
   }
+  const PhysicalBackend& b = client_->backend();
+  for (const auto& c : compiled) FLEXNPU_RETURN_IF_ERROR(b.Delete(c->executable.get()));
   return Status::Ok();
 }
 

@@ -5,6 +5,7 @@
 #ifndef FLEXNPU_RUNTIME_EXECUTABLE_H_
 #define FLEXNPU_RUNTIME_EXECUTABLE_H_
 
+#include <algorithm>
 #include <atomic>
 #include <future>
 #include <map>
@@ -95,6 +96,9 @@ class VirtualLoadedExecutable : public Tagged {
     InnerLoadedExecutable executable;
     std::vector<int> physical;        // physical device per position (empty when portable)
     std::vector<int> inner_position;  // position in the inner executable's device list
+    // When an execution last used it (use_clock_): set on the fast path too, which skips
+    // the map, so eviction sees real use.
+    std::atomic<uint64_t> last_use{0};
   };
 
   // What every execution's outputs look like; learnt from the first one, so later outputs
@@ -115,8 +119,13 @@ class VirtualLoadedExecutable : public Tagged {
 
   VirtualLoadedExecutable(VirtualClient* client) : Tagged(kTag), client_(client) {}
   StatusOr<std::shared_ptr<Compiled>> CompileFor(const std::vector<int>& physical);
-  StatusOr<std::shared_ptr<Compiled>> CompiledFor(const std::vector<int>& physical);
+  // The cached variant for a mapping (n physical devices; n == 0: the portable compile),
+  // compiled here, outside mu_, on first need.
+  StatusOr<std::shared_ptr<Compiled>> CompiledFor(const int* physical, size_t n);
   void EvictLocked();
+  static uint64_t LastUse(const CacheEntry& entry);
+  // Makes `compiled` (a variant pinned to `physical_device`) the recent one.
+  void Remember(int physical_device, const std::shared_ptr<Compiled>& compiled);
   // One dispatcher for n >= 1 devices (single-device is n = 1): arguments resolved, placed
   // (the placer's tickets, SPMD shards included), moved, launched, tracked and wrapped.
   Status Dispatch(PJRT_LoadedExecutable_Execute_Args* args, VirtualDevice* const* devices,
@@ -136,10 +145,11 @@ class VirtualLoadedExecutable : public Tagged {
   std::string serialized_assignment_;
   bool single_device_ = true;
   bool portable_ = false;
-  // single_device_compile=auto under a placing policy: compiled pinned for the home device
-  // (the fast execute path, where executions mostly stay), plus one portable compile, made on
-  // first need, for executions placed elsewhere.
-  bool off_home_portable_ = false;
+  // single_device_compile=auto under a placing policy: an execution placed off its home
+  // device runs a variant pinned to the device it was placed on (compiled on the first
+  // placement there; the fast execute path); the portable compile, made on first need, is only
+  // the fallback when the backend cannot compile that pinned variant.
+  bool portable_fallback_ = false;
   std::string portable_options_;
   // Phase and cost from the HLO analysis; what the placer decides with.
   placement::Profile profile_;
@@ -165,8 +175,30 @@ class VirtualLoadedExecutable : public Tagged {
   // Devices of an SPMD program kept inline on the dispatch path.
   static constexpr size_t kInlineDevices = 8;
   std::mutex mu_;
-  std::map<std::vector<int>, CacheEntry> by_mapping_;
-  uint64_t use_clock_ = 0;
+  // Keyed by the physical devices; looked up by pointer and length (MappingKey) so that a
+  // cache hit on the dispatch path allocates nothing.
+  struct MappingKey {
+    const int* physical;
+    size_t n;
+  };
+  struct MappingLess {
+    using is_transparent = void;
+    bool operator()(const std::vector<int>& a, const std::vector<int>& b) const { return a < b; }
+    bool operator()(const std::vector<int>& a, const MappingKey& b) const {
+      return std::lexicographical_compare(a.begin(), a.end(), b.physical, b.physical + b.n);
+    }
+    bool operator()(const MappingKey& a, const std::vector<int>& b) const {
+      return std::lexicographical_compare(a.physical, a.physical + a.n, b.begin(), b.end());
+    }
+  };
+  std::map<std::vector<int>, CacheEntry, MappingLess> by_mapping_;
+  std::atomic<uint64_t> use_clock_{0};
+  // The single-device variant the latest execution away from the initial one used: the next
+  // one placed on that device (the common case: executions stay where their data is) takes
+  // it without the map lookup, the future and mu_.
+  std::mutex recent_mu_;
+  int recent_device_ = -1;
+  std::shared_ptr<Compiled> recent_;
   std::atomic<bool> deleted_{false};
 };
 

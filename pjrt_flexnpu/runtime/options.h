@@ -40,8 +40,8 @@ struct Options {
   // How single-device programs are compiled: "pinned" (for the physical device that runs
   // them, one compile per device used, cached), "portable" (one compile that runs on any
   // physical device; the CPU plugin's portable execute path costs ~3-8 us more per call) or
-  // "auto" (pinned for the home device; under a placing policy also one portable compile,
-  // made when an execution is first placed elsewhere, for all other devices).
+  // "auto" (as "pinned"; under a placing policy, should the pinned compile for a device fail,
+  // one portable compile, made on that first need, runs executions placed there instead).
   std::string single_device_compile = "auto";
   // Telemetry of the physical devices (pjrt_flexnpu/hardware): "auto" (AscendCL when its
   // library loads; NVML when the backend is CUDA and NVML loads; else none), "ascendcl",

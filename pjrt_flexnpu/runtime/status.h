@@ -3,6 +3,7 @@
 #ifndef FLEXNPU_RUNTIME_STATUS_H_
 #define FLEXNPU_RUNTIME_STATUS_H_
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,19 +31,36 @@ enum class Code : int {
   kUnauthenticated = 16,
 };
 
+// OK is a null pointer: creating, moving and testing an OK status (every call on the dispatch
+// path does so several times) touches no string.
 class [[nodiscard]] Status {
  public:
   Status() = default;
-  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(Code code, std::string message)
+      : error_(code == Code::kOk ? nullptr : new Error{code, std::move(message)}) {}
+  Status(const Status& other) : error_(other.error_ ? new Error(*other.error_) : nullptr) {}
+  Status& operator=(const Status& other) {
+    if (this != &other) error_.reset(other.error_ ? new Error(*other.error_) : nullptr);
+    return *this;
+  }
+  Status(Status&&) noexcept = default;
+  Status& operator=(Status&&) noexcept = default;
   static Status Ok() { return Status(); }
 
-  bool ok() const { return code_ == Code::kOk; }
-  Code code() const { return code_; }
-  const std::string& message() const { return message_; }
+  bool ok() const { return error_ == nullptr; }
+  Code code() const { return error_ ? error_->code : Code::kOk; }
+  const std::string& message() const { return error_ ? error_->message : EmptyMessage(); }
 
  private:
-  Code code_ = Code::kOk;
-  std::string message_;
+  struct Error {
+    Code code;
+    std::string message;
+  };
+  static const std::string& EmptyMessage() {
+    static const std::string* empty = new std::string();
+    return *empty;
+  }
+  std::unique_ptr<Error> error_;
 };
 
 inline Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, std::move(m)); }

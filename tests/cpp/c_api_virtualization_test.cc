@@ -556,6 +556,37 @@ TEST_F(CApiVirtualizationTest, ExecutionsRaceBufferDestructionAndPolicySwitches)
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// single_device_compile=auto under a placing policy: an execution placed off its home device
+// runs a variant pinned to that device, compiled once on the first placement there (before,
+// one portable compile served every device, a slower execute path), with the right results.
+TEST_F(CApiVirtualizationTest, OffHomeExecutionsRunAVariantPinnedPerDevice) {
+  PJRT_Client* client = CreateClientWith(
+      {IntOption("num_virtual_devices", 4), StringOption("policy", "dynamic")});
+  ASSERT_NE(client, nullptr);
+  PJRT_LoadedExecutable* exe = nullptr;
+  ASSERT_EQ(TryCompile(client, kAddProgram, CompileOptionsFor(0), &exe).code, PJRT_Error_Code_OK);
+  const int64_t compiles = StatOfFirstClient("backend_compiles");
+  ASSERT_GE(compiles, 1) << "no 'backend_compiles' in the stats";
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 1; k < 4; ++k) {
+      const float x = static_cast<float>(k + round);
+      PJRT_Buffer* input = Upload(client, Device(client, k), {x, x + 1, x + 2, x + 3});
+      std::vector<PJRT_Buffer*> outputs;
+      ErrorInfo info = ExecuteOnDevices(exe, {{input, input}}, 1, &outputs, /*await=*/true,
+                                        Device(client, k));
+      ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+      EXPECT_EQ(Download(outputs[0], 4),
+                (std::vector<float>{2 * x * x, 2 * (x + 1) * (x + 1), 2 * (x + 2) * (x + 2),
+                                    2 * (x + 3) * (x + 3)}))
+          << "on device " << k;
+      DestroyBuffer(outputs[0]);
+    }
+    // One pinned variant per device placed on, compiled on the first placement there only.
+    EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles + 3) << "round " << round;
+  }
+  EXPECT_EQ(StatOfFirstClient("migrations"), 0) << "executions followed their data";
+}
+
 // A program run on more physical devices than the compiled-variants cache keeps (16 mappings
 // besides the initial one, least recently used evicted): evicted variants are compiled again
 // when needed, cached ones are not, and every execution computes the right result.
