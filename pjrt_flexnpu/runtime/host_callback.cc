@@ -233,11 +233,13 @@ Status InstallHostCallbacks(HostCallbackTrampoline trampoline) {
   static bool registered = false;
   std::lock_guard<std::mutex> lock(mu);
   if (registered) return Status::Ok();
-  FfiHandlerRegistration registration;
-  registration.target_name = kHostCallbackTarget;
-  registration.platform_name = kFlexNpuPlatform;
-  registration.handler = HostCallbackHandler();
-  FLEXNPU_RETURN_IF_ERROR(RegisterFfiHandler(registration));
+  for (const char* target : kHostCallbackTargets) {
+    FfiHandlerRegistration registration;
+    registration.target_name = target;
+    registration.platform_name = kFlexNpuPlatform;
+    registration.handler = HostCallbackHandler();
+    FLEXNPU_RETURN_IF_ERROR(RegisterFfiHandler(registration));
+  }
   registered = true;
   return Status::Ok();
 }

@@ -1,5 +1,5 @@
 // Host callbacks over a physical backend without send/recv (XLA:CPU plugins): FlexNPU's own
-// execute-only XLA FFI handler, registered with the backend under kHostCallbackTarget. The
+// execute-only XLA FFI handler, registered with the backend under kHostCallbackTargets. The
 // custom call carries the callback's id (attribute "callback_id"); the handler hands operand
 // and result buffers to a trampoline FlexNPU's Python side installed (flexnpu/host_callbacks.py),
 // which runs the Python callable under the GIL. No PJRT types: it only sees the FFI call frame.
@@ -13,7 +13,11 @@
 
 namespace flexnpu {
 
-inline constexpr const char* kHostCallbackTarget = "flexnpu_host_callback";
+// The names jaxlib gives its own CPU callback targets: XLA's Shardy import/export recognises a
+// Python callback by these names (its sharding survives into the SPMD partitioner), so FlexNPU's
+// handler takes them in the physical backend, where jaxlib's handler cannot run.
+inline constexpr const char* kHostCallbackTargets[] = {"xla_ffi_python_cpu_callback",
+                                                       "xla_ffi_partitioned_python_cpu_callback"};
 inline constexpr const char* kHostCallbackIdAttribute = "callback_id";
 
 // One operand or result as the trampoline sees it. `dtype` is the XLA FFI data type code

@@ -5,8 +5,10 @@ jaxlib's own CPU callback handler cannot run inside a PJRT plugin (it needs an F
 'instantiate' stage that PJRT's register_handler cannot register) and XLA:CPU has no
 send/recv. So flexnpu lowers each host callback to a custom call of FlexNPU's own
 execute-only FFI handler (pjrt_flexnpu/runtime/host_callback.cc), registered with the physical
-backend, with the callback's id as the attribute `callback_id`. The handler calls the
-trampoline installed here, which runs the Python callable under the GIL:
+backend under the target names jaxlib uses for its own CPU callbacks (XLA's Shardy passes
+recognise Python callbacks by name, so their sharding reaches the SPMD partitioner; jaxlib's
+handler is never mirrored there), with the callback's id as the attribute `callback_id`. The
+handler calls the trampoline installed here, which runs the Python callable under the GIL:
 
 * operands arrive as numpy arrays (copied out of the device buffers: the callable may keep
   them, the buffers do not outlive the call); results are written straight into the result
@@ -32,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-TARGET_NAME = "flexnpu_host_callback"
+# runtime/host_callback.h's kHostCallbackTargets: (unpartitioned, partitioned).
+TARGET_NAMES = ("xla_ffi_python_cpu_callback", "xla_ffi_partitioned_python_cpu_callback")
 CALLBACK_ID_ATTRIBUTE = "callback_id"
 
 
@@ -309,7 +312,8 @@ def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[
             avals_in=[core.abstract_token, *ctx.avals_in],
             avals_out=[core.abstract_token, *ctx.avals_out],
         )
-    result = jax_ffi.build_ffi_lowering_function(TARGET_NAME, has_side_effect=has_side_effect)(
+    target = TARGET_NAMES[1] if partitioned else TARGET_NAMES[0]
+    result = jax_ffi.build_ffi_lowering_function(target, has_side_effect=has_side_effect)(
         ctx, *operands, **{CALLBACK_ID_ATTRIBUTE: np.uint64(registration.callback_id)})
     if sharding is not None:
         mlir.set_sharding(ctx.module_context, result, sharding)

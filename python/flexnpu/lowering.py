@@ -441,6 +441,10 @@ def register_type(type_name: str, registration: Any) -> None:
 
 
 def _mirror(name: str, fn: Any, api_version: int, traits: Any) -> None:
+    from flexnpu import host_callbacks
+
+    if name in host_callbacks.TARGET_NAMES:
+        return  # FlexNPU's own handler takes these names in the backend (host_callbacks.py)
     try:
         register_target(name, fn, PLATFORM_NAME, api_version, traits)
     except (NotImplementedError, RuntimeError, ValueError) as error:
