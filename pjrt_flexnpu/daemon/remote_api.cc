@@ -368,6 +368,9 @@ struct RemoteBuffer {
   std::shared_ptr<Connection> connection;  // outlives the client if the buffer does
   BufferMeta meta;
   std::atomic<bool> deleted{false};
+  // For execution outputs: the execution's completion, which is also their readiness (asked
+  // locally, without a round trip); null for other buffers.
+  std::shared_ptr<RemoteEvent> ready;
   // Storage the layout query points into.
   std::vector<int64_t> tile_dims;
   std::vector<size_t> tile_dim_sizes;
@@ -907,6 +910,10 @@ PJRT_Error* Buffer_IsDeleted_(PJRT_Buffer_IsDeleted_Args* a) {
 PJRT_Error* Buffer_ReadyEvent_(PJRT_Buffer_ReadyEvent_Args* a) {
   return Run([&]() -> Status {
     RemoteBuffer* b = From<RemoteBuffer>(a->buffer);
+    if (b->ready != nullptr) {
+      a->event = To<PJRT_Event>(new EventHandle{b->ready});
+      return Status::Ok();
+    }
     Connection& c = *b->client->connection;
     auto [id, event] = c.NewEvent();
     Frame request;
@@ -1105,10 +1112,9 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
         request.ints.push_back(From<RemoteBuffer>(a->argument_lists[d][i])->meta.id);
       }
     }
+    // Completion events are always asked for: they also make the outputs' ready events.
     std::vector<std::pair<int64_t, std::shared_ptr<RemoteEvent>>> events;
-    if (a->device_complete_events != nullptr) {
-      for (size_t d = 0; d < a->num_devices; ++d) events.push_back(c.NewEvent());
-    }
+    for (size_t d = 0; d < a->num_devices; ++d) events.push_back(c.NewEvent());
     request.ints.push_back(static_cast<int64_t>(events.size()));
     for (const auto& e : events) request.ints.push_back(e.first);
     auto reply = c.Call(std::move(request));
@@ -1125,12 +1131,15 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
           for (RemoteBuffer* b : outputs) delete b;
           return buffer.status();
         }
+        (*buffer)->ready = events[d].second;
         outputs.push_back(*buffer);
         a->output_lists[d][o] = To<PJRT_Buffer>(*buffer);
       }
     }
-    for (size_t d = 0; d < events.size(); ++d) {
-      a->device_complete_events[d] = To<PJRT_Event>(new EventHandle{events[d].second});
+    if (a->device_complete_events != nullptr) {
+      for (size_t d = 0; d < events.size(); ++d) {
+        a->device_complete_events[d] = To<PJRT_Event>(new EventHandle{events[d].second});
+      }
     }
     return Status::Ok();
   });
