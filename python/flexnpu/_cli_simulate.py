@@ -28,13 +28,25 @@ Step times: flexnpu/sim/data/steptime_MODEL.json (regenerate with
 """
 
 
-def _tuning(items: list[str]) -> dict[str, float]:
-    out = {}
+def _tuning(items: list[str]) -> dict[str, float | int]:
+    """KEY=VALUE pairs for placement.Core; the core's integer fields (nanoseconds,
+    max_executables) go as int: its bindings reject a float there (std::bad_cast)."""
+    out: dict[str, float | int] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"--core-tuning {item!r} is not KEY=VALUE")
-        out[key.strip()] = float(value)
+        key = key.strip()
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--core-tuning {item!r}: {value!r} is not a number") from None
+        if key.endswith("_ns") or key == "max_executables":
+            if not number.is_integer():
+                raise ValueError(f"--core-tuning {item!r}: {key} takes an integer")
+            out[key] = int(number)
+        else:
+            out[key] = number
     return out
 
 
