@@ -246,6 +246,50 @@ def test_router_picks_as_least_loaded(role):
     assert picked == set(range(5))
 
 
+def _entry_view(entries: list) -> list[tuple]:
+    return [(e.seq.request_id, e.start, e.num_tokens, e.samples, e.finishes) for e in entries]
+
+
+def test_plans_held_read_late_or_released_keep_their_entries():
+    """A plan holds the cohort's lists (no copy) while members join and, after release,
+    leave in place: a plan read only after later steps ran still lists what it scheduled,
+    and releasing plans changes no decision (against the per-sequence scheduler, two plans
+    in flight)."""
+    rng = random.Random(3)
+    cfg = SchedulerConfig(max_num_seqs=10, max_num_batched_tokens=64, block_size=4,
+                          num_blocks=160, max_model_len=160)
+    fast, ref = Scheduler(cfg), Scheduler(cfg)
+    ref._bulk_ok = False
+    inflight: list[tuple] = []
+    late: list[tuple] = []
+    bulk_entries = enders_in_bulk = released = 0
+    for step in range(500):
+        if step < 300 and rng.random() < 0.6:
+            p, o = rng.randint(1, 40), rng.randint(1, 30)
+            fast.add(Sequence(step, p, o, 0.0))
+            ref.add(Sequence(step, p, o, 0.0))
+        pf, pr = fast.schedule(0.0), ref.schedule(0.0)
+        inflight.append((step, pf, pr, pf.bulk_decodes, pf.num_scheduled,
+                         _entry_view(pr.scheduled)))
+        if len(inflight) < 2:
+            continue
+        k, pf, pr, (count, starts), n, want = inflight.pop(0)
+        bulk_entries += count
+        assert n == len(want)
+        fast.on_step_done(pf, 0.0)
+        ref.on_step_done(pr, 0.0)
+        if k % 3 == 0:  # read after later steps ran (held: the scheduler copies for it)
+            late.append((pf, count, want))
+        else:  # the simulator's way: totals only, then released
+            assert starts == sum(w[1] for w in want[:count])
+            fast.release(pf)
+            released += 1
+    for pf, count, want in late:
+        assert _entry_view(pf.scheduled) == want
+        enders_in_bulk += sum(1 for w in want[:count] if w[4])
+    assert bulk_entries > 500 and enders_in_bulk > 5 and released > 200
+
+
 if __name__ == "__main__" and "--record" in sys.argv:
     for n in sorted(SCENARIOS):
         c, d, k = SCENARIOS[n]

@@ -108,12 +108,15 @@ class _Cohort:
         self.serials: list[int] = []
         self.off_sum = 0
         self.events: dict[int, list[Sequence]] = {}
-        # seqs / offs are held by a plan's bulk (copy before changing them).
-        self.shared = False
+        # Plans whose bulk holds seqs / offs / serials (a plan reads only their first members,
+        # so appends are safe; copy before any other change). Scheduler.release gives one back.
+        self.shared = 0
 
     def unshare(self) -> None:
         if self.shared:
-            self.seqs, self.offs, self.shared = self.seqs.copy(), self.offs.copy(), False
+            self.seqs, self.offs, self.serials = \
+                self.seqs.copy(), self.offs.copy(), self.serials.copy()
+            self.shared = 0
 
 
 class Sequence:
@@ -222,10 +225,11 @@ class StepPlan:
         self.kv_inserts: list[Sequence] = [] if kv_inserts is None else kv_inserts
         self.preempted: list[Sequence] = [] if preempted is None else preempted
         self.finished: list[Sequence] = [] if finished is None else finished
-        # Bulk decodes: (tick, members, their offsets, the entries of those that finish by
-        # id(seq), the sum of the offsets); start of a member's entry = offset + tick.
-        self._bulk: tuple[int, list[Sequence], list[int], dict[int, ScheduledSeq], int] \
-            | None = None
+        # Bulk decodes: (tick, members, their offsets, their serials, the number of members
+        # this plan reads from those lists, the entries of the members that finish (they left
+        # the lists; placed by serial), count, sum of starts); start of an entry = offset + tick.
+        self._bulk: tuple[int, list[Sequence], list[int], list[int], int,
+                          list[ScheduledSeq], int, int] | None = None
         self._entries: list[ScheduledSeq] = [] if scheduled is None else scheduled
         # Entries that finish, in plan order (None: not tracked, scan `scheduled`).
         self._finishing: list[ScheduledSeq] | None = None if scheduled else []
@@ -233,11 +237,12 @@ class StepPlan:
     @property
     def scheduled(self) -> list[ScheduledSeq]:
         if self._bulk is not None:
-            tick, seqs, offs, last, _ = self._bulk
+            tick, seqs, offs, serials, n, last, _, _ = self._bulk
             self._bulk = None
-            get = last.get
-            bulk = [get(id(s)) or ScheduledSeq(s, off + tick, 1, True)
-                    for s, off in zip(seqs, offs, strict=True)]
+            bulk = [ScheduledSeq(s, off + tick, 1, True)
+                    for s, off in zip(seqs[:n], offs[:n], strict=True)]
+            for k, e in enumerate(last):  # in serial order: k of them are before e
+                bulk.insert(bisect.bisect_left(serials, e.seq._serial, 0, n) + k, e)
             self._entries[:0] = bulk
         return self._entries
 
@@ -248,7 +253,7 @@ class StepPlan:
     @property
     def num_scheduled(self) -> int:
         b = self._bulk
-        return len(self._entries) + (len(b[1]) if b is not None else 0)
+        return len(self._entries) + (b[6] if b is not None else 0)
 
     @property
     def bulk_decodes(self) -> tuple[int, int]:
@@ -257,7 +262,7 @@ class StepPlan:
         b = self._bulk
         if b is None:
             return 0, 0
-        return len(b[1]), b[4] + b[0] * len(b[1])
+        return b[6], b[7]
 
     @property
     def entries_after_bulk(self) -> list[ScheduledSeq]:
@@ -537,7 +542,7 @@ class Scheduler:
         tick = co.tick
         co.events.pop(tick, None)
         bs, max_len, free = self.config.block_size, self.config.max_model_len, self._free_blocks
-        last: dict[int, ScheduledSeq] = {}
+        last: list[ScheduledSeq] = []
         ending: list[Sequence] = []
         for seq in due:
             computed = seq._computed + tick
@@ -546,17 +551,19 @@ class Scheduler:
             out = seq._output + tick + 1
             if out >= seq.max_tokens or seq.num_prompt_tokens + out >= max_len:
                 e = ScheduledSeq(seq, computed, 1, True, True)
-                last[id(seq)] = e
+                last.append(e)
                 plan._finishing.append(e)  # type: ignore[union-attr]
                 ending.append(seq)
             else:
                 self._schedule_event(seq)
-        plan._bulk = (tick, co.seqs, co.offs, last, co.off_sum)
-        co.shared = True
+        count = len(co.seqs)
+        starts = co.off_sum + tick * count
         co.tick = tick + 1
-        for seq in ending:
+        for seq in ending:  # they leave before the plan takes the lists: no copy for them
             self._leave(seq)
             seq.pending_finish = "length"
+        plan._bulk = (tick, co.seqs, co.offs, co.serials, len(co.seqs), last, count, starts)
+        co.shared += 1
 
     def _schedule_event(self, seq: Sequence) -> None:
         """Files a member under the tick of its next event. With offsets (count - tick) the
@@ -581,14 +588,14 @@ class Scheduler:
         seq._computed -= co.tick
         seq._output -= co.tick
         seq._cohort = co
-        if co.shared:
-            co.unshare()
         serials = co.serials
         if not serials or serials[-1] < seq._serial:  # the common case: the latest admitted
-            co.seqs.append(seq)
+            co.seqs.append(seq)  # past what a plan holding the lists reads
             co.offs.append(seq._computed)
             serials.append(seq._serial)
         else:
+            co.unshare()
+            serials = co.serials
             i = bisect.bisect_left(serials, seq._serial)
             co.seqs.insert(i, seq)
             co.offs.insert(i, seq._computed)
@@ -616,7 +623,7 @@ class Scheduler:
             seq._output += co.tick
             seq._cohort = None
             seq._event = -1
-        co.seqs, co.offs, co.serials, co.off_sum, co.shared = [], [], [], 0, False
+        co.seqs, co.offs, co.serials, co.off_sum, co.shared = [], [], [], 0, 0
         co.events.clear()
 
     @staticmethod
@@ -856,6 +863,19 @@ class Scheduler:
                 self._finish(seq, reason)
                 done.append(seq)
         return done
+
+    def release(self, plan: StepPlan) -> None:
+        """The caller is done with `plan` (it reads none of its entries or totals again, e.g.
+        the cluster simulator after on_step_done): the aggregate decode lists it holds go
+        back to the scheduler, which then changes them in place instead of copying."""
+        b = plan._bulk
+        if b is None:
+            return
+        plan._bulk = None
+        plan._entries = []
+        co = self._cohort
+        if b[1] is co.seqs and co.shared:
+            co.shared -= 1
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         status = seq.status

@@ -167,9 +167,12 @@ class _Router:
     """least_loaded (flexnpu.serving.scheduler) over a fixed list of instances, kept
     incrementally: each instance's (key, index) (the index breaks ties to the lowest, as
     there) is recomputed only after its scheduler changed, which only the Simulation's calls
-    that add, schedule or finish work do (they append the instance to `changed`)."""
+    that add, schedule or finish work do (they append the instance to `changed`). The least
+    (key, index) comes from a heap with lazy deletion: every current (key, index) is in it
+    (pushed when it changed), an entry that is no longer its instance's key is dropped when
+    it reaches the top, so the top is min(keys) -- the same instance, ties included."""
 
-    __slots__ = ("insts", "keys", "changed")
+    __slots__ = ("insts", "keys", "changed", "heap", "limit")
 
     def __init__(self, insts: list[_Instance]) -> None:
         self.insts = insts
@@ -177,16 +180,32 @@ class _Router:
         for i, x in enumerate(insts):
             x.pos, x.changed = i, self.changed
         self.keys = [(x.sched._load_key(), i) for i, x in enumerate(insts)]
+        self.heap = sorted(self.keys)
+        # Stale entries above the top are dropped only by a rebuild, past this size.
+        self.limit = 4 * len(insts) + 16
 
     def pick(self) -> _Instance:
         insts = self.insts
         if len(insts) == 1:
             return insts[0]
-        keys, changed = self.keys, self.changed
-        for x in changed:
-            keys[x.pos] = (x.sched._load_key(), x.pos)
-        changed.clear()
-        return insts[min(keys)[1]]
+        keys, changed, heap = self.keys, self.changed, self.heap
+        if changed:
+            push = heapq.heappush
+            for x in changed:
+                pos = x.pos
+                k = (x.sched._load_key(), pos)
+                if k != keys[pos]:
+                    keys[pos] = k
+                    push(heap, k)
+            changed.clear()
+            if len(heap) > self.limit:
+                heap[:] = keys
+                heapq.heapify(heap)
+        top = heap[0]
+        while top != keys[top[1]]:
+            heapq.heappop(heap)
+            top = heap[0]
+        return insts[top[1]]
 
 
 @dataclass
@@ -514,7 +533,9 @@ class Simulation:
                 sampled -= 1
         if now <= self._window_end:
             self._tokens_in_window += sampled
-        done = inst.sched.on_step_done(plan, now)
+        sched = inst.sched
+        done = sched.on_step_done(plan, now)
+        sched.release(plan)  # read no more: its decode lists go back uncopied
         inst.changed.append(inst)
         for seq in done:
             req = seq.payload
