@@ -20,29 +20,13 @@
 
 #include "pjrt_flexnpu/backend/physical_backend.h"
 #include "pjrt_flexnpu/daemon/protocol.h"
+#include "pjrt_flexnpu/runtime/json.h"
 
 namespace flexnpu::daemon {
 namespace {
 
 Status ResourceExhausted(std::string m) { return Status(Code::kResourceExhausted, std::move(m)); }
 Status PermissionDenied(std::string m) { return Status(Code::kPermissionDenied, std::move(m)); }
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 struct Memory {
   PJRT_Memory* handle = nullptr;

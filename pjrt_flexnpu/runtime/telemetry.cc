@@ -5,36 +5,11 @@
 #include <mutex>
 #include <sstream>
 
+#include "pjrt_flexnpu/runtime/json.h"
 #include "pjrt_flexnpu/runtime/placer.h"
 
 namespace flexnpu {
 namespace {
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 std::string JsonInt(int64_t v) { return v < 0 ? "null" : std::to_string(v); }
 

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "pjrt_flexnpu/runtime/json.h"
+
 namespace flexnpu {
 namespace {
 
@@ -82,8 +84,8 @@ std::string Trace::ChromeJson(int num_physical, const std::string& title) const 
     if (origin == 0 || e.start_ns < origin) origin = e.start_ns;
   }
   std::ostringstream out;
-  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":\"" << title
-      << "\",\"dropped_events\":" << dropped_
+  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"title\":" << JsonString(title)
+      << ",\"dropped_events\":" << dropped_
       << ",\"unfinished_executions\":" << in_flight_ << "},\"traceEvents\":[";
   bool first = true;
   auto comma = [&] {
