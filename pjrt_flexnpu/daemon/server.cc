@@ -546,26 +546,14 @@ StatusOr<ExecutableEntry*> ServerImpl::FindExecutable(Session& s,
 
 Status ServerImpl::Describe(PJRT_Buffer* buffer, int64_t id, BufferMeta* m) {
   m->id = id;
-  PJRT_Buffer_ElementType_Args type{};
-  type.struct_size = PJRT_Buffer_ElementType_Args_STRUCT_SIZE;
-  type.buffer = buffer;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Buffer_ElementType, &type));
-  m->type = type.type;
-  PJRT_Buffer_Dimensions_Args dims{};
-  dims.struct_size = PJRT_Buffer_Dimensions_Args_STRUCT_SIZE;
-  dims.buffer = buffer;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Buffer_Dimensions, &dims));
-  m->dims.assign(dims.dims, dims.dims + dims.num_dims);
-  PJRT_Buffer_OnDeviceSizeInBytes_Args size{};
-  size.struct_size = PJRT_Buffer_OnDeviceSizeInBytes_Args_STRUCT_SIZE;
-  size.buffer = buffer;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Buffer_OnDeviceSizeInBytes, &size));
-  m->on_device_size = static_cast<int64_t>(size.on_device_size_in_bytes);
-  PJRT_Buffer_Memory_Args memory{};
-  memory.struct_size = PJRT_Buffer_Memory_Args_STRUCT_SIZE;
-  memory.buffer = buffer;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Buffer_Memory, &memory));
-  m->memory = MemoryIndexOf(memory.memory);
+  auto metadata = b().Metadata(buffer);
+  if (!metadata.ok()) return metadata.status();
+  m->type = metadata->element_type;
+  m->dims = std::move(metadata->dims);
+  m->on_device_size = metadata->on_device_size;
+  auto memory = b().Memory(buffer);
+  if (!memory.ok()) return memory.status();
+  m->memory = MemoryIndexOf(*memory);
   // Tokens have no dynamic dimensions or layout (the CPU plugin aborts when asked).
   if (m->type == PJRT_Buffer_Type_TOKEN) return Status::Ok();
   PJRT_Buffer_DynamicDimensionIndices_Args dyn{};
@@ -773,26 +761,18 @@ Status ServerImpl::ToHost(Session& s, const Frame& r, std::vector<int>& fds, Fra
 Status ServerImpl::AddExecutable(Session& s, PJRT_LoadedExecutable* loaded_handle, Frame* out) {
   InnerLoadedExecutable loaded = Own(b(), loaded_handle);
   ExecutableMeta meta;
-  PJRT_LoadedExecutable_GetExecutable_Args get{};
-  get.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
-  get.loaded_executable = loaded.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_LoadedExecutable_GetExecutable, &get));
-  InnerExecutable exe = Own(b(), get.executable);
-  PJRT_Executable_NumReplicas_Args replicas{};
-  replicas.struct_size = PJRT_Executable_NumReplicas_Args_STRUCT_SIZE;
-  replicas.executable = exe.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Executable_NumReplicas, &replicas));
-  meta.num_replicas = static_cast<int64_t>(replicas.num_replicas);
-  PJRT_Executable_NumPartitions_Args partitions{};
-  partitions.struct_size = PJRT_Executable_NumPartitions_Args_STRUCT_SIZE;
-  partitions.executable = exe.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Executable_NumPartitions, &partitions));
-  meta.num_partitions = static_cast<int64_t>(partitions.num_partitions);
-  PJRT_Executable_NumOutputs_Args outputs{};
-  outputs.struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE;
-  outputs.executable = exe.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Executable_NumOutputs, &outputs));
-  meta.num_outputs = static_cast<int64_t>(outputs.num_outputs);
+  auto got = b().GetExecutable(loaded.get());
+  if (!got.ok()) return got.status();
+  InnerExecutable exe = std::move(*got);
+  auto replicas = b().NumReplicas(exe.get());
+  if (!replicas.ok()) return replicas.status();
+  meta.num_replicas = static_cast<int64_t>(*replicas);
+  auto partitions = b().NumPartitions(exe.get());
+  if (!partitions.ok()) return partitions.status();
+  meta.num_partitions = static_cast<int64_t>(*partitions);
+  auto outputs = b().NumOutputs(exe.get());
+  if (!outputs.ok()) return outputs.status();
+  meta.num_outputs = static_cast<int64_t>(*outputs);
   PJRT_Executable_GetCompiledMemoryStats_Args stats{};
   stats.struct_size = PJRT_Executable_GetCompiledMemoryStats_Args_STRUCT_SIZE;
   stats.executable = exe.get();
@@ -877,11 +857,9 @@ Status ServerImpl::ExecutableCall(Session& s, const Frame& r, Frame* out) {
     s.executables.erase(r.ints[0]);
     return Status::Ok();
   }
-  PJRT_LoadedExecutable_GetExecutable_Args get{};
-  get.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
-  get.loaded_executable = loaded;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_LoadedExecutable_GetExecutable, &get));
-  InnerExecutable exe = Own(b(), get.executable);
+  auto got = b().GetExecutable(loaded);
+  if (!got.ok()) return got.status();
+  InnerExecutable exe = std::move(*got);
   if (r.op == kOptimizedProgram) {
     PJRT_Program program{};
     program.struct_size = PJRT_Program_STRUCT_SIZE;
@@ -1030,10 +1008,7 @@ Status ServerImpl::Handle(Session& s, const Frame& r, std::vector<int>& fds, Fra
     case kBufferDelete: {
       auto buffer = FindBuffer(s, r.ints);
       if (!buffer.ok()) return buffer.status();
-      PJRT_Buffer_Delete_Args args{};
-      args.struct_size = PJRT_Buffer_Delete_Args_STRUCT_SIZE;
-      args.buffer = (*buffer)->handle;
-      FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Buffer_Delete, &args));
+      FLEXNPU_RETURN_IF_ERROR(b().Delete((*buffer)->handle));
       Release(s, (*buffer)->counted_bytes);
       (*buffer)->counted_bytes = 0;
       return Status::Ok();
@@ -1041,11 +1016,9 @@ Status ServerImpl::Handle(Session& s, const Frame& r, std::vector<int>& fds, Fra
     case kBufferIsDeleted: {
       auto buffer = FindBuffer(s, r.ints);
       if (!buffer.ok()) return buffer.status();
-      PJRT_Buffer_IsDeleted_Args args{};
-      args.struct_size = PJRT_Buffer_IsDeleted_Args_STRUCT_SIZE;
-      args.buffer = (*buffer)->handle;
-      FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Buffer_IsDeleted, &args));
-      out->ints = {args.is_deleted ? 1 : 0};
+      auto deleted = b().IsDeleted((*buffer)->handle);
+      if (!deleted.ok()) return deleted.status();
+      out->ints = {*deleted ? 1 : 0};
       return Status::Ok();
     }
     case kBufferDestroy: {
