@@ -172,3 +172,31 @@ def test_probe_requests_each_time_the_program_they_name():
             for pos in range(prompt, prompt + output - 1):
                 row = _entry(pos, 1, pos // bs + 1, prompt=prompt)
                 assert shapes.program([row]) == (0, width), (prompt, output, pos)
+
+
+def test_steps_from_tokens_recovers_the_engines_steps():
+    """Two requests streamed by a synthetic engine whose steps take known times: the clients'
+    token times give back each busy step's time and program; the idle gap is no step."""
+    v = _bench("sim_validate")
+    shapes = EngineShapes.of_engine(**v.ENGINE)
+    a = {"prompt": 40, "sent_s": 0.0, "token_times_s": [0.3, 0.4, 0.5, 0.6, 0.85, 0.95]}
+    # b arrives while a decodes: its prompt step (a's 5th token, b's first) takes 0.25 s, then
+    # both decode; a row's token reaches the client a few ms after the step's other rows.
+    b = {"prompt": 70, "sent_s": 0.45, "token_times_s": [0.852, 0.951, 1.05]}
+    late = {"prompt": 10, "sent_s": 5.0, "token_times_s": [5.3, 5.4]}  # after an idle gap
+    steps = v.steps_from_tokens([a, b, late], shapes)
+    got = [(round(s["seconds"], 3), s["rows"], s["first_tokens"], s["chunk"], s["width"])
+           for s in steps]
+    assert got == [(0.1, 1, 0, 0, 4), (0.1, 1, 0, 0, 4), (0.1, 1, 0, 0, 4),  # a: <= 3 blocks
+                   (0.252, 2, 1, 128, 16),  # b's 70-token prompt: the 128 bucket
+                   (0.099, 2, 0, 0, 16), (0.099, 1, 0, 0, 16),  # b at 71, 72 tokens: 5 blocks
+                   (0.1, 1, 0, 0, 4)]  # late's second token; the idle 1.05 -> 5.3 is no step
+    cal = {"programs": [{"chunk": 0, "width": 4, "seconds": 0.08, "model_error": 0.25},
+                        {"chunk": 128, "width": 16, "seconds": 0.3}]}
+    summary = {(r["chunk"], r["width"]): r for r in v.step_summary(steps, cal)}
+    assert summary[(0, 4)]["steps"] == 4
+    assert summary[(0, 4)]["p50_s"] == pytest.approx(0.1)
+    assert summary[(0, 4)]["model_s"] == pytest.approx(0.1)
+    assert summary[(128, 16)]["model_s"] == pytest.approx(0.3)
+    assert summary[(0, 16)]["steps"] == 2
+    assert np.isnan(summary[(0, 16)]["model_s"])
