@@ -37,6 +37,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -48,7 +49,9 @@ from pathlib import Path
 OUTCOMES = ("passed", "failed", "skipped", "errors")
 
 _PYTEST_PLUGIN = '''\
-"""Written by flexnpu tools/jax_conformance.py: sets jax_test_dut to $JAXCONF_DUT."""
+"""Written by flexnpu tools/jax_conformance.py: sets jax_test_dut to $JAXCONF_DUT, records
+every test's start and outcome in $JAXCONF_PROGRESS, deselects the tests in $JAXCONF_DESELECT."""
+import json
 import os
 
 
@@ -59,6 +62,66 @@ def pytest_configure(config):
         from jax._src import test_util  # noqa: F401  (defines the jax_test_dut flag)
 
         jax.config.update("jax_test_dut", dut)
+
+
+def _record(entry):
+    """One JSON line per event, written unbuffered: it survives the process crashing."""
+    path = os.environ.get("JAXCONF_PROGRESS", "")
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(entry) + "\\n").encode())
+        finally:
+            os.close(fd)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselects the tests listed in $JAXCONF_DESELECT (done before a crash, or the crasher)."""
+    path = os.environ.get("JAXCONF_DESELECT", "")
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as f:
+        done = set(f.read().splitlines())
+    dropped = [item for item in items if item.nodeid in done]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.nodeid not in done]
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _record({"start": nodeid, "name": nodeid_to_junit(nodeid)})
+
+
+def pytest_runtest_logreport(report):
+    """The outcome as pytest's JUnit XML would give it (message included)."""
+    if report.passed and report.when != "call":
+        return
+    if report.skipped:
+        outcome = "skipped"
+        if hasattr(report, "wasxfail"):
+            message = report.wasxfail.removeprefix("reason: ")
+        else:
+            message = str(report.longrepr[2]).removeprefix("Skipped: ")
+    elif report.failed:
+        outcome = "failed" if report.when == "call" else "errors"
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = crash.message if crash is not None else str(report.longrepr)
+    else:
+        outcome, message = "passed", ""
+    _record({"test": nodeid_to_junit(report.nodeid), "outcome": outcome, "message": message[:500]})
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    _record({"finish": nodeid})
+
+
+def nodeid_to_junit(nodeid):
+    """`classname::name` as pytest's JUnit XML names a test (its mangle_test_address)."""
+    path, bracket, params = nodeid.partition("[")
+    names = path.split("::")
+    names[0] = names[0].replace("/", ".").removesuffix(".py")
+    names[-1] += bracket + params
+    return ".".join(names[:-1]) + "::" + names[-1]
 '''
 
 _PYTEST_INI = """\
@@ -120,6 +183,17 @@ def platform_env(platform: str, out: Path, devices: int) -> dict[str, str]:
     return env
 
 
+def _add_outcome(result: FileResult, name: str, outcome: str, message: str) -> None:
+    if name in result.tests and result.tests[name] != "passed":
+        return  # an error in teardown after a pass or failure: keep the first bad one
+    if name in result.tests:
+        result.counts[result.tests[name]] -= 1
+    result.tests[name] = outcome
+    result.counts[outcome] += 1
+    if message and outcome != "passed":
+        result.messages[name] = message[:500]
+
+
 def parse_junit(path: Path, result: FileResult) -> None:
     """Fills `result` from a pytest JUnit XML file."""
     root = ET.parse(path).getroot()
@@ -131,14 +205,62 @@ def parse_junit(path: Path, result: FileResult) -> None:
                 outcome = {"failure": "failed", "error": "errors", "skipped": "skipped"}[child.tag]
                 message = (child.get("message") or "").strip()
                 break
-        if name in result.tests and result.tests[name] != "passed":
-            continue  # an error in teardown after a pass or failure: keep the first bad one
-        if name in result.tests:
-            result.counts[result.tests[name]] -= 1
-        result.tests[name] = outcome
-        result.counts[outcome] += 1
-        if message and outcome != "passed":
-            result.messages[name] = message[:500]
+        _add_outcome(result, name, outcome, message)
+
+
+def write_junit(path: Path, result: FileResult) -> None:
+    """`result` as JUnit XML that parse_junit reads back (a run pieced together after crashes)."""
+    suite = ET.Element("testsuite", name="pytest")
+    tag = {"failed": "failure", "errors": "error", "skipped": "skipped"}
+    for name, outcome in result.tests.items():
+        classname, _, test = name.partition("::")
+        case = ET.SubElement(suite, "testcase", classname=classname, name=test)
+        if outcome in tag:
+            ET.SubElement(case, tag[outcome], message=result.messages.get(name, ""))
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def read_progress(path: Path) -> tuple[list[dict[str, str]], str | None, set[str]]:
+    """The plugin's records: outcomes, the (JUnit) name of the test started but never finished,
+    the node id of every test started."""
+    outcomes: list[dict[str, str]] = []
+    running: str | None = None
+    started: set[str] = set()
+    if not path.exists():
+        return outcomes, running, started
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut off by the crash
+        if "start" in entry:
+            running = entry["name"]
+            started.add(entry["start"])
+        elif "finish" in entry:
+            running = None
+        elif "test" in entry:
+            outcomes.append(entry)
+    return outcomes, running, started
+
+
+def _crash_description(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"the test process died of {signal.Signals(-returncode).name}"
+        except ValueError:
+            pass
+    return f"the test process exited with {returncode} in this test"
+
+
+def _move_core_file(cwd: Path, dest: Path) -> str:
+    """A core dump the crash left in pytest's cwd (core_pattern 'core' or 'core.PID'), kept."""
+    for core in sorted(cwd.glob("core*")):
+        if core.is_file() and (core.name == "core" or core.name[5:].isdigit()):
+            core.replace(dest)
+            return f" (core: {dest})"
+    return ""
 
 
 def output_stem(spec: str) -> str:
@@ -155,12 +277,20 @@ def run_file(
     out: Path,
     args: argparse.Namespace,
 ) -> FileResult:
-    """Runs one test file (optionally `FILE:K_EXPR`) on one platform."""
+    """Runs one test file (optionally `FILE:K_EXPR`) on one platform.
+
+    A test that kills its pytest process (abort, segfault, a timeout that exits) is recorded as
+    failed with the signal, and pytest runs again over the tests not yet run, up to
+    --max-crashes times: a crash loses one test, not the rest of the file.
+    """
     file, _, kexpr = spec.partition(":")
     stem = output_stem(spec)
-    junit = out / platform / f"{stem}.xml"
-    log = out / platform / f"{stem}.log"
-    junit.parent.mkdir(parents=True, exist_ok=True)
+    folder = out / platform
+    junit = folder / f"{stem}.xml"
+    log = folder / f"{stem}.log"
+    progress = folder / f"{stem}.progress.jsonl"
+    deselect = folder / f"{stem}.deselect"
+    folder.mkdir(parents=True, exist_ok=True)
     result = FileResult()
     if args.reuse and junit.exists():
         try:
@@ -169,13 +299,16 @@ def run_file(
             return result
         except ET.ParseError:
             result = FileResult()  # a file cut off mid-write: run it again
-    junit.unlink(missing_ok=True)
+    for stale in (junit, progress, deselect):
+        stale.unlink(missing_ok=True)
     env = dict(os.environ)
     for key in ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "PJRT_NAMES_AND_LIBRARY_PATHS"):
         env.pop(key, None)
     env.update(platform_env(platform, out, args.devices))
     env["JAX_NUM_GENERATED_CASES"] = str(args.generated_cases)
     env["JAXCONF_DUT"] = args.dut
+    env["JAXCONF_PROGRESS"] = str(progress)
+    env["JAXCONF_DESELECT"] = str(deselect)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(out), env.get("PYTHONPATH", "")]))
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-rN", "-c", str(out / "pytest.ini"),
@@ -187,18 +320,43 @@ def run_file(
     if args.workers > 1:
         cmd += ["-n", str(args.workers)]
     start = time.monotonic()
+    crashes: dict[str, str] = {}  # junit name -> what killed the process
     with open(log, "w") as log_file:
-        try:
-            proc = subprocess.run(
-                cmd, env=env, cwd=tests_dir.parent, stdout=log_file, stderr=subprocess.STDOUT,
-                timeout=args.file_timeout, check=False,
-            )  # fmt: skip
-            result.returncode = proc.returncode
-        except subprocess.TimeoutExpired:
-            result.returncode = -1
-            result.note = f"file timed out after {args.file_timeout}s"
+        while True:
+            try:
+                proc = subprocess.run(
+                    cmd, env=env, cwd=tests_dir.parent, stdout=log_file, stderr=subprocess.STDOUT,
+                    timeout=max(1.0, args.file_timeout - (time.monotonic() - start)), check=False,
+                )  # fmt: skip
+                result.returncode = proc.returncode
+            except subprocess.TimeoutExpired:
+                result.returncode = -1
+                result.note = f"file timed out after {args.file_timeout}s"
+                break
+            if proc.returncode in (0, 1, 5) and junit.exists():
+                break
+            _, running, started = read_progress(progress)
+            if running is None or len(crashes) >= args.max_crashes or args.workers > 1:
+                break  # not one test's crash (collection error, ...) or too many: stop here
+            crashes[running] = _crash_description(proc.returncode) + (
+                _move_core_file(tests_dir.parent, folder / f"{stem}.core{len(crashes)}")
+            )
+            deselect.write_text("\n".join(sorted(started)) + "\n")
+            log_file.write(f"\n[jax_conformance] {running}: crashed, running the rest\n")
+            log_file.flush()
     result.seconds = round(time.monotonic() - start, 1)
-    if junit.exists():
+    if crashes:
+        outcomes, _, _ = read_progress(progress)
+        for entry in outcomes:
+            _add_outcome(result, entry["test"], entry["outcome"], entry["message"])
+        for name, why in crashes.items():
+            _add_outcome(result, name, "failed", f"crashed: {why}")
+        # pytest's JUnit XML holds only the tests after the last crash: the whole file replaces it
+        if result.returncode in (0, 1, 5) and not result.note:
+            write_junit(junit, result)
+        names = ", ".join(sorted(crashes))
+        result.note = (result.note + f" {len(crashes)} crashed: {names}").strip()
+    elif junit.exists():
         try:
             parse_junit(junit, result)
         except ET.ParseError as exc:
@@ -263,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="pytest processes at once")
     parser.add_argument("--test-timeout", type=int, default=120, help="seconds per test")
     parser.add_argument("--file-timeout", type=int, default=1800, help="seconds per file")
+    parser.add_argument(
+        "--max-crashes", type=int, default=20, help="crashed tests per file before giving up"
+    )
     parser.add_argument(
         "--reuse", action="store_true", help="read files whose JUnit XML is in --out, run the rest"
     )

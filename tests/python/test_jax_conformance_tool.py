@@ -83,3 +83,71 @@ def test_every_flexnpu_configuration_is_compared_with_the_baseline(
         {"test": "tests.x_test.T::test_bad", "outcome": "failed", "message": "boom"}
     ]
     assert "pass_on_flexnpu_not_on_flexnpu_dynamic" not in report
+
+
+CRASHING_TESTS = '''
+import ctypes
+import os
+
+
+def test_a():
+    pass
+
+
+def test_abort():
+    with open("core", "w") as f:  # stands in for the kernel's core dump (core_pattern "core")
+        f.write("x")
+    os.abort()
+
+
+def test_b():
+    assert 1 == 2, "bad"
+
+
+def test_segfault():
+    ctypes.string_at(0)
+
+
+def test_c():
+    pass
+'''
+
+
+def test_a_crashing_test_is_recorded_and_the_rest_of_the_file_still_runs(
+    tool: ModuleType, tmp_path: Path
+):
+    import resource
+
+    tests = tmp_path / "jax" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "x_test.py").write_text(CRASHING_TESTS)
+    out = tmp_path / "out"
+    argv = ["--tests-dir", str(tests), "--out", str(out), "--platforms", "cpu", "--dut", ""]
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))  # no real core dumps from the crashes
+    try:
+        assert tool.main(argv + ["x_test.py"]) == 0
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+    result = json.loads((out / "results.json").read_text())["results"]["cpu"]["x_test.py"]
+    assert result["tests"] == {
+        "tests.x_test::test_a": "passed",
+        "tests.x_test::test_abort": "failed",
+        "tests.x_test::test_b": "failed",
+        "tests.x_test::test_segfault": "failed",
+        "tests.x_test::test_c": "passed",
+    }
+    core = out / "cpu" / "x_test.core0"
+    assert result["messages"] == {
+        "tests.x_test::test_abort": f"crashed: the test process died of SIGABRT (core: {core})",
+        "tests.x_test::test_b": "AssertionError: bad\nassert 1 == 2",
+        "tests.x_test::test_segfault": "crashed: the test process died of SIGSEGV",
+    }
+    assert core.read_text() == "x" and not (tests.parent / "core").exists()
+    assert result["note"] == "2 crashed: tests.x_test::test_abort, tests.x_test::test_segfault"
+    # The pieced-together JUnit XML is what --reuse reads back.
+    assert tool.main(argv + ["--reuse", "x_test.py"]) == 0
+    reused = json.loads((out / "results.json").read_text())["results"]["cpu"]["x_test.py"]
+    assert reused["note"] == "reused"
+    assert reused["tests"] == result["tests"]
+    assert reused["counts"] == {"passed": 2, "failed": 3, "skipped": 0, "errors": 0}
