@@ -1,14 +1,13 @@
 """Cross-check the simulator's GPU step time against Vidur's measured operator profiles.
 
-Vidur (microsoft/vidur; PyPI `vidur`) predicts a step from per-operator GPU profiles. The PyPI
-wheel ships none, and without its attention.csv profiles Vidur cannot run a configuration, so a
-side-by-side of both simulators' TTFT/TBT on one trace is not possible here. What its mlp.csv
-profiles do allow is a check of the non-attention part of a step (embedding, norms, QKV and
-output projections, RoPE, gated MLP, residual adds: every linear layer) on the same model and
-device: Vidur's measured per-operator medians summed over the layers, against this simulator's
-time for a step of N tokens with the attention terms left out (roofline x the preset's fitted
-efficiencies; the LM head's weight read is inside the simulator's constant term, not in Vidur's
-mlp profile).
+Vidur (microsoft/vidur; PyPI `vidur`) predicts a step from per-operator GPU profiles (the PyPI
+wheel ships none). Both simulators on one trace, attention included: bench/sim_vidur_compare.py.
+This script needs only Vidur's mlp.csv: it checks the non-attention part of a step (embedding,
+norms, QKV and output projections, RoPE, gated MLP, residual adds: every linear layer) on the
+same model and device: Vidur's measured per-operator medians summed over the layers, against
+this simulator's time for a step of N tokens with the attention terms left out (roofline x the
+preset's fitted efficiencies; the LM head's weight read is inside the simulator's constant term,
+not in Vidur's mlp profile).
 
     python bench/sim_vidur_check.py --vidur-profiles DIR [--device a100] [--model llama-3-8b]
 

@@ -6,7 +6,9 @@ scheduler, this simulator's `passthrough` policy), a batch cap, a token budget p
 16-token KV blocks. Vidur predicts each step from its measured per-operator GPU profiles
 (random-forest fits); this simulator from the HLO-derived cost model x the device preset. The
 table gives TTFT, TPOT ((finish - first token) / (output tokens - 1), the same per-request
-definition on both sides) and E2E p50/p90/p99 and the ratio ours / Vidur.
+definition on both sides) and E2E p50/p90/p99 and the ratio ours / Vidur; a first table times
+single steps (whole prompts, decode batches) with Vidur's own predictor and this simulator's
+StepTimer, attention parts apart. --kv-read-once adds a what-if column (see kv_read_once).
 
     python bench/sim_vidur_compare.py --vidur-profiles DIR \
         --vidur-python /tmp/vidur-venv/bin/python [--device a100] [--rates 2,6,9]
@@ -17,6 +19,12 @@ HuggingFace datasets; this script runs it with those two files instead (a small 
 the predictor's input files, nothing else), in the interpreter given (a separate venv: Vidur's
 dependencies stay out of this project's). Vidur caches its trained models by configuration
 only, not by data, so the cache lives in --work-dir under a hash of the profile files.
+
+Vidur settings that are not its defaults: one pipeline stage (0.26 defaults to 2), the vllm
+scheduler, TP1, the trace as given (scale factors 1), and a one-point forest grid (Forest; its
+default 3 x 3 x 3 grid with 10-fold CV takes tens of minutes on two cores). Left at Vidur's
+defaults: decode contexts rounded up to 256 tokens, a 10% decode batching overhead, no
+embedding / LM head / KV-cache-save time in a step.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +91,9 @@ else:
     for seqs in json.load(open(steps)):
         batch = Batch(0, [None] * len(seqs), [q for q, _ in seqs], [kv for _, kv in seqs])
         t = predictor.get_execution_time(batch, 0)
+        # Vidur's step leaves the KV-cache save kernel out (its ExecutionTime comments it out).
         attn = (t.attention_decode_execution_time + t.attention_prefill_execution_time
-                + t.attention_kv_cache_save_execution_time) * layers * 1e-3
+                ) * layers * 1e-3
         out.append({"total": t.total_time, "attention": attn})
     print("STEPS " + json.dumps(out))
 """
@@ -192,17 +203,44 @@ def find_request_metrics(out_dir: Path) -> Path:
     return found[-1]
 
 
-def comparison_table(rate: float, vidur: dict[str, dict], ours: dict[str, dict]) -> str:
-    """Markdown: one row per metric x quantile, Vidur | ours | ours / Vidur (ms)."""
+def comparison_table(rate: float, vidur: dict[str, dict], ours: dict[str, dict],
+                     what_if: dict[str, dict] | None = None) -> str:
+    """Markdown: one row per metric x quantile, Vidur | ours | ours / Vidur (ms), and with
+    `what_if` two more columns (this simulator with the KV read once, its ratio)."""
+    extra = " flexnpu KV-once ms | KV-once / Vidur |" if what_if else ""
     lines = [f"\nrate {rate:g} req/s: {vidur['requests']} requests finished in Vidur, "
              f"{ours['requests']} here",
-             "\n| metric | Vidur ms | flexnpu ms | flexnpu / Vidur |", "|---|---|---|---|"]
+             "\n| metric | Vidur ms | flexnpu ms | flexnpu / Vidur |" + extra,
+             "|---|---|---|---|" + ("---|---|" if what_if else "")]
     for m in METRICS:
         for q in QUANTILES:
-            v, o = vidur[m][q] * 1e3, ours[m][q] * 1e3
-            ratio = o / v if v > 0 else float("nan")
-            lines.append(f"| {m[:-2].upper()} {q} | {v:.1f} | {o:.1f} | {ratio:.2f} |")
+            v = vidur[m][q] * 1e3
+            row = f"| {m[:-2].upper()} {q} | {v:.1f} |"
+            for side in (ours, what_if) if what_if else (ours,):
+                o = side[m][q] * 1e3
+                row += f" {o:.1f} | {o / v if v > 0 else float('nan'):.2f} |"
+            lines.append(row)
     return "\n".join(lines)
+
+
+@contextmanager
+def kv_read_once() -> Iterator[None]:
+    """What-if, not a preset change: the StepTimers made inside read each KV position's bytes
+    once per step (as a fused paged-attention kernel does) instead of the cost model's
+    coefficient from the lowered JAX step."""
+    original = StepTimer.__post_init__
+
+    def patched(self: StepTimer) -> None:
+        original(self)
+        self._bc = self._bc.copy()
+        self._bc[3] = self.model.kv_bytes_per_token / self.parallel
+        self._bcl = [float(v) for v in self._bc]
+
+    StepTimer.__post_init__ = patched
+    try:
+        yield
+    finally:
+        StepTimer.__post_init__ = original
 
 
 def profile_files(profiles: Path, device: str, model: str) -> tuple[Path, Path]:
@@ -303,14 +341,20 @@ def our_step_seconds(timer: StepTimer, seqs: list[tuple[int, int]]) -> tuple[flo
 
 
 def step_table(labels: list[str], vidur: list[dict[str, float]],
-               ours: list[tuple[float, float]]) -> str:
-    lines = ["\nstep times (ms; attention: Vidur's attention kernels and KV writes, ours the "
+               ours: list[tuple[float, float]], once: list[float] | None = None) -> str:
+    """Markdown of step times; `once`: this simulator's steps with the KV read once."""
+    extra = " flexnpu KV-once | KV-once / Vidur |" if once else ""
+    lines = ["\nstep times (ms; attention: Vidur's prefill/decode attention kernels, ours the "
              "time its attention terms add)",
              "\n| step | Vidur | Vidur attention | flexnpu | flexnpu attention | "
-             "flexnpu / Vidur |", "|---|---|---|---|---|---|"]
-    for label, v, (o, oa) in zip(labels, vidur, ours, strict=True):
-        lines.append(f"| {label} | {v['total'] * 1e3:.2f} | {v['attention'] * 1e3:.2f} "
-                     f"| {o * 1e3:.2f} | {oa * 1e3:.2f} | {o / v['total']:.2f} |")
+             "flexnpu / Vidur |" + extra, "|---|---|---|---|---|---|" + ("---|---|" if once
+                                                                         else "")]
+    for i, (label, v, (o, oa)) in enumerate(zip(labels, vidur, ours, strict=True)):
+        row = (f"| {label} | {v['total'] * 1e3:.2f} | {v['attention'] * 1e3:.2f} "
+               f"| {o * 1e3:.2f} | {oa * 1e3:.2f} | {o / v['total']:.2f} |")
+        if once:
+            row += f" {once[i] * 1e3:.2f} | {once[i] / v['total']:.2f} |"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -354,6 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sim_vidur_compare"))
     p.add_argument("--vidur-timeout", type=float, default=1200.0, help="seconds per Vidur run")
     p.add_argument("--json", type=Path, help="write both sides' percentiles here")
+    p.add_argument("--kv-read-once", action="store_true",
+                   help="also run this simulator with each KV byte read once per decode step "
+                        "(a what-if column; see kv_read_once)")
     args = p.parse_args(argv)
     try:
         rates = [float(r) for r in args.rates.split(",")]
@@ -386,8 +433,14 @@ def main(argv: list[str] | None = None) -> int:
         args.work_dir / "vidur_steps.log", args.vidur_timeout, steps=steps_json))
     timer = StepTimer.create(get_model(args.model), get_preset(args.device), 1)
     ours_steps = [our_step_seconds(timer, seqs) for _, seqs in cases]
-    print(step_table([label for label, _ in cases], vidur_steps, ours_steps))
-    print(f"(wall: Vidur {time.monotonic() - t0:.0f} s incl. training on a cold cache)")
+    once_steps = None
+    if args.kv_read_once:
+        with kv_read_once():
+            once = StepTimer.create(get_model(args.model), get_preset(args.device), 1)
+        once_steps = [our_step_seconds(once, seqs)[0] for _, seqs in cases]
+    print(step_table([label for label, _ in cases], vidur_steps, ours_steps, once_steps))
+    print(f"(wall: Vidur {time.monotonic() - t0:.0f} s, with its training when {cache_dir} "
+          "was cold)")
     results = []
     for rate, trace in zip(rates, traces, strict=True):
         run_dir = args.work_dir / f"rate_{rate:g}"
@@ -402,10 +455,15 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.monotonic()
         vidur = read_vidur_requests(find_request_metrics(run_dir / "vidur_out"))
         ours = run_ours(ours_csv, trace, args.device, args.model, engine)
+        what_if = None
+        if args.kv_read_once:
+            with kv_read_once():
+                what_if = run_ours(ours_csv, trace, args.device, args.model, engine)
         t2 = time.monotonic()
-        print(comparison_table(rate, vidur, ours))
+        print(comparison_table(rate, vidur, ours, what_if))
         print(f"(wall: Vidur {t1 - t0:.0f} s, flexnpu {t2 - t1:.1f} s)")
-        results.append({"rate": rate, "vidur": vidur, "flexnpu": ours})
+        results.append({"rate": rate, "vidur": vidur, "flexnpu": ours,
+                        "flexnpu_kv_read_once": what_if})
     if args.json:
         steps = [{"step": label, "vidur_s": v, "flexnpu_s": {"total": o, "attention": oa}}
                  for (label, _), v, (o, oa) in zip(cases, vidur_steps, ours_steps, strict=True)]
