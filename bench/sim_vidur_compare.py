@@ -373,6 +373,13 @@ def run_ours(trace_csv: Path, trace: Trace, device: str, model: str,
                      np.array([q.n_out for q in fin]))
 
 
+def _rate(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--rates: {text!r} is not a number of requests/s") from None
+
+
 def _range(text: str) -> tuple[int, int]:
     try:
         lo, hi = (int(v) for v in text.split(":"))
@@ -403,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(a what-if column; see kv_read_once)")
     args = p.parse_args(argv)
     try:
-        rates = [float(r) for r in args.rates.split(",")]
+        rates = [_rate(r) for r in args.rates.split(",")]
         files = profile_files(args.vidur_profiles, args.device, args.model)
         engine = Engine(args.batch_cap, args.max_tokens_in_batch)
         if args.prompt[1] + args.output[1] > engine.max_model_len:
@@ -414,6 +421,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        return compare(args, rates, files, engine, traces)
+    except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def compare(args: argparse.Namespace, rates: list[float], files: tuple[Path, Path],
+            engine: Engine, traces: list[Trace]) -> int:
     forest = Forest()
     cache_dir = args.work_dir / f"vidur_cache_{cache_key(files, forest)}"
     print(f"{args.model} on {args.device}, 1 replica, TP1; engine {engine}; Vidur forest "

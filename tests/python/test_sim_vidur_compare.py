@@ -175,11 +175,8 @@ def test_main_reports_missing_profiles(tmp_path, capsys):
 
 
 def test_main_rejects_lengths_over_max_model_len(tmp_path, capsys):
-    base = tmp_path / "compute" / "a100" / "meta-llama" / "Meta-Llama-3-8B"
-    base.mkdir(parents=True)
-    for name in ("mlp.csv", "attention.csv"):
-        (base / name).write_text("x\n")
-    rc = svc.main(["--vidur-profiles", str(tmp_path), "--vidur-python", sys.executable,
+    rc = svc.main(["--vidur-profiles", str(_dummy_profiles(tmp_path)),
+                   "--vidur-python", sys.executable,
                    "--prompt", "100:4000", "--output", "1:200"])
     assert rc == 2
     assert "prompt + output may reach 4200 tokens, over max_model_len 4096" in \
@@ -249,3 +246,36 @@ def test_tables_with_the_what_if_columns():
     assert "| TPOT p90 | 200.0 | 200.0 | 1.00 | 100.0 | 0.50 |" in table
     steps = svc.step_table(["s"], [{"total": 0.01, "attention": 0.0}], [(0.02, 0.01)], [0.005])
     assert "| s | 10.00 | 0.00 | 20.00 | 10.00 | 2.00 | 5.00 | 0.50 |" in steps
+
+
+def test_vidur_driver_is_valid_python():
+    compile(svc.VIDUR_DRIVER, "vidur_driver.py", "exec")
+
+
+def _dummy_profiles(root: Path) -> Path:
+    base = root / "compute" / "a100" / "meta-llama" / "Meta-Llama-3-8B"
+    base.mkdir(parents=True)
+    for name in ("mlp.csv", "attention.csv"):
+        (base / name).write_text("x\n")
+    return root
+
+
+def test_main_reports_a_failing_vidur_run(tmp_path, capsys):
+    # This interpreter has no vidur: the driver's import fails, the run exits non-zero.
+    rc = svc.main(["--vidur-profiles", str(_dummy_profiles(tmp_path / "p")), "--vidur-python",
+                   sys.executable, "--work-dir", str(tmp_path / "w"), "--rates", "1"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "Vidur exited 1" in err and "vidur_steps.log" in err
+    assert "ModuleNotFoundError: No module named 'vidur'" in err
+
+
+def test_main_reports_a_missing_interpreter_and_bad_rates(tmp_path, capsys):
+    profiles = _dummy_profiles(tmp_path / "p")
+    rc = svc.main(["--vidur-profiles", str(profiles), "--vidur-python",
+                   str(tmp_path / "no-such-python"), "--work-dir", str(tmp_path / "w")])
+    assert rc == 1 and "no-such-python" in capsys.readouterr().err
+    rc = svc.main(["--vidur-profiles", str(profiles), "--vidur-python", sys.executable,
+                   "--rates", "2,fast"])
+    assert rc == 2 and "--rates: 'fast' is not a number of requests/s" in \
+        capsys.readouterr().err
