@@ -200,3 +200,39 @@ def test_steps_from_tokens_recovers_the_engines_steps():
     assert summary[(128, 16)]["model_s"] == pytest.approx(0.3)
     assert summary[(0, 16)]["steps"] == 2
     assert np.isnan(summary[(0, 16)]["model_s"])
+
+
+def test_measured_run_is_analysed_again_from_its_file(tmp_path):
+    """--from-measured: a stored measurement (here synthetic: every request alone, TTFT and
+    TPOT as probed) is simulated with each calibration; the preset calibration is fitted to the
+    mean of every probe set, never to the load."""
+    v = _bench("sim_validate")
+    reqs = v.make_trace(v.CONFIGS["light"], 60.0, seed=1)
+    probes = {k: [{"chunk": c, "width": w, "seconds": (0.4 if c else 0.15) * f,
+                   "samples": [(0.4 if c else 0.15) * f]}
+                  for c, w in EngineShapes.of_engine(**v.ENGINE).programs()]
+              for k, f in (("before", 1.0), ("after", 1.2))}
+    per_request = [{"prompt": r.prompt, "output": r.output, "sent_s": r.planned,
+                    "ttft_s": 0.5, "tpot_s": 0.165,
+                    "token_times_s": [r.planned + 0.5 + 0.165 * k for k in range(r.output)]}
+                   for r in reqs]
+    m = {"config": v.CONFIGS["light"].__dict__, "devices": 1, "platform": "cpu", "nice": None,
+         "seed": 1, "load_average": {}, "probes": probes, "tpot_by_rows": [],
+         "per_request": per_request}
+    f = tmp_path / "measured_light.json"
+    f.write_text(json.dumps(m))
+    rc = v.main(["--from-measured", str(f), "--keep", str(tmp_path), "--json",
+                 str(tmp_path / "out.json")])
+    assert rc == 0
+    (res,) = json.loads((tmp_path / "out.json").read_text())["results"]
+    assert set(res["sim"]) >= {"mean", "before", "after"}
+    assert all(n == len(reqs) for n in res["sim_requests_finished"].values())
+    mean = {(r["chunk"], r["width"]): r["seconds"] for r in res["calibrations"]["mean"]["programs"]}
+    assert mean[(0, 4)] == pytest.approx(0.15 * 1.1)
+    assert res["real"]["tpot_s"]["p50"] == pytest.approx(0.165)
+    decode = [s for s in res["steps"] if s["chunk"] == 0]
+    assert decode and all(s["p50_s"] == pytest.approx(0.165) for s in decode)
+    doc = v.preset_calibration([res, res], "cpu", -15)
+    cal = {(r["chunk"], r["width"]): r["seconds"] for r in doc["programs"]}
+    assert cal[(64, 16)] == pytest.approx(0.4 * 1.1)
+    assert len(doc["programs"][0]["samples"]) == 4
