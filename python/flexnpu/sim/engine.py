@@ -57,7 +57,10 @@ POLICIES = ("passthrough", "static-pd", "static-colocate", "chunked-colocate", "
 # ties static-pd on ShareGPT and keeps most of the phase-shift gain (see sim_report2).
 WEIGHTED_CORE_TUNING = {"tpot_weight": 0.25}
 _ARRIVAL, _START, _DONE, _KV = 0, 1, 2, 3
+_PREFILL_ROLE = Role.PREFILL  # a global: an Enum member read via its class is slow on 3.11
 _PHASE_CODE = {"small": 0, "prefill": 1, "decode": 2}
+# The phase's bits of a step's executable id (see _dispatch)
+_PREFILL_EXE, _DECODE_EXE = _PHASE_CODE["prefill"] << 32, _PHASE_CODE["decode"] << 32
 
 
 @dataclass
@@ -150,8 +153,7 @@ def _core_calls(core: Any) -> tuple[Callable[..., tuple], Callable[[int, int], N
     test's wrapper) is called through its Python methods."""
     if type(core) is fp.Core:
         native = core._core
-        return native.place, native.on_start, lambda ticket, now_ns: native.on_finish(
-            ticket, now_ns, True)
+        return native.place, native.on_start, native.on_finish  # on_finish's ok: True
 
     def place(v: int, exe: int, phase: str, flops: float, nbytes: float,
               inputs: list[tuple[int, int]], now_ns: int, weight: float) -> tuple:
@@ -201,8 +203,10 @@ class _Router:
             if len(heap) > self.limit:
                 heap[:] = keys
                 heapq.heapify(heap)
+        # Current entries are the very tuples in `keys` (a stale one equal in value to its
+        # current key is dropped as well: the same instance is found either way).
         top = heap[0]
-        while top != keys[top[1]]:
+        while top is not keys[top[1]]:
             heapq.heappop(heap)
             top = heap[0]
         return insts[top[1]]
@@ -418,9 +422,10 @@ class Simulation:
         except RequestTooLongError:
             req.dropped = "too_long"
             return
-        inst.changed.append(inst)
         if inst.inflight < inst.max_inflight:
-            self._start_step(inst, now)
+            self._start_step(inst, now)  # has work: dispatches, which marks `inst` changed
+        else:
+            inst.changed.append(inst)
 
     def _on_kv(self, inst: _Instance, seq: Sequence, now: float) -> None:
         try:
@@ -428,9 +433,10 @@ class Simulation:
         except RequestTooLongError:
             seq.payload.dropped = "too_long"
             return
-        inst.changed.append(inst)
         if inst.inflight < inst.max_inflight:
-            self._start_step(inst, now)
+            self._start_step(inst, now)  # has work: dispatches, which marks `inst` changed
+        else:
+            inst.changed.append(inst)
 
     def _start_step(self, inst: _Instance, now: float) -> None:
         while inst.inflight < inst.max_inflight and inst.sched.has_work:
@@ -458,14 +464,25 @@ class Simulation:
         # The engine's program decides the phase (a step with prompt tokens is its prefill
         # program), not the roofline: on a 910C group a short DeepSeek prefill is bandwidth-
         # bound (it reads every touched expert) and would be classed "decode".
-        is_decode = rest[-1].is_decode if rest else bulk > 0
-        kv_bytes = 0
-        if inst.role is not Role.PREFILL:
+        if rest:
+            last = rest[-1]
+            is_decode = last.num_tokens == 1 and last.start >= last.seq.num_prompt_tokens
+            num_tokens = bulk
+            for e in rest:
+                num_tokens += e.num_tokens
+        else:
+            is_decode = bulk > 0
+            num_tokens = bulk
+        kv_unit = inst.kv_unit
+        if inst.role is not _PREFILL_ROLE:
             used = sched.config.num_blocks - sched.num_free_blocks
             kv_bytes = used * sched.config.block_size * self.kv_per_token
+            inputs = [(kv_unit, int(kv_bytes))] if kv_bytes else []
+        else:
+            inputs = []
         now_ns = int(now * 1e9)
-        num_tokens = bulk + sum(e.num_tokens for e in rest) if rest else bulk
-        exe = (_PHASE_CODE["decode" if is_decode else "prefill"] << 32) | \
+        phase = "decode" if is_decode else "prefill"
+        exe = (_DECODE_EXE if is_decode else _PREFILL_EXE) | \
             max(1, num_scheduled).bit_length() << 8 | min(255, num_tokens.bit_length())
         # weight: the sequences whose latency this step's placement decides (the engine knows
         # them): its batch, and for a prefill also the prompts queued behind it, which wait as
@@ -473,8 +490,7 @@ class Simulation:
         weight = num_scheduled + (0 if is_decode else sched.num_waiting) \
             if self.request_weights else 0
         u, reason, _, _, migrate_bytes, ticket = self._place(
-            inst.idx, exe, "decode" if is_decode else "prefill", float(flops), float(nbytes),
-            [(inst.kv_unit, int(kv_bytes))] if kv_bytes else [], now_ns, float(weight))
+            inst.idx, exe, phase, float(flops), float(nbytes), inputs, now_ns, float(weight))
         self._placements += 1
         self._reasons[reason] += 1
         ready = now
@@ -492,29 +508,35 @@ class Simulation:
             self._hc[u] = max(self._hc[u], start) + c
             self._hm[u] = max(self._hm[u], start) + m
         else:
-            free_at = self._free_at[u]
-            start = ready if ready > free_at else free_at
+            free_at = self._free_at
+            start = ready if ready > free_at[u] else free_at[u]
             end = start + timer.seconds(flops, nbytes)
-            self._free_at[u] = end
+            free_at[u] = end
         self._inflight[u] += 1
-        busy_until = self._busy_until[u]
-        self._busy[u] += max(0.0, end - max(start, busy_until))
-        if end > busy_until:
-            self._busy_until[u] = end
+        busy_until = self._busy_until
+        until = busy_until[u]
+        # the busy time this step adds: max(0, end - max(start, until))
+        added = end - (start if start > until else until)
+        if added > 0.0:
+            self._busy[u] += added
+        if end > until:
+            busy_until[u] = end
         inst.kv_unit = u
         inst.inflight += 1
         inst.steps += 1
         self._steps += 1
-        self._order += 1
+        order = self._order + 1
+        heap = self._heap
         if start > now:
-            heapq.heappush(self._heap, (start, self._order, _START, ticket))
-            self._order += 1
+            heapq.heappush(heap, (start, order, _START, ticket))
+            order += 1
         else:
             self._on_start(ticket, now_ns)
+        self._order = order
         w = self.window
         if w is not None and start < w[1] and end > w[0]:
-            self._timeline.append((u, start, end, "decode" if is_decode else "prefill"))
-        heapq.heappush(self._heap, (end, self._order, _DONE, inst, plan, ticket, u))
+            self._timeline.append((u, start, end, phase))
+        heapq.heappush(heap, (end, order, _DONE, inst, plan, ticket, u))
         return True
 
     def _on_done(self, inst: _Instance, plan, ticket: int, unit: int, now: float) -> None:
@@ -536,15 +558,21 @@ class Simulation:
         sched = inst.sched
         done = sched.on_step_done(plan, now)
         sched.release(plan)  # read no more: its decode lists go back uncopied
-        inst.changed.append(inst)
         for seq in done:
-            req = seq.payload
             if seq.finish_reason == "prefilled":
                 self._handoff(inst, seq, now)
             else:
+                req = seq.payload
                 req.finish = now
                 req.n_out = seq.num_output_tokens
-        self._start_step(inst, now)
+        # _start_step(inst, now), inline; a dispatch marks `inst` changed (its router recomputes
+        # its load key), so only a done step that dispatches nothing marks it here.
+        if inst.inflight < inst.max_inflight and sched.has_work:
+            while self._dispatch(inst, now) and inst.inflight < inst.max_inflight and \
+                    sched.has_work:
+                pass
+        else:
+            inst.changed.append(inst)
 
     def _handoff(self, src: _Instance, seq: Sequence, now: float) -> None:
         dst = self._back.pick()
