@@ -1,14 +1,16 @@
 """Side by side: Vidur (PyPI `vidur`) and `flexnpu simulate` on one trace, one replica, TP1.
 
 Both simulators get the same requests (arrival time, prompt tokens, output tokens) and the same
-vLLM-like engine settings: whole-prompt prefill steps and decode steps (Vidur's `vllm` replica
-scheduler, this simulator's `passthrough` policy), a batch cap, a token budget per prefill step,
-16-token KV blocks. Vidur predicts each step from its measured per-operator GPU profiles
-(random-forest fits); this simulator from the HLO-derived cost model x the device preset. The
-table gives TTFT, TPOT ((finish - first token) / (output tokens - 1), the same per-request
-definition on both sides) and E2E p50/p90/p99 and the ratio ours / Vidur; a first table times
-single steps (whole prompts, decode batches) with Vidur's own predictor and this simulator's
-StepTimer, attention parts apart. --kv-read-once adds a what-if column (see kv_read_once).
+engine settings: --scheduler vllm (default): whole-prompt prefill steps and decode steps (Vidur's
+`vllm` replica scheduler, this simulator's `passthrough` policy); --scheduler sarathi: chunked
+prefill in mixed batches (Vidur's `sarathi`, this simulator's `chunked-colocate`); a batch cap, a
+token budget per step, 16-token KV blocks. Vidur predicts each step from its measured
+per-operator GPU profiles (random-forest fits); this simulator from the HLO-derived cost model x
+the device preset. The table gives TTFT, TPOT ((finish - first token) / (output tokens - 1), the
+same per-request definition on both sides) and E2E p50/p90/p99 and the ratio ours / Vidur; a
+first table times single steps (whole prompts, decode batches, a mixed chunk) with Vidur's own
+predictor and this simulator's StepTimer, attention parts apart. --kv-read-once adds what-if
+columns (see kv_read_once).
 
     python bench/sim_vidur_compare.py --vidur-profiles DIR \
         --vidur-python /tmp/vidur-venv/bin/python [--device a100] [--rates 2,6,9]
@@ -108,14 +110,27 @@ class Trace:
         return len(self.arrivals)
 
 
+SCHEDULERS = {  # --scheduler: (Vidur's replica scheduler, this simulator's policy)
+    "vllm": ("vllm", "passthrough"),  # whole-prompt prefill steps, then decode steps
+    "sarathi": ("sarathi", "chunked-colocate"),  # chunked prefill in mixed batches
+}
+
+
 @dataclass(frozen=True)
 class Engine:
     """The engine settings both simulators get."""
 
     batch_cap: int = 64
-    max_tokens_in_batch: int = 4096
+    max_tokens_in_batch: int = 4096  # vllm: prompt tokens of one prefill step
     block_size: int = 16
     max_model_len: int = 4096
+    scheduler: str = "vllm"
+    chunk_size: int = 512  # sarathi: tokens of one step, decodes included
+
+    @property
+    def step_tokens(self) -> int:
+        """This simulator's max_num_batched_tokens."""
+        return self.chunk_size if self.scheduler == "sarathi" else self.max_tokens_in_batch
 
 
 @dataclass(frozen=True)
@@ -262,9 +277,15 @@ def cache_key(files: tuple[Path, ...], forest: Forest) -> str:
 
 def vidur_args(*, trace: Path, out_dir: Path, cache_dir: Path, device: str, model: str,
                engine: Engine, forest: Forest) -> list[str]:
-    """Vidur 0.0.26 flags: one replica, TP1, one pipeline stage, the vllm scheduler."""
+    """Vidur 0.0.26 flags: one replica, TP1, one pipeline stage, the engine's scheduler."""
     rf = "--random_forrest_execution_time_predictor_config_"
     tr = "--trace_request_generator_config_"
+    if engine.scheduler == "sarathi":
+        sched = ["--sarathi_scheduler_config_batch_size_cap", str(engine.batch_cap),
+                 "--sarathi_scheduler_config_chunk_size", str(engine.chunk_size)]
+    else:
+        sched = ["--vllm_scheduler_config_batch_size_cap", str(engine.batch_cap),
+                 "--vllm_scheduler_config_max_tokens_in_batch", str(engine.max_tokens_in_batch)]
     return [
         "--replica_config_model_name", VIDUR_MODELS[model][0],
         "--replica_config_device", device,
@@ -272,9 +293,8 @@ def vidur_args(*, trace: Path, out_dir: Path, cache_dir: Path, device: str, mode
         "--replica_config_tensor_parallel_size", "1",
         "--replica_config_num_pipeline_stages", "1",
         "--cluster_config_num_replicas", "1",
-        "--replica_scheduler_config_type", "vllm",
-        "--vllm_scheduler_config_batch_size_cap", str(engine.batch_cap),
-        "--vllm_scheduler_config_max_tokens_in_batch", str(engine.max_tokens_in_batch),
+        "--replica_scheduler_config_type", SCHEDULERS[engine.scheduler][0],
+        *sched,
         "--cache_config_block_size", str(engine.block_size),
         "--request_generator_config_type", "trace_replay",
         tr + "trace_file", str(trace), tr + "date", VIDUR_TRACE_DATE,
@@ -320,6 +340,8 @@ def step_cases(max_batch: int) -> list[tuple[str, list[tuple[int, int]]]]:
     for ctx in (256, 1024, 2048):
         for b in sorted({1, 16, 32, max_batch}):
             cases.append((f"decode {b} x ctx {ctx}", [(1, ctx + 1)] * b))
+    # A Sarathi step: a 448-token chunk after 1024 prompt tokens, with 64 decodes at 1024.
+    cases.append(("chunk 448 @1024 + 64 decodes", [(448, 1472)] + [(1, 1025)] * 64))
     return cases
 
 
@@ -360,13 +382,14 @@ def step_table(labels: list[str], vidur: list[dict[str, float]],
 
 def run_ours(trace_csv: Path, trace: Trace, device: str, model: str,
              engine: Engine) -> dict[str, dict]:
+    policy = SCHEDULERS[engine.scheduler][1]
     spec = SimSpec(devices=1, device=device, model=model, parallel=1, trace=str(trace_csv),
                    workload="trace", rate=0.0, duration=float(trace.arrivals[-1]) + 1.0,
-                   policies=("passthrough",), seeds=1, max_num_seqs=engine.batch_cap,
-                   max_num_batched_tokens=engine.max_tokens_in_batch,
+                   policies=(policy,), seeds=1, max_num_seqs=engine.batch_cap,
+                   max_num_batched_tokens=engine.step_tokens,
                    block_size=engine.block_size, max_model_len=engine.max_model_len,
                    max_prompt=engine.max_model_len, max_output=engine.max_model_len).resolved()
-    r = simulate_once(spec, "passthrough", 0)
+    r = simulate_once(spec, policy, 0)
     fin = [q for q in r.requests if q.finish >= 0]
     return summarize(np.array([q.first_token - q.arrival for q in fin]),
                      np.array([q.finish - q.arrival for q in fin]),
@@ -400,8 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt", type=_range, default=(128, 1536), metavar="LO:HI")
     p.add_argument("--output", type=_range, default=(32, 512), metavar="LO:HI")
+    p.add_argument("--scheduler", default="vllm", choices=sorted(SCHEDULERS),
+                   help="vllm: Vidur's vllm vs passthrough; sarathi: Vidur's sarathi vs "
+                        "chunked-colocate")
     p.add_argument("--batch-cap", type=int, default=Engine.batch_cap)
-    p.add_argument("--max-tokens-in-batch", type=int, default=Engine.max_tokens_in_batch)
+    p.add_argument("--max-tokens-in-batch", type=int, default=Engine.max_tokens_in_batch,
+                   help="vllm: prompt tokens per prefill step")
+    p.add_argument("--chunk-size", type=int, default=Engine.chunk_size,
+                   help="sarathi: tokens per step, decodes included")
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sim_vidur_compare"))
     p.add_argument("--vidur-timeout", type=float, default=1200.0, help="seconds per Vidur run")
     p.add_argument("--json", type=Path, help="write both sides' percentiles here")
@@ -412,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rates = [_rate(r) for r in args.rates.split(",")]
         files = profile_files(args.vidur_profiles, args.device, args.model)
-        engine = Engine(args.batch_cap, args.max_tokens_in_batch)
+        engine = Engine(args.batch_cap, args.max_tokens_in_batch, scheduler=args.scheduler,
+                        chunk_size=args.chunk_size)
         if args.prompt[1] + args.output[1] > engine.max_model_len:
             raise ValueError(f"prompt + output may reach {args.prompt[1] + args.output[1]} "
                              f"tokens, over max_model_len {engine.max_model_len}")

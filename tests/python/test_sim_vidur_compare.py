@@ -156,6 +156,17 @@ def test_vidur_args_carry_the_engine_settings(tmp_path):
     assert flags["--trace_request_generator_config_time_scale_factor"] == "1"
     assert args[-2:] == ["--no-metrics_config_store_plots",
                          "--no-metrics_config_enable_chrome_trace"]
+    assert not any(a.startswith("--sarathi") for a in args)
+    sarathi = svc.Engine(batch_cap=32, scheduler="sarathi", chunk_size=256)
+    assert sarathi.step_tokens == 256 and engine.step_tokens == 2048
+    args = svc.vidur_args(trace=tmp_path / "v.csv", out_dir=tmp_path / "o",
+                          cache_dir=tmp_path / "c", device="a100", model="llama-3-8b",
+                          engine=sarathi, forest=svc.Forest())
+    flags = dict(zip(args[::2], args[1::2], strict=False))
+    assert flags["--replica_scheduler_config_type"] == "sarathi"
+    assert flags["--sarathi_scheduler_config_batch_size_cap"] == "32"
+    assert flags["--sarathi_scheduler_config_chunk_size"] == "256"
+    assert not any(a.startswith("--vllm") for a in args)
 
 
 def test_cache_key_follows_the_profile_contents(tmp_path):
@@ -189,6 +200,7 @@ def test_step_cases_count_kv_as_vidur_does():
     assert cases["prefill 4 x 1024"] == [(1024, 1024)] * 4
     assert cases["decode 64 x ctx 1024"] == [(1, 1025)] * 64
     assert "decode 1 x ctx 256" in cases and "decode 16 x ctx 2048" in cases
+    assert cases["chunk 448 @1024 + 64 decodes"] == [(448, 1472)] + [(1, 1025)] * 64
 
 
 def test_parse_vidur_steps_takes_the_last_steps_line():
