@@ -254,10 +254,14 @@ def _crash_description(returncode: int) -> str:
     return f"the test process exited with {returncode} in this test"
 
 
-def _move_core_file(cwd: Path, dest: Path) -> str:
-    """A core dump the crash left in pytest's cwd (core_pattern 'core' or 'core.PID'), kept."""
+def _move_core_file(cwd: Path, dest: Path, keep: bool) -> str:
+    """A core dump the crash left in pytest's cwd (core_pattern 'core' or 'core.PID') is moved to
+    `dest`, or deleted if not `keep` (one per signal and file: an abort's core is over 1 GB)."""
     for core in sorted(cwd.glob("core*")):
         if core.is_file() and (core.name == "core" or core.name[5:].isdigit()):
+            if not keep:
+                core.unlink()
+                return ""
             core.replace(dest)
             return f" (core: {dest})"
     return ""
@@ -321,6 +325,7 @@ def run_file(
         cmd += ["-n", str(args.workers)]
     start = time.monotonic()
     crashes: dict[str, str] = {}  # junit name -> what killed the process
+    signals: set[str] = set()
     with open(log, "w") as log_file:
         while True:
             try:
@@ -338,9 +343,10 @@ def run_file(
             _, running, started = read_progress(progress)
             if running is None or len(crashes) >= args.max_crashes or args.workers > 1:
                 break  # not one test's crash (collection error, ...) or too many: stop here
-            crashes[running] = _crash_description(proc.returncode) + (
-                _move_core_file(tests_dir.parent, folder / f"{stem}.core{len(crashes)}")
-            )
+            why = _crash_description(proc.returncode)
+            core = folder / f"{stem}.core{len(crashes)}"
+            crashes[running] = why + _move_core_file(tests_dir.parent, core, why not in signals)
+            signals.add(why)
             deselect.write_text("\n".join(sorted(started)) + "\n")
             log_file.write(f"\n[jax_conformance] {running}: crashed, running the rest\n")
             log_file.flush()

@@ -85,7 +85,7 @@ def test_every_flexnpu_configuration_is_compared_with_the_baseline(
     assert "pass_on_flexnpu_not_on_flexnpu_dynamic" not in report
 
 
-CRASHING_TESTS = '''
+CRASHING_TESTS = """
 import ctypes
 import os
 
@@ -104,13 +104,19 @@ def test_b():
     assert 1 == 2, "bad"
 
 
+def test_abort_again():
+    with open("core.123", "w") as f:  # core_pattern "core.%p"; a second abort's core is removed
+        f.write("y")
+    os.abort()
+
+
 def test_segfault():
     ctypes.string_at(0)
 
 
 def test_c():
     pass
-'''
+"""
 
 
 def test_a_crashing_test_is_recorded_and_the_rest_of_the_file_still_runs(
@@ -134,6 +140,7 @@ def test_a_crashing_test_is_recorded_and_the_rest_of_the_file_still_runs(
         "tests.x_test::test_a": "passed",
         "tests.x_test::test_abort": "failed",
         "tests.x_test::test_b": "failed",
+        "tests.x_test::test_abort_again": "failed",
         "tests.x_test::test_segfault": "failed",
         "tests.x_test::test_c": "passed",
     }
@@ -141,13 +148,19 @@ def test_a_crashing_test_is_recorded_and_the_rest_of_the_file_still_runs(
     assert result["messages"] == {
         "tests.x_test::test_abort": f"crashed: the test process died of SIGABRT (core: {core})",
         "tests.x_test::test_b": "AssertionError: bad\nassert 1 == 2",
+        "tests.x_test::test_abort_again": "crashed: the test process died of SIGABRT",
         "tests.x_test::test_segfault": "crashed: the test process died of SIGSEGV",
     }
-    assert core.read_text() == "x" and not (tests.parent / "core").exists()
-    assert result["note"] == "2 crashed: tests.x_test::test_abort, tests.x_test::test_segfault"
+    assert core.read_text() == "x"
+    assert list(tests.parent.glob("core*")) == []  # no core left behind
+    assert sorted(p.name for p in core.parent.glob("*.core*")) == ["x_test.core0"]
+    assert result["note"] == (
+        "3 crashed: tests.x_test::test_abort, tests.x_test::test_abort_again, "
+        "tests.x_test::test_segfault"
+    )
     # The pieced-together JUnit XML is what --reuse reads back.
     assert tool.main(argv + ["--reuse", "x_test.py"]) == 0
     reused = json.loads((out / "results.json").read_text())["results"]["cpu"]["x_test.py"]
     assert reused["note"] == "reused"
     assert reused["tests"] == result["tests"]
-    assert reused["counts"] == {"passed": 2, "failed": 3, "skipped": 0, "errors": 0}
+    assert reused["counts"] == {"passed": 2, "failed": 4, "skipped": 0, "errors": 0}
