@@ -430,14 +430,17 @@ def analyse_config(m: dict, work: Path, fixed: dict[str, Path]) -> dict:
     # Diagnostic, not a validation: the programs' times as they ran in this very load (in-run
     # step means; probes where a program did not run). What error remains with it is the
     # model's structure (queueing, pipelining, first-token path), not the calibration's drift.
-    steps = steps_from_tokens(per_request, EngineShapes.of_engine(**ENGINE))
+    # One device's steps only: the completions of several devices interleave.
+    steps = steps_from_tokens(per_request, EngineShapes.of_engine(**ENGINE)) \
+        if m["devices"] == 1 else []
     in_run = {(r["chunk"], r["width"]): r["mean_s"] for r in step_summary(steps, cals["mean"])
               if r["steps"] >= 3}
     rows = [{"chunk": r["chunk"], "width": r["width"],
              "seconds": in_run.get((r["chunk"], r["width"]), r["seconds"])}
             for r in _mean_rows(before, after)]
-    cals["in-run"] = calibration_doc(rows, f"step times during the {name} load itself "
-                                     "(diagnostic)")
+    if steps:
+        cals["in-run"] = calibration_doc(rows, f"step times during the {name} load itself "
+                                         "(diagnostic)")
     paths = {}
     for k, doc in cals.items():
         paths[k] = work / f"calibration_{name}_{k}.json"
@@ -518,9 +521,13 @@ def print_steps(name: str, summary: list[dict]) -> None:
 
 
 def print_table(results: list[dict], which: str) -> None:
+    if not any(which in res["sim"] for res in results):
+        return
     print(f"\nsimulator calibrated on: {which}")
     print("| config | requests | metric | real | sim | error |\n|---|---|---|---|---|---|")
     for res in results:
+        if which not in res["sim"]:
+            continue
         c = res["config"]["name"]
         for metric in ("ttft_s", "tpot_s"):
             for p in ("p50", "p90"):
@@ -591,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
         measured = [measure_config(CONFIGS[n], args, work) for n in names]
     results = [analyse_config(m, work, fixed) for m in measured]
     for res in results:
-        print_steps(res["config"]["name"], res["steps"])
+        if res["steps"]:
+            print_steps(res["config"]["name"], res["steps"])
     for which in ("mean", "before", "after", *fixed, "in-run"):
         print_table(results, which)
     if args.write_calibration:
