@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -530,7 +531,17 @@ PJRT_Error* Client_Create_(PJRT_Client_Create_Args* a) {
     Frame hello;
     hello.op = kHello;
     hello.ints = {kProtocolVersion, 0};
+    // The tenant: create option "tenant" (FlexNPU's runtime passes its own tenant option,
+    // FLEXNPU_TENANT included, this way), else FLEXNPU_TENANT for a direct user of this API.
     if (const char* tenant = std::getenv("FLEXNPU_TENANT")) hello.text = tenant;
+    for (size_t i = 0; i < a->num_options; ++i) {
+      const PJRT_NamedValue& option = a->create_options[i];
+      if (std::string_view(option.name, option.name_size) != "tenant") continue;
+      if (option.type != PJRT_NamedValue_kString) {
+        return InvalidArgument("flexnpu daemon client: create option 'tenant' must be a string");
+      }
+      hello.text.assign(option.string_value, option.value_size);
+    }
     auto reply = (*connection)->Call(std::move(hello));
     if (!reply.ok()) return reply.status();
     auto client = std::make_unique<RemoteClient>();

@@ -1,5 +1,6 @@
 #include "pjrt_flexnpu/daemon/server.h"
 
+#include <dlfcn.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -8,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -48,6 +50,56 @@ struct TenantState {
   TenantConfig config;
   int64_t bytes_in_use = 0;
   int sessions = 0;
+  // Counted by session threads without mu_ (entries of tenants_ never move).
+  std::atomic<int64_t> executions{0};
+  std::atomic<int64_t> held_for_latency{0};  // batch executions that waited for latency work
+};
+
+// Priority classes: latency-class work first, batch-class work fills the gaps. Per device
+// (the devices this daemon serves), a batch-class execution waits while latency-class
+// executions are in flight there (enqueued, not yet complete), at most `max_wait` so that
+// batch work is never starved. It holds back what is not yet enqueued; what the backend has
+// queued already runs in its order (a placer-level priority would reorder those too).
+class PriorityGate {
+ public:
+  PriorityGate(size_t devices, std::chrono::milliseconds max_wait)
+      : in_flight_(devices, 0), max_wait_(max_wait) {}
+  void LatencyStarted(const std::vector<int64_t>& devices) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int64_t d : devices) ++in_flight_[d];
+  }
+  void LatencyDone(int64_t device) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (in_flight_[device] > 0) --in_flight_[device];
+    }
+    cv_.notify_all();
+  }
+  // Waits while latency work is in flight on any of `devices`; true when it waited.
+  bool AwaitBatchTurn(const std::vector<int64_t>& devices, const std::atomic<bool>& stopping) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto clear = [&] {
+      if (stopping) return true;
+      for (int64_t d : devices) {
+        if (in_flight_[d] > 0) return false;
+      }
+      return true;
+    };
+    if (clear()) return false;
+    cv_.wait_for(lock, max_wait_, clear);
+    return true;
+  }
+  std::vector<int64_t> InFlight() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_flight_;
+  }
+  void WakeAll() { cv_.notify_all(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int64_t> in_flight_;  // latency-class executions per device
+  const std::chrono::milliseconds max_wait_;
 };
 
 // The socket side of a session, shared with event callbacks that outlive a request.
@@ -81,11 +133,14 @@ struct BufferEntry {
 struct ExecutableEntry {
   PJRT_LoadedExecutable* handle = nullptr;
   int64_t num_outputs = 0;
+  std::vector<int64_t> devices;  // device indices it runs on (in this session's set)
 };
 
 struct Session {
   int64_t id = 0;
   std::string tenant;
+  TenantState* tenant_state = nullptr;  // in ServerImpl::tenants_; null for observers
+  bool latency = false;                 // the tenant's priority class is "latency"
   bool observer = false;
   std::shared_ptr<Channel> channel;
   std::set<int64_t> devices;  // allowed device indices
@@ -110,6 +165,7 @@ struct Watch {
   int64_t event_id = 0;  // 0: nothing to push (the segment release of a zero-copy buffer)
   std::function<void(Frame*)> fill;
   std::shared_ptr<void> keep_alive;
+  std::function<void()> done;  // runs when the event fires, whatever its status
 };
 
 void OnWatchReady(PJRT_Error* error, void* arg) {
@@ -123,6 +179,7 @@ void OnWatchReady(PJRT_Error* error, void* arg) {
     if (status.ok() && w->fill) w->fill(&push);
     w->channel->Send(push);
   }
+  if (w->done) w->done();
   w->channel->Fired(w->inner);
 }
 
@@ -197,7 +254,8 @@ class ServerImpl final : public Server {
   Status AddBuffer(Session& s, PJRT_Buffer* handle, std::vector<int64_t>* ints, int64_t* bytes);
   Status AddExecutable(Session& s, PJRT_LoadedExecutable* loaded, Frame* out);
   void WatchEvent(Session& s, PJRT_Event* inner, int64_t event_id,
-                  std::function<void(Frame*)> fill, std::shared_ptr<void> keep_alive);
+                  std::function<void(Frame*)> fill, std::shared_ptr<void> keep_alive,
+                  std::function<void()> done = nullptr);
   void DrainFired(Session& s);
   int64_t MemoryIndexOf(PJRT_Memory* memory) const {
     for (size_t i = 0; i < memories_.size(); ++i) {
@@ -215,6 +273,9 @@ class ServerImpl final : public Server {
   std::string platform_version_;
   std::vector<Device> devices_;
   std::vector<Memory> memories_;
+  std::shared_ptr<PriorityGate> gate_;  // shared with completion callbacks
+  // FlexNPU's own plugin as the backend exports its runtime's state (placements by reason).
+  const char* (*runtime_stats_)() = nullptr;
 
   int listen_fd_ = -1;
   std::atomic<bool> stopping_{false};
@@ -233,6 +294,10 @@ Status ServerImpl::Init() {
   auto backend = PhysicalBackend::Load(config_.backend_path);
   if (!backend.ok()) return backend.status();
   backend_ = *backend;
+  if (void* library = ::dlopen(config_.backend_path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+    runtime_stats_ = reinterpret_cast<const char* (*)()>(::dlsym(library, "FlexNpu_StatsJson"));
+    ::dlclose(library);  // drops only the reference NOLOAD took; Load keeps its own
+  }
   std::vector<PJRT_NamedValue> named;
   for (const auto& [key, value] : config_.backend_int_options) {
     PJRT_NamedValue v{};
@@ -242,6 +307,16 @@ Status ServerImpl::Init() {
     v.type = PJRT_NamedValue_kInt64;
     v.int64_value = value;
     v.value_size = 1;
+    named.push_back(v);
+  }
+  for (const auto& [key, value] : config_.backend_string_options) {
+    PJRT_NamedValue v{};
+    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    v.name = key.c_str();
+    v.name_size = key.size();
+    v.type = PJRT_NamedValue_kString;
+    v.string_value = value.c_str();
+    v.value_size = value.size();
     named.push_back(v);
   }
   PJRT_Client_Create_Args create{};
@@ -261,6 +336,15 @@ Status ServerImpl::Init() {
   version.client = client_.get();
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Client_PlatformVersion, &version));
   platform_version_.assign(version.platform_version, version.platform_version_size);
+  // Over FlexNPU's own runtime, clients see the platform it runs on ("flexnpu 0.1.0 over cpu
+  // (...)" -> "cpu"): JAX in the client lowers for that platform (LAPACK, callbacks).
+  const std::string over = " over ";
+  const size_t at = platform_version_.find(over);
+  if (platform_name_ == "flexnpu" && at != std::string::npos) {
+    const size_t begin = at + over.size();
+    platform_name_ = platform_version_.substr(
+        begin, platform_version_.find_first_of(" (", begin) - begin);
+  }
 
   PJRT_Client_AddressableDevices_Args devs{};
   devs.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
@@ -324,6 +408,8 @@ Status ServerImpl::Init() {
     }
     devices_.push_back(std::move(d));
   }
+  gate_ = std::make_shared<PriorityGate>(devices_.size(),
+                                         std::chrono::milliseconds(config_.batch_max_wait_ms));
   for (const TenantConfig& t : config_.tenants) {
     for (int64_t device : t.devices) {
       bool known = false;
@@ -480,11 +566,15 @@ Status ServerImpl::Hello(Session& s, const Frame& request, Frame* reply) {
                                 "': this flexnpu daemon's tenants file does not list it and "
                                 "refuses unknown tenants");
       }
-      it = tenants_.emplace(s.tenant, TenantState{}).first;
+      it = tenants_.try_emplace(s.tenant).first;
       it->second.config.name = s.tenant;
     }
     if (it != tenants_.end()) {
       tenant = &it->second.config;
+      if (!s.observer) {
+        s.tenant_state = &it->second;
+        s.latency = tenant->priority == "latency";
+      }
       if (!s.observer) {
         ++it->second.sessions;
         ++sessions_served_;
@@ -621,8 +711,10 @@ Status ServerImpl::AddBuffer(Session& s, PJRT_Buffer* handle, std::vector<int64_
 }
 
 void ServerImpl::WatchEvent(Session& s, PJRT_Event* inner, int64_t event_id,
-                            std::function<void(Frame*)> fill, std::shared_ptr<void> keep_alive) {
-  auto* w = new Watch{&b(), s.channel, inner, event_id, std::move(fill), std::move(keep_alive)};
+                            std::function<void(Frame*)> fill, std::shared_ptr<void> keep_alive,
+                            std::function<void()> done) {
+  auto* w = new Watch{&b(), s.channel, inner, event_id, std::move(fill), std::move(keep_alive),
+                      std::move(done)};
   s.events.insert(inner);
   PJRT_Event_OnReady_Args args{};
   args.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
@@ -639,6 +731,7 @@ void ServerImpl::WatchEvent(Session& s, PJRT_Event* inner, int64_t event_id,
       push.text = st.message();
       s.channel->Send(push);
     }
+    if (w->done) w->done();
     s.channel->Fired(inner);
   }
 }
@@ -803,7 +896,7 @@ Status ServerImpl::AddExecutable(Session& s, PJRT_LoadedExecutable* loaded_handl
     if (s.devices.count(index) > 0) meta.devices.push_back(index);
   }
   meta.id = next_id_++;
-  s.executables[meta.id] = ExecutableEntry{loaded.release(), meta.num_outputs};
+  s.executables[meta.id] = ExecutableEntry{loaded.release(), meta.num_outputs, meta.devices};
   AppendExecutableMeta(&out->ints, meta);
   return Status::Ok();
 }
@@ -919,6 +1012,20 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
       (!event_ids.empty() && static_cast<int64_t>(event_ids.size()) != num_devices)) {
     return InvalidArgument("malformed Execute request (events)");
   }
+  // The devices this execution occupies, in the order of its per-device completion events.
+  std::vector<int64_t> on_devices;
+  if (execute_device >= 0) {
+    on_devices.push_back(execute_device);
+  } else {
+    for (int64_t d = 0; d < num_devices && d < static_cast<int64_t>((*entry)->devices.size());
+         ++d) {
+      on_devices.push_back((*entry)->devices[d]);
+    }
+  }
+  if (s.tenant_state != nullptr) ++s.tenant_state->executions;
+  if (!s.latency && gate_->AwaitBatchTurn(on_devices, stopping_) && s.tenant_state != nullptr) {
+    ++s.tenant_state->held_for_latency;
+  }
   const int64_t num_outputs = (*entry)->num_outputs;
   std::vector<std::vector<PJRT_Buffer*>> outputs(num_devices,
                                                  std::vector<PJRT_Buffer*>(num_outputs));
@@ -942,11 +1049,27 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
   args.num_devices = static_cast<size_t>(num_devices);
   args.num_args = static_cast<size_t>(num_args);
   args.output_lists = output_lists.data();
-  args.device_complete_events = event_ids.empty() ? nullptr : events.data();
+  // A latency-class execution is in flight until its completion events fire.
+  const bool track = s.latency && static_cast<int64_t>(on_devices.size()) == num_devices;
+  args.device_complete_events = event_ids.empty() && !track ? nullptr : events.data();
   args.execute_device = execute_device >= 0 ? devices_[execute_device].handle : nullptr;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_LoadedExecutable_Execute, &args));
-  for (size_t d = 0; d < event_ids.size(); ++d) {
-    if (events[d] != nullptr) WatchEvent(s, events[d], event_ids[d], nullptr, nullptr);
+  if (track) gate_->LatencyStarted(on_devices);
+  Status executed = FLEXNPU_INNER_CALL(b(), PJRT_LoadedExecutable_Execute, &args);
+  if (!executed.ok()) {
+    if (track) {
+      for (int64_t device : on_devices) gate_->LatencyDone(device);
+    }
+    return executed;
+  }
+  for (int64_t d = 0; d < num_devices; ++d) {
+    const int64_t event_id = d < static_cast<int64_t>(event_ids.size()) ? event_ids[d] : 0;
+    std::function<void()> done;
+    if (track) done = [gate = gate_, device = on_devices[d]] { gate->LatencyDone(device); };
+    if (events[d] != nullptr) {
+      WatchEvent(s, events[d], event_id, nullptr, nullptr, std::move(done));
+    } else if (done) {
+      done();
+    }
   }
   int64_t bytes = 0;
   std::vector<int64_t> created;
@@ -1104,6 +1227,7 @@ void ServerImpl::Stop() {
     listen_fd_ = -1;
     ::unlink(config_.socket_path.c_str());
   }
+  if (gate_) gate_->WakeAll();
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, s] : sessions_) ::shutdown(s->channel->fd, SHUT_RD);
@@ -1138,13 +1262,25 @@ std::string ServerImpl::StatsJson() const {
     out << JsonString(name) << ": {\"sessions\": " << t.sessions
         << ", \"bytes_in_use\": " << t.bytes_in_use
         << ", \"memory_quota_bytes\": " << t.config.memory_quota_bytes
-        << ", \"priority\": " << JsonString(t.config.priority) << ", \"devices\": [";
+        << ", \"priority\": " << JsonString(t.config.priority)
+        << ", \"executions\": " << t.executions.load()
+        << ", \"held_for_latency\": " << t.held_for_latency.load() << ", \"devices\": [";
     for (size_t i = 0; i < t.config.devices.size(); ++i) {
       out << (i ? ", " : "") << t.config.devices[i];
     }
     out << "]}";
   }
-  out << "}}";
+  out << "}, \"latency_in_flight\": [";
+  const std::vector<int64_t> in_flight = gate_->InFlight();
+  for (size_t d = 0; d < in_flight.size(); ++d) out << (d ? ", " : "") << in_flight[d];
+  out << "]";
+  // The runtime's own state when the backend is FlexNPU's plugin: its placer decides for
+  // every session, so its placements (by reason) are the daemon's.
+  if (runtime_stats_ != nullptr) {
+    const char* runtime = runtime_stats_();
+    out << ", \"runtime\": " << (runtime != nullptr && *runtime ? runtime : "[]");
+  }
+  out << "}";
   return out.str();
 }
 

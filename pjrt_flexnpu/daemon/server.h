@@ -18,14 +18,22 @@ struct TenantConfig {
   std::string name;
   int64_t memory_quota_bytes = -1;  // bytes on physical devices; -1: unlimited
   std::vector<int64_t> devices;     // physical device ids it may use; empty: all
-  std::string priority = "batch";   // latency | batch (recorded; placement is the next step)
+  // latency | batch: on a device where latency-class executions are in flight, batch-class
+  // ones wait until those finish (at most ServerConfig::batch_max_wait_ms).
+  std::string priority = "batch";
 };
 
 struct ServerConfig {
   std::string socket_path;
-  std::string backend_path;  // the physical PJRT plugin
-  // Integer create options of the physical client (e.g. cpu_device_count).
+  // The PJRT plugin served: a physical one, or FlexNPU's own plugin (its runtime and placer
+  // then decide for every session; see daemon.py --policy).
+  std::string backend_path;
+  // Create options of that plugin's client: integers (e.g. cpu_device_count) and strings
+  // (e.g. FlexNPU's policy, backend, cpu_plugin_path).
   std::vector<std::pair<std::string, int64_t>> backend_int_options;
+  std::vector<std::pair<std::string, std::string>> backend_string_options;
+  // The starvation bound of batch-class executions held back for latency-class ones.
+  int64_t batch_max_wait_ms = 50;
   std::vector<TenantConfig> tenants;
   bool allow_unknown_tenants = true;
   bool log = true;  // one line per session event on stderr

@@ -12,7 +12,7 @@ namespace {
 constexpr const char* kKnownOptions =
     "allow_newer_backend, backend, backend_options, cpu_plugin_path, decode_devices, "
     "num_virtual_devices, policy, prefill_devices, single_device_compile, telemetry, telemetry_period_ms, "
-    "ascendcl_library, nvml_library";
+    "ascendcl_library, nvml_library, tenant";
 
 std::string Trim(std::string_view s) {
   const auto begin = s.find_first_not_of(" \t\n");
@@ -127,6 +127,7 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
       {"ascendcl_library", "FLEXNPU_ASCENDCL_LIBRARY"},
       {"nvml_library", "FLEXNPU_NVML_LIBRARY"},
       {"allow_newer_backend", "FLEXNPU_ALLOW_NEWER_BACKEND"},
+      {"tenant", "FLEXNPU_TENANT"},
   };
   for (const auto& [name, env_name] : env_names) {
     if (auto v = env(env_name)) merged.push_back({name, *v});
@@ -203,6 +204,10 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
                                std::to_string(*v));
       }
       options.telemetry_period_ms = *v;
+    } else if (option.name == "tenant") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      options.tenant = Trim(*v);
     } else if (option.name == "ascendcl_library" || option.name == "nvml_library") {
       auto v = AsString(option);
       if (!v.ok()) return v.status();
@@ -243,6 +248,11 @@ std::vector<NamedOption> EffectiveBackendOptions(const Options& options) {
     bool has_count = false;
     for (const auto& o : out) has_count |= (o.name == "cpu_device_count");
     if (!has_count) out.push_back({"cpu_device_count", kDefaultCpuDeviceCount});
+  }
+  if (!options.tenant.empty() && options.backend.rfind("daemon:", 0) == 0) {
+    bool has_tenant = false;
+    for (const auto& o : out) has_tenant |= (o.name == "tenant");
+    if (!has_tenant) out.push_back({"tenant", options.tenant});
   }
   return out;
 }

@@ -56,6 +56,9 @@ struct Options {
   // Off by default: FlexNPU passes its own (smaller) struct sizes, and a newer plugin that
   // writes newer output fields without checking struct_size would write past them.
   bool allow_newer_backend = false;
+  // The tenant this process names itself to a FlexNPU daemon (backend=daemon:PATH); ignored
+  // by other backends. FLEXNPU_TENANT is the environment form.
+  std::string tenant;
 };
 
 // The physical backend library `options` name, or an error saying which option to set.
@@ -75,7 +78,8 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
 StatusOr<std::vector<NamedOption>> ParseBackendOptions(const std::string& text);
 
 // The physical backend's create options: the user's, plus FlexNPU's default of 4 CPU
-// devices when the backend is the CPU plugin and no cpu_device_count was given.
+// devices when the backend is the CPU plugin and no cpu_device_count was given, plus the
+// tenant when the backend is a FlexNPU daemon (its remote Client_Create reads it).
 std::vector<NamedOption> EffectiveBackendOptions(const Options& options);
 
 inline constexpr int64_t kDefaultCpuDeviceCount = 4;

@@ -57,11 +57,20 @@ def _daemon_table(state: dict[str, Any]) -> str:
              f"{'session':>8} {'tenant':>12} {'buffers':>8} {'executables':>11}"]
     for s in state["sessions"]:
         lines.append(f"{s['id']:>8} {s['tenant']:>12} {s['buffers']:>8} {s['executables']:>11}")
-    lines.append(f"{'tenant':>12} {'sessions':>8} {'MB held':>8} {'quota MB':>8} {'priority':>8}")
+    lines.append(f"{'tenant':>12} {'sessions':>8} {'MB held':>8} {'quota MB':>8} {'priority':>8} "
+                 f"{'executions':>10} {'held':>6}")
     for name, t in state["tenants"].items():
         quota = "-" if t["memory_quota_bytes"] < 0 else f"{t['memory_quota_bytes'] / 1e6:.2f}"
         lines.append(f"{name:>12} {t['sessions']:>8} {t['bytes_in_use'] / 1e6:>8.2f} "
-                     f"{quota:>8} {t['priority']:>8}")
+                     f"{quota:>8} {t['priority']:>8} {t.get('executions', 0):>10} "
+                     f"{t.get('held_for_latency', 0):>6}")
+    # Served over FlexNPU's runtime (daemon --policy): its one placer's decisions.
+    for client in state.get("runtime", []):
+        lines.append("placements by reason (the daemon's placer, all sessions):")
+        lines.append(_table(client))
+        for d in client["placement"]["physical"]:
+            reasons = ", ".join(f"{k} {v}" for k, v in d["decisions"].items() if v)
+            lines.append(f"  physical {d['device']}: {reasons or 'none'}")
     return "\n".join(lines)
 
 

@@ -30,11 +30,15 @@ class DaemonServer {
   static std::unique_ptr<DaemonServer> Start(
       const std::string& socket, const std::string& backend_path,
       const std::vector<std::pair<std::string, int64_t>>& backend_int_options,
-      const std::vector<Tenant>& tenants, bool allow_unknown_tenants, bool log) {
+      const std::vector<Tenant>& tenants, bool allow_unknown_tenants, bool log,
+      const std::vector<std::pair<std::string, std::string>>& backend_string_options,
+      int64_t batch_max_wait_ms) {
     daemon::ServerConfig config;
     config.socket_path = socket;
     config.backend_path = backend_path;
     config.backend_int_options = backend_int_options;
+    config.backend_string_options = backend_string_options;
+    config.batch_max_wait_ms = batch_max_wait_ms;
     config.allow_unknown_tenants = allow_unknown_tenants;
     config.log = log;
     for (const auto& [name, quota, devices, priority] : tenants) {
@@ -65,7 +69,10 @@ void RegisterDaemon(nb::module_& m) {
   nb::class_<DaemonServer>(m, "DaemonServer")
       .def_static("start", &DaemonServer::Start, nb::arg("socket"), nb::arg("backend_path"),
                   nb::arg("backend_int_options"), nb::arg("tenants"),
-                  nb::arg("allow_unknown_tenants"), nb::arg("log") = true)
+                  nb::arg("allow_unknown_tenants"), nb::arg("log") = true,
+                  nb::arg("backend_string_options") =
+                      std::vector<std::pair<std::string, std::string>>{},
+                  nb::arg("batch_max_wait_ms") = 50)
       .def("stop", &DaemonServer::Stop)
       .def("stats_json", &DaemonServer::StatsJson);
 }

@@ -32,10 +32,11 @@ OK, NOT_FOUND, PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION = 0, 5
 
 
 class Daemon:
-    def __init__(self, socket: Path, log: Path, tenants: Path | None = None) -> None:
+    def __init__(self, socket: Path, log: Path, tenants: Path | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
         self.socket = socket
         self.log = log
-        cmd = [sys.executable, "-m", "flexnpu", "daemon", "--socket", str(socket)]
+        cmd = [sys.executable, "-m", "flexnpu", "daemon", "--socket", str(socket), *extra]
         if tenants is not None:
             cmd += ["--tenants", str(tenants)]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_"))}
