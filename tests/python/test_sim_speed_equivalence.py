@@ -23,6 +23,7 @@ from flexnpu.serving.scheduler import (
     QueueFullError,
     RequestTooLongError,
     Role,
+    ScheduledSeq,
     Scheduler,
     SchedulerConfig,
     Sequence,
@@ -30,6 +31,8 @@ from flexnpu.serving.scheduler import (
 )
 from flexnpu.sim import engine as sim_engine
 from flexnpu.sim.engine import POLICIES
+from flexnpu.sim.hardware import StepTimer, get_preset
+from flexnpu.sim.models import get_model
 from flexnpu.sim.runner import SimSpec, run_metrics, simulate_once
 
 # name -> (SchedulerConfig kwargs, async depth (plans in flight), steps)
@@ -288,6 +291,41 @@ def test_plans_held_read_late_or_released_keep_their_entries():
         assert _entry_view(pf.scheduled) == want
         enders_in_bulk += sum(1 for w in want[:count] if w[4])
     assert bulk_entries > 500 and enders_in_bulk > 5 and released > 200
+
+
+def test_step_cost_memo_gives_the_unmemoised_cost():
+    """StepTimer.step_cost memoises the experts a step touches per token count: a timer that
+    saw many steps (memo hits, in any order) costs each step exactly as a fresh timer does
+    (memo miss), and that is the documented formula with ModelShape.experts_touched."""
+    model, preset = get_model("deepseek-r1"), get_preset("910c")
+    parallel = model.default_parallel
+    warm = StepTimer.create(model, preset, parallel)
+    rng = random.Random(2)
+    cases = [(rng.randint(0, 2000), rng.randint(0, 400)) for _ in range(60)]
+    cases += cases[::-1]  # the second half hits the memo
+    for decodes, prompt in cases:
+        rest = [ScheduledSeq(Sequence(0, prompt, 4, 0.0), 0, prompt, True)] if prompt else []
+        starts = 100 * decodes
+        got = warm.step_cost(rest, decodes, starts)
+        fresh = StepTimer.create(model, preset, parallel)
+        assert got == fresh.step_cost(rest, decodes, starts)
+        n = decodes + prompt
+        moe = model.num_layers - model.num_dense_layers
+        x = model.experts_touched(n) * moe
+        assert got[0] == pytest.approx(sum(
+            c * v for c, v in zip(warm._fcl, _step_features(decodes, starts, prompt, x),
+                                  strict=True)), rel=1e-12)
+
+
+def _step_features(decodes: int, starts: int, prompt: int, experts: float) -> list[float]:
+    """step_cost's features (tokens, attention area, KV read, samples, experts) by hand."""
+    n, a, k, s = decodes, starts + decodes, starts + decodes, decodes
+    if prompt:
+        n += prompt
+        a += prompt * (prompt + 1) // 2
+        k += prompt
+        s += 1
+    return [1.0, n, a, k, s, experts]
 
 
 if __name__ == "__main__" and "--record" in sys.argv:

@@ -219,6 +219,7 @@ class StepTimer:
             if self.model.is_moe else 0
         self._ridge = self.peak / self.bandwidth
         self._program_cost: dict[tuple[int, int], tuple[float, float]] = {}
+        self._experts: dict[int, float] = {}  # tokens -> experts touched x MoE layers
 
     def program_cost(self, chunk: int, width: int) -> tuple[float, float]:
         """FLOPs and bytes of one of the engine's padded programs (cached: there are few)."""
@@ -248,7 +249,11 @@ class StepTimer:
             a += num * st + num * (num + 1) // 2
             k += st + num
             s += e.samples
-        x = self.model.experts_touched(n) * self._moe_layers if self._moe_layers else 0.0
+        x = 0.0
+        if self._moe_layers:  # memoised per token count (a float power per step otherwise)
+            x = self._experts.get(n)
+            if x is None:
+                x = self._experts[n] = self.model.experts_touched(n) * self._moe_layers
         f0, f1, f2, f3, f4, f5 = self._fcl
         b0, b1, b2, b3, b4, b5 = self._bcl
         return (f0 + f1 * n + f2 * a + f3 * k + f4 * s + f5 * x,
