@@ -1,15 +1,20 @@
 """The paper's three comparisons in one table, the paper's number beside the simulator's.
 
     python bench/paper.py                     # scaled: 96 x 910C for DeepSeek-R1 (~5 min wall)
-    python bench/paper.py --paper             # the paper's 384 x 910C, 3 seeds (much longer)
-    python bench/paper.py --paper --ds-splits 12,16 --duration 10   # known splits, no search
+    python bench/paper.py --paper --duration 10 --core-tuning tpot_slo_ns=100000000
+                                              # the paper's 384 x 910C, 3 seeds (~15-25 min)
+    python bench/paper.py --paper --ds-splits 10,19,14 --duration 10   # known splits, no search
 
 1. vs passthrough, "no measurable inference overhead": the placer's cost per step (measured:
    the C++ decision latency at the cluster's unit count, and the Python binding round trip the
    simulator pays) against the median simulated step time.
 2. vs static PD disaggregation with a tuned P:D ratio (384 x 910C, DeepSeek-R1: +5.15% and
-   +26.33% throughput in the paper's two scenarios): a ShareGPT-like and a phase-shifting
-   workload near static-PD saturation; dynamic on the same PD split (disaggregated layout).
+   +26.33% throughput in the paper's two scenarios): a ShareGPT-like workload near static-PD
+   saturation (--duration), and a phase-shifting one with LONG phases (--long-duration, 120 s:
+   60 s prompt-heavy, then 60 s output-heavy; the split searched over the full run, since a
+   10 s run ends before a 600-token output does); the 10 s phase-shift at the higher rate
+   stays as a secondary row. Dynamic runs the adaptive layout (--ds-dynamic-layout): the
+   placement core's SplitAdvisor moves units between the roles as the demand shifts.
 3. vs static PD co-location (Qwen2.5-7B: throughput comparable, TTFT -92%, TPOT about the
    same): Qwen2.5-7B on 8 x 910C, ShareGPT-like, high load.
 Writes --json with every run's full document (the simulate JSON) and prints a markdown table.
@@ -74,11 +79,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--paper", action="store_true",
                    help="the paper's scale: --ds-devices 384 --seeds 3")
+    p.add_argument("--ds-long-rate", type=float, default=225.0,
+                   help="long phase-shift req/s per 96 devices (scaled with --ds-devices)")
+    p.add_argument("--long-duration", type=float, default=120.0,
+                   help="simulated seconds of the long phase-shift run (its split search too)")
     p.add_argument("--ds-splits", default="",
-                   help="sharegpt,phase-shift static-PD prefill units (default: tuned by search)")
+                   help="sharegpt,phase-shift,long-phase-shift static-PD prefill units "
+                        "(default: tuned by search)")
+    p.add_argument("--ds-dynamic-layout", default="adaptive",
+                   choices=("adaptive", "disaggregated"),
+                   help="dynamic's layout for the DeepSeek-R1 runs (disaggregated: static-pd's "
+                        "split, or --ds-dynamic-splits)")
     p.add_argument("--ds-dynamic-splits", default="",
-                   help="sharegpt,phase-shift prefill units of dynamic's layout (default: "
-                        "static-pd's)")
+                   help="sharegpt,phase-shift,long-phase-shift prefill units of dynamic's "
+                        "disaggregated layout (default: static-pd's)")
     p.add_argument("--core-tuning", action="append", default=[], metavar="KEY=VALUE",
                    help="placement core Tuning field for the DeepSeek-R1 runs (repeatable), "
                         "e.g. tpot_slo_ns=100000000")
@@ -86,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.paper:
         args.ds_devices, args.seeds = 384, max(args.seeds, 3)
-    splits = [int(x) for x in args.ds_splits.split(",")] if args.ds_splits else [0, 0]
-    if len(splits) != 2:
-        p.error("--ds-splits takes two numbers: sharegpt,phase-shift prefill units")
+    splits = [int(x) for x in args.ds_splits.split(",")] if args.ds_splits else [0, 0, 0]
+    if len(splits) != 3:
+        p.error("--ds-splits takes three numbers: sharegpt,phase-shift,long-phase-shift "
+                "prefill units")
     dyn_splits = ([int(x) for x in args.ds_dynamic_splits.split(",")]
-                  if args.ds_dynamic_splits else [0, 0])
-    if len(dyn_splits) != 2:
-        p.error("--ds-dynamic-splits takes two numbers: sharegpt,phase-shift prefill units")
+                  if args.ds_dynamic_splits else [0, 0, 0])
+    if len(dyn_splits) != 3:
+        p.error("--ds-dynamic-splits takes three numbers: sharegpt,phase-shift,"
+                "long-phase-shift prefill units")
     tuning: dict[str, float] = {}
     for item in args.core_tuning:
         key, sep, value = item.partition("=")
@@ -102,17 +118,21 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     scale = args.ds_devices / 96
     r_share, r_phase = (float(x) * scale for x in args.ds_rates.split(","))
+    r_long = args.ds_long_rate * scale
     t0 = time.perf_counter()
     docs: dict[str, dict] = {}
     ds = SimSpec(devices=args.ds_devices, device="910c", model="deepseek-r1",
                  duration=args.duration, seeds=args.seeds, search_duration=args.duration,
-                 dynamic_layout="disaggregated", policies=("static-pd", "dynamic"),
+                 dynamic_layout=args.ds_dynamic_layout, policies=("static-pd", "dynamic"),
                  core_tuning=tuning)
-    for (name, wl, rate), split, dyn in zip((("ds_sharegpt", "sharegpt", r_share),
-                                             ("ds_phase_shift", "phase-shift", r_phase)),
-                                            splits, dyn_splits, strict=True):
-        log(f"== {name}: {args.ds_devices} x 910C, deepseek-r1, {wl} at {rate:g} req/s")
-        docs[name] = run_all(replace(ds, workload=wl, rate=rate, prefill_units=split,
+    scenarios = (("ds_sharegpt", "sharegpt", r_share, args.duration),
+                 ("ds_phase_shift_long", "phase-shift", r_long, args.long_duration),
+                 ("ds_phase_shift", "phase-shift", r_phase, args.duration))
+    for (name, wl, rate, dur), split, dyn in zip(scenarios, splits, dyn_splits, strict=True):
+        log(f"== {name}: {args.ds_devices} x 910C, deepseek-r1, {wl} at {rate:g} req/s, "
+            f"{dur:g} s")
+        docs[name] = run_all(replace(ds, workload=wl, rate=rate, duration=dur,
+                                     search_duration=dur, prefill_units=split,
                                      dynamic_prefill_units=dyn), log=log)
         _save(args.json, {"runs": docs})
     log(f"== qwen: {args.qwen_devices} x 910C, qwen2.5-7b, sharegpt at {args.qwen_rate:g}")
@@ -132,14 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(f"| vs passthrough | + Python binding round trip "
                 f"| | {ov['overhead_python_frac'] * 100:.3f}% |")
     for name, paper in (("ds_sharegpt", "+5.15% (scenario 1)"),
-                        ("ds_phase_shift", "+26.33% (scenario 2)")):
+                        ("ds_phase_shift_long", "+26.33% (scenario 2)"),
+                        ("ds_phase_shift", "(secondary: 10 s run)")):
         d = docs[name]["policies"]
         sp, dy = d["static-pd"], d["dynamic"]
         ratio = f"{sp['prefill_units']}P:{sp['decode_units']}D"
-        if (dy["prefill_units"], dy["decode_units"]) != (sp["prefill_units"], sp["decode_units"]):
+        if "prefill_units_range" in dy:
+            lo, hi = dy["prefill_units_range"]
+            ratio += f", dynamic adaptive {lo}..{hi}P"
+        elif (dy["prefill_units"], dy["decode_units"]) != (sp["prefill_units"],
+                                                            sp["decode_units"]):
             ratio += f", dynamic {dy['prefill_units']}P:{dy['decode_units']}D"
         how = "tuned" if "search" in docs[name]["config"]["static_pd_split"] else "given"
-        rows.append(f"| vs static-pd ({name[3:]}, {how} {ratio}) | throughput | {paper} "
+        cfg = docs[name]["config"]
+        rows.append(f"| vs static-pd ({name[3:]}, {cfg['rate']:g} req/s, "
+                    f"{cfg['duration']:g} s, {how} {ratio}) | throughput | {paper} "
                     f"| {_pct(dy['throughput_tok_s'], sp['throughput_tok_s'])} "
                     f"({dy['throughput_tok_s']:.0f} vs {sp['throughput_tok_s']:.0f} tok/s) |")
         rows.append(f"| | goodput (2 s / 100 ms) | | "
@@ -170,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(rows))
     print(f"\nwall {wall:.0f} s; DeepSeek-R1 on {args.ds_devices} x 910C"
           f"{' (scaled from the paper: 384)' if args.ds_devices != 384 else ''}; "
-          f"{args.duration:g} simulated s per run, {args.seeds} seed(s)")
+          f"{args.duration:g} simulated s per run ({args.long_duration:g} s for the long "
+          f"phase-shift), {args.seeds} seed(s)")
     _save(args.json, {"overhead": ov, "runs": docs, "wall_s": wall, "table": rows})
     return 0
 

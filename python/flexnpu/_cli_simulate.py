@@ -107,10 +107,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="static-pd prefill units (0: tuned by search at --rate)")
     r.add_argument("--search-duration", type=float, default=60.0,
                    help="simulated seconds per P:D ratio candidate (default 60)")
-    r.add_argument("--dynamic-layout", default="colocated", choices=("colocated",
-                                                                     "disaggregated"),
-                   help="dynamic's virtual layout: a prefill + a decode instance per unit, or "
-                   "static-pd's split")
+    r.add_argument("--dynamic-layout", default="colocated",
+                   choices=("colocated", "disaggregated", "adaptive"),
+                   help="dynamic's virtual layout: a prefill + a decode instance per unit "
+                   "(colocated), static-pd's split (disaggregated), or the colocated instances "
+                   "with the prefill:decode split the placement core's SplitAdvisor adapts to "
+                   "the prompt demand and the decode sequences held (adaptive)")
+    r.add_argument("--split-target", type=float, default=0.75,
+                   help="adaptive layout: the load the advisor sizes the prefill units for, in "
+                   "(0, 1] (default 0.75)")
     r.add_argument("--drain", type=float, default=600.0,
                    help="simulated seconds after the last arrival before unfinished requests "
                    "are reported dropped")
@@ -157,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
             max_output=args.max_output, policies=policies, seeds=args.seeds, seed=args.seed,
             slos=tuple(parse_slos(args.slo)), prefill_units=args.prefill_units,
             search_duration=args.search_duration, dynamic_layout=args.dynamic_layout,
+            split_target_utilization=args.split_target,
             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size, max_model_len=args.max_model_len,
             prefill_inflight=args.prefill_inflight, drain_s=args.drain,

@@ -19,7 +19,7 @@ Policies: `passthrough`, `static-pd:prefill=0,1;decode=2,3` (also `|` between po
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -216,3 +216,52 @@ class Core:
     def bench(self, calls: int, **kwargs: int) -> dict[str, Any]:
         """Decision latency measured in C++ (see bench/placer_latency.py)."""
         return self._core.bench(calls, **kwargs)
+
+
+class SplitAdvisor:
+    """How many units of a prefill/decode deployment should take new prompts now (the C++
+    advisor in pjrt_flexnpu/placement/split.h; see there for the rule). The serving layer
+    reports each prompt (`on_prompt`) and, when `due`, the decode sequences it holds
+    (`update`); it routes new prompts to the prefill instances of the first `prefill_units`
+    units and handoffs to the decode instances of the others. ValueError names a bad value."""
+
+    def __init__(
+        self,
+        units: int,
+        prefill_tokens_per_s: float,
+        decode_sequences_per_unit: float,
+        *,
+        target_utilization: float = 0.75,
+        average_ns: int = 2_000_000_000,
+        tick_ns: int = 1_000_000_000,
+        initial_prefill_units: int = 0,
+    ) -> None:
+        self._advisor = native("SplitAdvisor", "the placement core").SplitAdvisor(
+            int(units), float(prefill_tokens_per_s), float(decode_sequences_per_unit),
+            float(target_utilization), int(average_ns), int(tick_ns),
+            int(initial_prefill_units))
+        # The bound methods: the simulator calls them per arrival.
+        self.on_prompt: Callable[[int], None] = self._advisor.on_prompt  # (tokens)
+        self.due: Callable[[int], bool] = self._advisor.due  # (now_ns)
+        # (now_ns, decode_sequences) -> whether prefill_units changed
+        self.update: Callable[[int, int], bool] = self._advisor.update
+
+    @property
+    def prefill_units(self) -> int:
+        return self._advisor.prefill_units
+
+    @property
+    def units(self) -> int:
+        return self._advisor.units
+
+    @property
+    def prompt_tokens_per_s(self) -> float:
+        return self._advisor.prompt_tokens_per_s
+
+    @property
+    def decisions(self) -> int:
+        return self._advisor.decisions
+
+    @property
+    def changes(self) -> int:
+        return self._advisor.changes

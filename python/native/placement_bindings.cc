@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "pjrt_flexnpu/placement/placement.h"
+#include "pjrt_flexnpu/placement/split.h"
 
 namespace nb = nanobind;
 
@@ -250,6 +251,44 @@ void RegisterPlacement(nb::module_& m) {
       .def("bench", &PyCore::Bench, nb::arg("calls"), nb::arg("warmup") = 1000,
            nb::arg("prefill_every") = 16, nb::arg("step_ns") = 10'000,
            nb::arg("max_outstanding") = 8);
+  // The role split advisor (split.h): one owner, so no GIL release.
+  nb::class_<placement::SplitAdvisor>(m, "SplitAdvisor")
+      .def("__init__",
+           [](placement::SplitAdvisor* self, int units, double prefill_tokens_per_s,
+              double decode_sequences_per_unit, double target_utilization, int64_t average_ns,
+              int64_t tick_ns, int initial_prefill_units) {
+             placement::SplitConfig c;
+             c.units = units;
+             c.prefill_tokens_per_s = prefill_tokens_per_s;
+             c.decode_sequences_per_unit = decode_sequences_per_unit;
+             c.target_utilization = target_utilization;
+             c.average_ns = average_ns;
+             c.tick_ns = tick_ns;
+             c.initial_prefill_units = initial_prefill_units;
+             auto a = placement::SplitAdvisor::Create(c);
+             Check(a.status());
+             new (self) placement::SplitAdvisor(std::move(*a));
+           },
+           nb::arg("units"), nb::arg("prefill_tokens_per_s"),
+           nb::arg("decode_sequences_per_unit"), nb::arg("target_utilization") = 0.75,
+           nb::arg("average_ns") = 2'000'000'000, nb::arg("tick_ns") = 1'000'000'000,
+           nb::arg("initial_prefill_units") = 0)
+      .def("on_prompt",
+           [](placement::SplitAdvisor& a, int64_t tokens) { Check(a.OnPrompt(tokens)); },
+           nb::arg("tokens"))
+      .def("due", &placement::SplitAdvisor::Due, nb::arg("now_ns"))
+      .def("update",
+           [](placement::SplitAdvisor& a, int64_t now_ns, int64_t decode_sequences) {
+             bool changed = false;
+             Check(a.Update(now_ns, decode_sequences, &changed));
+             return changed;
+           },
+           nb::arg("now_ns"), nb::arg("decode_sequences"), "-> whether the split changed")
+      .def_prop_ro("prefill_units", &placement::SplitAdvisor::prefill_units)
+      .def_prop_ro("units", &placement::SplitAdvisor::units)
+      .def_prop_ro("prompt_tokens_per_s", &placement::SplitAdvisor::prompt_tokens_per_s)
+      .def_prop_ro("decisions", &placement::SplitAdvisor::decisions)
+      .def_prop_ro("changes", &placement::SplitAdvisor::changes);
 }
 
 }  // namespace flexnpu::python

@@ -9,10 +9,15 @@ from typing import Any
 
 import numpy as np
 
+from flexnpu.sim.adaptive import SPLIT_TARGET_UTILIZATION, AdaptiveSimulation
 from flexnpu.sim.engine import POLICIES, InstanceConfig, RunResult, Simulation, percentiles
 from flexnpu.sim.hardware import LINKS, get_preset
 from flexnpu.sim.models import get_model
 from flexnpu.sim.workload import make_workload
+
+# dynamic's virtual layouts: a prefill + a decode instance per unit; static-pd's split; the
+# colocated instances with the split the placement core's SplitAdvisor adapts (sim/adaptive.py).
+DYNAMIC_LAYOUTS = ("colocated", "disaggregated", "adaptive")
 
 # Student t 97.5% quantiles for n-1 degrees of freedom (95% two-sided CI).
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
@@ -74,6 +79,7 @@ class SimSpec:
     dynamic_prefill_units: int = 0  # dynamic's disaggregated layout; 0: static-pd's split
     search_duration: float = 60.0
     dynamic_layout: str = "colocated"
+    split_target_utilization: float = SPLIT_TARGET_UTILIZATION  # adaptive layout's advisor
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
     block_size: int = 0
@@ -106,8 +112,11 @@ class SimSpec:
         for p in self.policies:
             if p not in POLICIES:
                 raise ValueError(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
-        if self.dynamic_layout not in ("colocated", "disaggregated"):
-            raise ValueError("--dynamic-layout must be colocated or disaggregated")
+        if self.dynamic_layout not in DYNAMIC_LAYOUTS:
+            raise ValueError("--dynamic-layout must be one of " + ", ".join(DYNAMIC_LAYOUTS))
+        if not 0 < self.split_target_utilization <= 1:
+            raise ValueError("--split-target must be in (0, 1], got "
+                             f"{self.split_target_utilization}")
         if self.devices < 1 or d["parallel"] < 1 or self.devices % d["parallel"]:
             raise ValueError(f"--devices {self.devices} must be a positive multiple of "
                              f"--parallel {d['parallel']}")
@@ -147,11 +156,16 @@ def simulate_once(spec: SimSpec, policy: str, seed: int, *, rate: float | None =
                        burstiness=s.burstiness, length_scale=s.length_scale, trace=s.trace)
     ic = InstanceConfig(s.max_num_seqs, s.max_num_batched_tokens, s.block_size, s.max_model_len,
                         prefill_inflight=s.prefill_inflight)
-    sim = Simulation(model=model, preset=preset, devices=s.devices, parallel=s.parallel,
-                     policy=policy, instance=ic, num_prefill=prefill_units,
-                     dynamic_layout=s.dynamic_layout, link=LINKS[s.link], co_run=s.co_run,
-                     drain_s=s.drain_s, timeline_window=window, core_tuning=s.core_tuning,
-                     request_weights=s.request_weights)
+    kw: dict[str, Any] = dict(
+        model=model, preset=preset, devices=s.devices, parallel=s.parallel, policy=policy,
+        instance=ic, num_prefill=prefill_units, link=LINKS[s.link], co_run=s.co_run,
+        drain_s=s.drain_s, timeline_window=window, core_tuning=s.core_tuning,
+        request_weights=s.request_weights)
+    if policy == "dynamic" and s.dynamic_layout == "adaptive":
+        sim: Simulation = AdaptiveSimulation(
+            split_target_utilization=s.split_target_utilization, **kw)
+    else:
+        sim = Simulation(dynamic_layout=s.dynamic_layout, **kw)
     return sim.run(wl)
 
 
@@ -176,7 +190,12 @@ def run_metrics(r: RunResult, spec: SimSpec, duration: float) -> dict[str, Any]:
         if q.dropped:
             dropped[q.dropped] = dropped.get(q.dropped, 0) + 1
     units = len(r.busy_s)
-    return {
+    split = getattr(r, "split_timeline", None)  # the adaptive layout's [(time_s, prefill)]
+    extra = {} if split is None else {
+        "split_timeline": [[round(t, 3), n] for t, n in split],
+        "prefill_units_range": [min(n for _, n in split), max(n for _, n in split)]
+        if split else None}
+    return extra | {
         "requests_total": total,
         "requests_finished": len(fin),
         "requests_dropped": total - len(fin),
@@ -361,6 +380,10 @@ def run_all(spec: SimSpec, log: Callable[[str], None] = lambda s: None,
         if policy == "static-pd" or (policy == "dynamic" and spec.dynamic_layout ==
                                       "disaggregated"):
             agg["prefill_units"], agg["decode_units"] = units_p, units - units_p
+        if "prefill_units_range" in per_seed[0]:
+            ranges = [m["prefill_units_range"] for m in per_seed if m["prefill_units_range"]]
+            agg["prefill_units_range"] = [min(a for a, _ in ranges), max(b for _, b in ranges)] \
+                if ranges else None
         if spec.goodput_search:
             log(f"goodput search for {policy}")
             agg["goodput_rps"], agg["goodput_curve"] = search_goodput(spec, policy, units_p, log)

@@ -1,0 +1,94 @@
+#include "pjrt_flexnpu/placement/split.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace flexnpu::placement {
+
+StatusOr<SplitAdvisor> SplitAdvisor::Create(const SplitConfig& c) {
+  const std::string where = "split advisor: ";
+  if (c.units < 2) {
+    return InvalidArgument(where + "units must be >= 2, got " + std::to_string(c.units));
+  }
+  if (!(c.prefill_tokens_per_s > 0) || !std::isfinite(c.prefill_tokens_per_s)) {
+    return InvalidArgument(where + "prefill_tokens_per_s must be a finite number > 0");
+  }
+  if (!(c.decode_sequences_per_unit > 0) || !std::isfinite(c.decode_sequences_per_unit)) {
+    return InvalidArgument(where + "decode_sequences_per_unit must be a finite number > 0");
+  }
+  if (!(c.target_utilization > 0 && c.target_utilization <= 1)) {
+    return InvalidArgument(where + "target_utilization must be in (0, 1]");
+  }
+  if (c.average_ns <= 0) return InvalidArgument(where + "average_ns must be > 0");
+  if (c.tick_ns <= 0) return InvalidArgument(where + "tick_ns must be > 0");
+  if (c.initial_prefill_units < 0 || c.initial_prefill_units >= c.units) {
+    return InvalidArgument(where + "initial_prefill_units must be in [0, units - 1] (0: units "
+                           "/ 2), got " + std::to_string(c.initial_prefill_units));
+  }
+  return SplitAdvisor(c);
+}
+
+SplitAdvisor::SplitAdvisor(const SplitConfig& c)
+    : config_(c), prefill_units_(c.initial_prefill_units ? c.initial_prefill_units
+                                                         : std::max(1, c.units / 2)) {}
+
+Status SplitAdvisor::OnPrompt(int64_t tokens) {
+  if (tokens < 0) {
+    return InvalidArgument("split advisor: OnPrompt tokens must be >= 0, got " +
+                           std::to_string(tokens));
+  }
+  pending_ += static_cast<double>(tokens);
+  return Status::Ok();
+}
+
+Status SplitAdvisor::Update(int64_t now_ns, int64_t decode_sequences, bool* changed) {
+  if (changed) *changed = false;
+  if (decode_sequences < 0) {
+    return InvalidArgument("split advisor: Update decode_sequences must be >= 0, got " +
+                           std::to_string(decode_sequences));
+  }
+  if (started_ && now_ns < last_ns_) {
+    return InvalidArgument("split advisor: Update clock went back (" + std::to_string(now_ns) +
+                           " < " + std::to_string(last_ns_) + " ns)");
+  }
+  if (!started_) {  // tokens reported before the clock started count from here
+    started_ = true;
+    last_ns_ = now_ns;
+    return Status::Ok();
+  }
+  const int64_t dt_ns = now_ns - last_ns_;
+  if (dt_ns < config_.tick_ns) return Status::Ok();
+  const double dt = static_cast<double>(dt_ns) * 1e-9;
+  const double measured = pending_ / dt;
+  // The first measurement starts the average (from 0 it would lag one time constant).
+  const double a = averaged_ ? 1.0 - std::exp(-static_cast<double>(dt_ns) /
+                                              static_cast<double>(config_.average_ns))
+                             : 1.0;
+  rate_ += a * (measured - rate_);
+  averaged_ = true;
+  pending_ = 0;
+  last_ns_ = now_ns;
+  ++decisions_;
+
+  const int units = config_.units;
+  const double prefill_need = rate_ / config_.prefill_tokens_per_s;
+  const double decode_need =
+      static_cast<double>(decode_sequences) / config_.decode_sequences_per_unit;
+  const double prefill_want = prefill_need / config_.target_utilization;
+  int want;
+  if (prefill_want + decode_need <= units) {
+    want = static_cast<int>(std::ceil(prefill_want));
+  } else {  // overloaded: share the units in proportion to the needs
+    want = static_cast<int>(std::lround(units * prefill_need / (prefill_need + decode_need)));
+  }
+  want = std::clamp(want, 1, units - 1);
+  if (want != prefill_units_) {
+    prefill_units_ = want;
+    ++changes_;
+    if (changed) *changed = true;
+  }
+  return Status::Ok();
+}
+
+}  // namespace flexnpu::placement

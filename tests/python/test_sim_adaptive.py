@@ -1,0 +1,138 @@
+"""The adaptive prefill:decode split: the placement core's SplitAdvisor (split.h) through its
+binding, and the simulator's adaptive layout that routes by it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from flexnpu import placement as fp
+from flexnpu.__main__ import main as flexnpu_main
+from flexnpu.sim.runner import SimSpec, run_all, simulate_once
+
+SEC = 1_000_000_000
+
+
+def _advisor(**kw) -> fp.SplitAdvisor:
+    args = dict(units=24, prefill_tokens_per_s=100_000, decode_sequences_per_unit=1000,
+                target_utilization=0.8)
+    return fp.SplitAdvisor(**(args | kw))
+
+
+def test_advisor_follows_prompt_demand_then_decode_demand():
+    a = _advisor()
+    assert a.prefill_units == 12 and a.units == 24
+    assert a.update(0, 0) is False  # starts the clock
+    for s in range(1, 6):  # 1M prompt tokens/s: 10 units / 0.8 -> 13; decode 4 units
+        a.on_prompt(1_000_000)
+        a.update(s * SEC, 4000)
+    assert a.prefill_units == 13
+    assert a.prompt_tokens_per_s == pytest.approx(1e6)
+    for s in range(6, 31):  # prompts drop tenfold, decode holds 18k sequences
+        a.on_prompt(100_000)
+        a.update(s * SEC, 18_000)
+    assert a.prefill_units == 2
+    assert a.decisions == 30 and a.changes >= 2
+
+
+def test_advisor_shares_units_by_need_when_overloaded():
+    a = _advisor()
+    a.update(0, 0)
+    a.on_prompt(1_800_000)  # 18 units of prefill, 6 of decode: 22.5 + 6 > 24
+    assert a.update(SEC, 6000) is True
+    assert a.prefill_units == 18
+
+
+def test_advisor_decides_once_per_tick():
+    a = _advisor()
+    a.update(0, 0)
+    a.on_prompt(420_000)
+    assert not a.due(SEC // 2)
+    assert a.update(SEC // 2, 0) is False and a.decisions == 0
+    a.on_prompt(420_000)
+    assert a.due(2 * SEC)
+    a.update(2 * SEC, 0)
+    assert a.prompt_tokens_per_s == pytest.approx(420_000)
+    assert a.prefill_units == 6  # 4.2 / 0.8 = 5.25
+    a.update(3 * SEC, 0)
+    assert a.prompt_tokens_per_s == pytest.approx(420_000 * math.exp(-0.5))
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"units": 1}, "units must be >= 2"),
+    ({"prefill_tokens_per_s": 0}, "prefill_tokens_per_s must be a finite number > 0"),
+    ({"decode_sequences_per_unit": float("nan")}, "decode_sequences_per_unit"),
+    ({"target_utilization": 0}, "target_utilization must be in (0, 1]"),
+    ({"tick_ns": 0}, "tick_ns must be > 0"),
+    ({"initial_prefill_units": 30}, "initial_prefill_units must be in [0, units - 1]"),
+])
+def test_advisor_rejects_bad_config_by_name(kw, message):
+    with pytest.raises(ValueError, match="split advisor: " + message.replace("(", r"\(")
+                       .replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+        _advisor(**kw)
+
+
+def test_advisor_rejects_bad_calls_and_keeps_its_state():
+    a = _advisor()
+    with pytest.raises(ValueError, match="tokens must be >= 0"):
+        a.on_prompt(-5)
+    a.update(5 * SEC, 0)
+    with pytest.raises(ValueError, match="clock went back"):
+        a.update(4 * SEC, 0)
+    with pytest.raises(ValueError, match="decode_sequences must be >= 0"):
+        a.update(6 * SEC, -1)
+    assert a.prefill_units == 12 and a.decisions == 0
+
+
+# Qwen2.5-7B on 8 x H100, phase-shift: 1000-token prompts for 10 s, then 120-token prompts
+# with 600-token outputs.
+PHASES = dict(devices=8, device="h100", model="qwen2.5-7b", workload="phase-shift",
+              rate=150.0, duration=20.0, seeds=1, max_prompt=4096, max_output=2048,
+              policies=("dynamic",), dynamic_layout="adaptive")
+
+
+def test_adaptive_split_moves_units_to_decode_in_the_output_heavy_phase():
+    spec = SimSpec(**PHASES).resolved()
+    r = simulate_once(spec, "dynamic", 0)
+    timeline = r.split_timeline
+    assert timeline[0] == (pytest.approx(r.requests[0].arrival), 4)  # units / 2 at first
+
+    def late_split(t0: float, t1: float) -> list[int]:
+        return [n for t, n in timeline if t0 <= t < t1]
+
+    # Set after the last change before t (the split in force at t).
+    def split_at(t: float) -> int:
+        return [n for s, n in timeline if s <= t][-1]
+
+    assert split_at(9.5) > split_at(19.5) >= 1, timeline
+    assert late_split(12.0, 20.0), "the advisor kept deciding in phase 2"
+    # Nothing lost: every request finishes or is reported dropped.
+    assert all(q.finish >= 0 or q.dropped for q in r.requests)
+    assert sum(1 for q in r.requests if q.finish >= 0) > 0.9 * len(r.requests)
+
+
+def test_adaptive_same_seed_gives_identical_json_with_the_split():
+    a = run_all(SimSpec(**PHASES))
+    b = run_all(SimSpec(**PHASES))
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    d = a["policies"]["dynamic"]
+    lo, hi = d["prefill_units_range"]
+    assert 1 <= lo < hi <= 7
+    assert d["per_seed"][0]["split_timeline"][0][1] == 4
+
+
+def test_cli_adaptive_layout_and_bad_split_target(tmp_path, capsys):
+    assert flexnpu_main(["simulate", "--split-target", "1.5", "--dynamic-layout",
+                         "adaptive"]) == 2
+    assert "--split-target must be in (0, 1]" in capsys.readouterr().err
+    out = tmp_path / "a.json"
+    rc = flexnpu_main(["simulate", "--devices", "4", "--device", "h100", "--model",
+                       "qwen2.5-7b", "--rate", "20", "--duration", "3", "--seeds", "1",
+                       "--policies", "dynamic", "--dynamic-layout", "adaptive", "--json",
+                       str(out), "--no-progress"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["dynamic_layout"] == "adaptive"
+    assert doc["policies"]["dynamic"]["prefill_units_range"][0] >= 1
