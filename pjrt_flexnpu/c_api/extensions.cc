@@ -184,6 +184,29 @@ __attribute__((visibility("default"))) const char* FlexNpu_RegisterFfiType(
   return error.c_str();
 }
 
+// The FFI version adapter's state (runtime/ffi.h) for FlexNPU's Python side (flexnpu/lowering.py):
+// whether every attached backend runs target `target_name` (directly or adapted).
+__attribute__((visibility("default"))) int FlexNpu_FfiTargetRunsEverywhere(const char* target_name) {
+  if (target_name == nullptr) return 0;
+  return flexnpu::FfiTargetRunsEverywhere(target_name) ? 1 : 0;
+}
+
+// The routes FFI registrations took, one line per (target, backend): "target\troute\thandler
+// version\tbackend version\tbackend path" (route: direct, adapted, too_new). Lives until the
+// next call from the same thread.
+__attribute__((visibility("default"))) const char* FlexNpu_FfiRoutes() {
+  thread_local std::string text;
+  text.clear();
+  for (const flexnpu::FfiRouteReport& r : flexnpu::FfiRoutes()) {
+    const char* route = r.route == flexnpu::FfiRoute::kDirect    ? "direct"
+                        : r.route == flexnpu::FfiRoute::kAdapted ? "adapted"
+                                                                 : "too_new";
+    text += r.target_name + "\t" + route + "\t" + r.handler.ToString() + "\t" +
+            r.backend.ToString() + "\t" + r.backend_path + "\n";
+  }
+  return text.c_str();
+}
+
 // Host callbacks (runtime/host_callback.h) for FlexNPU's Python side (flexnpu/host_callbacks.py,
 // through ctypes): installs the trampoline and registers FlexNPU's handler with the backends.
 // Returns nullptr on success, else a message that lives until the next call from the thread.

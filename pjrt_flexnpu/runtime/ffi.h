@@ -70,6 +70,166 @@ struct Extension {
 };
 }  // namespace ffi_abi
 
+// The few structs of the XLA FFI C ABI (xla/ffi/api/c_api.h) FlexNPU reads, declared here as in
+// FFI 0.1: every field used is in the stable prefix that FFI 0.2 (xla-cpu-pjrt 0.0.1), 0.3
+// (jaxlib 0.10.2) and 0.4 (lammps) share; sizes are checked before use.
+namespace xla_ffi {
+enum : int32_t { kExtensionMetadata = 1 };
+enum : int32_t { kStageExecute = 3 };
+enum : int32_t { kArgBuffer = 1, kRetBuffer = 1, kAttrScalar = 3 };
+enum : int32_t { kDataTypeS64 = 5, kDataTypeU64 = 9, kDataTypeToken = 17 };
+enum : int32_t { kErrorUnknown = 2, kErrorInvalidArgument = 3, kErrorFailedPrecondition = 9 };
+
+struct ExtensionBase {
+  size_t struct_size;
+  int32_t type;
+  ExtensionBase* next;
+};
+struct ApiVersion {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  int major_version;
+  int minor_version;
+};
+struct Metadata {
+  size_t struct_size;  // up to `traits` (kMetadataSize); stateful handlers also write the id
+  ApiVersion api_version;
+  uint32_t traits;
+  int64_t state_type_id;
+};
+struct MetadataExtension {
+  ExtensionBase base;
+  Metadata* metadata;
+};
+struct ErrorCreateArgs {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  const char* message;
+  int32_t errc;
+};
+struct ErrorGetMessageArgs {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  void* error;
+  const char* message;  // out
+};
+struct ErrorDestroyArgs {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  void* error;
+};
+using ErrorCreateFn = void* (*)(ErrorCreateArgs*);
+using ErrorGetMessageFn = void (*)(ErrorGetMessageArgs*);
+using ErrorDestroyFn = void (*)(ErrorDestroyArgs*);
+struct Api {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  ApiVersion api_version;
+  const void* internal_api;
+  ErrorCreateFn error_create;  // the first three functions; every version has them
+  ErrorGetMessageFn error_get_message;
+  ErrorDestroyFn error_destroy;
+};
+struct Buffer {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  int32_t dtype;
+  void* data;
+  int64_t rank;
+  int64_t* dims;
+};
+struct List {  // XLA_FFI_Args and XLA_FFI_Rets
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  int64_t size;
+  int32_t* types;
+  void** items;
+};
+struct ByteSpan {
+  const char* ptr;
+  size_t len;
+};
+struct Attrs {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  int64_t size;
+  int32_t* types;
+  ByteSpan** names;
+  void** attrs;
+};
+struct Scalar {
+  int32_t dtype;
+  void* value;
+};
+struct CallFrame {
+  size_t struct_size;
+  ExtensionBase* extension_start;
+  const Api* api;
+  void* ctx;
+  int32_t stage;
+  List args;
+  List rets;
+  Attrs attrs;
+};
+using Handler = void* (*)(CallFrame*);
+inline constexpr size_t kCallFrameSize = offsetof(CallFrame, attrs) + sizeof(Attrs);
+inline constexpr size_t kBufferSize = offsetof(Buffer, dims) + sizeof(int64_t*);
+inline constexpr size_t kMetadataSize = offsetof(Metadata, traits) + sizeof(uint32_t);
+inline constexpr size_t kErrorCreateArgsSize = offsetof(ErrorCreateArgs, errc) + sizeof(int32_t);
+inline constexpr size_t kApiSizeWithErrorCreate = offsetof(Api, error_create) + sizeof(ErrorCreateFn);
+inline constexpr size_t kApiSizeWithErrors = offsetof(Api, error_destroy) + sizeof(ErrorDestroyFn);
+
+// An error made by `api` (nullptr when `api` cannot make one: the backend gave no usable API).
+void* MakeError(const Api* api, int32_t errc, const std::string& message);
+// Answers XLA's registration-time query (a call frame carrying the metadata extension) with
+// version `major`.`minor` and `traits`; false when `frame` is no such query.
+bool AnswerMetadata(const CallFrame* frame, int major, int minor, uint32_t traits);
+}  // namespace xla_ffi
+
+// An XLA FFI version (major.minor) as a handler declares it or a backend implements it.
+struct FfiVersion {
+  int major = -1;  // -1: unknown
+  int minor = -1;
+  bool known() const { return major >= 0; }
+  std::string ToString() const;
+};
+
+// The FFI version adapter. A backend implementing an older XLA FFI minor than a handler was
+// built for (xla-cpu-pjrt 0.0.1: FFI 0.2; jaxlib 0.10.2's LAPACK kernels: 0.3) rejects the
+// handler at registration. FlexNPU then registers, under the same target name, a trampoline
+// declaring the backend's version that calls the handler with the backend's call frame: the
+// call frame, buffers and the FFI API table the handler reads are ABI-identical across those
+// minors (sizes in kFfiApiSizeByMinor, measured), and the trampoline checks the API table's
+// size on every call before the handler can read past it.
+// Index: FFI 0.<minor>; 0: not known (never adapted to).
+inline constexpr size_t kFfiApiSizeByMinor[] = {0, 0, 192, 192, 200};
+// How a registered handler reaches one backend.
+enum class FfiRoute { kDirect, kAdapted, kTooNew };
+struct FfiRouteReport {
+  std::string target_name;
+  std::string backend_path;
+  FfiRoute route;
+  FfiVersion handler;
+  FfiVersion backend;
+};
+// The version `handler` declares in its metadata (and its traits into `traits`), asked as XLA
+// asks, through `api` (a backend's FFI API, which the handler may use to report an error), or
+// unknown.
+FfiVersion HandlerFfiVersion(void* handler, const xla_ffi::Api* api, uint32_t* traits = nullptr);
+// The route `handler` (declaring `handler_version`) takes into a backend whose FFI API is
+// `backend_api` (nullptr: unknown; then kDirect).
+FfiRoute ChooseFfiRoute(FfiVersion handler_version, const xla_ffi::Api* backend_api);
+// A trampoline (XLA_FFI_Handler*) declaring `declared` and `traits` that runs `handler` after
+// checking the caller's API table holds at least `required_api_size` bytes; the same one for
+// the same arguments; nullptr when all slots are used.
+void* AdaptedFfiHandler(void* handler, FfiVersion declared, size_t required_api_size,
+                        uint32_t traits, const std::string& target_name);
+// Whether target `target_name` was registered and every attached backend runs it (directly or
+// adapted): false before any backend is attached, or when one has no FFI extension.
+bool FfiTargetRunsEverywhere(const std::string& target_name);
+// The routes taken so far, one entry per (target, backend).
+std::vector<FfiRouteReport> FfiRoutes();
+
 // The extension of `type` in `api`'s chain, or nullptr.
 const PJRT_Extension_Base* FindExtension(const PJRT_Api* api, PJRT_Extension_Type type);
 // `backend`'s FFI extension when it has all three functions, else nullptr.

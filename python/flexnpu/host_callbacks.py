@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import logging
 import secrets
 import threading
 import traceback
@@ -37,6 +38,7 @@ import numpy as np
 # runtime/host_callback.h's kHostCallbackTargets: (unpartitioned, partitioned).
 TARGET_NAMES = ("xla_ffi_python_cpu_callback", "xla_ffi_partitioned_python_cpu_callback")
 CALLBACK_ID_ATTRIBUTE = "callback_id"
+logger = logging.getLogger(__name__)
 
 
 class _Buffer(ctypes.Structure):
@@ -237,6 +239,31 @@ def ensure_host_cpu_backend() -> None:
     cpu = xla_bridge._init_backend("cpu")
     with xla_bridge._backend_lock:
         xla_bridge._backends.setdefault("cpu", cpu)
+
+
+def add_host_backend_with_flexnpu(requested_platforms: Sequence[str] | None) -> None:
+    """Called from flexnpu's backend factory, which JAX runs inside `xla_bridge.backends()`
+    holding `_backend_lock`: when JAX will not create a "cpu" backend itself (jax_platforms
+    names flexnpu but not cpu), adds jaxlib's CPU backend next to flexnpu (~25 ms; the default
+    backend stays flexnpu).
+
+    Why at backend creation: an eager jax.debug.print / debug.callback that is the process's
+    first JAX call runs JAX's impl before any backend exists; that impl itself asks for the
+    "cpu" backend, which starts plugin discovery and backend creation, and looks "cpu" up right
+    after they return. FlexNPU's code first runs inside that call (discovery), too late to wrap
+    the impl already running; a backend created during it is what the lookup finds."""
+    from jax._src import xla_bridge
+
+    if requested_platforms is None or "cpu" in requested_platforms:
+        return  # JAX creates its cpu backend itself
+    if "cpu" in xla_bridge._backends:
+        return
+    try:
+        cpu = xla_bridge._init_backend("cpu")
+    except Exception as error:  # noqa: BLE001 - callbacks then fail as JAX says; flexnpu works
+        logger.warning("flexnpu: jaxlib's cpu backend for host callbacks: %s", error)
+        return
+    xla_bridge._backends.setdefault("cpu", cpu)  # the caller holds _backend_lock
 
 
 def give_eager_callbacks_a_host_device() -> None:

@@ -51,10 +51,14 @@ def _make_client() -> Any:
     # Lower as the physical platform does (LAPACK, callbacks): flexnpu/lowering.py.
     kind = lowering.backend_kind(client.platform_version)
     try:
-        lowering.install(kind, lowering.backend_runs_jaxlib_cpu_kernels(client.platform_version))
+        lowering.install(kind)
     except (ValueError, RuntimeError) as error:
         # A backend JAX has no rules for still runs everything generic.
         logger.warning("flexnpu: %s; platform-specific lowering rules are not used", error)
+    # JAX runs host callbacks' Python with a "cpu" device (flexnpu/host_callbacks.py).
+    from flexnpu import host_callbacks
+
+    host_callbacks.add_host_backend_with_flexnpu(_requested_platforms())
     return client
 
 

@@ -20,9 +20,11 @@ reports (`flexnpu X over <kind> (...)` in the client's platform_version):
   "flexnpu" into FlexNPU's FFI registry (the plugin forwards them to the physical backend).
   For the cpu kind, jaxlib's own CPU targets (LAPACK, sparse, the Python-callback handlers),
   compiled into jaxlib and registered only with jaxlib's in-process XLA, are mirrored into
-  it too, now and when registered later (a backend whose XLA FFI is older than jaxlib's
-  drops them: see README, Limits). A CUDA backend needs no mirror: JAX's CUDA plugin
-  registers its targets into the same CUDA plugin library FlexNPU loads.
+  it too, now and when registered later. A backend whose XLA FFI minor is older than a
+  kernel's gets it through FlexNPU's FFI version adapter (runtime/ffi.h; `ffi_routes()` says
+  which way each went); if LAPACK still cannot run there, linear algebra keeps JAX's
+  platform-generic rules. A CUDA backend needs no mirror: JAX's CUDA plugin registers its
+  targets into the same CUDA plugin library FlexNPU loads.
 
 The JAX hooks used are listed in HOOKS; tests/python/test_lowering_hooks.py pins each, so a
 JAX upgrade that removes one fails loudly rather than lowering silently differently.
@@ -92,13 +94,12 @@ _KIND_CALLBACK_PRIMITIVES = (
     ("jax._src.debugging", "debug_print_p"),
 )
 
-# jaxlib 0.10.2's LAPACK kernels speak XLA FFI 0.3. Measured with a probe handler:
-# xla-cpu-pjrt 0.0.1 (PJRT C API 0.81) implements FFI 0.2 and its register_handler drops the
-# kernels while reporting success; lammps-jax-pjrt-cpu (C API 0.115) implements 0.4. A CPU
-# backend at C API minor <= this one is taken to have the older FFI: over it, linear algebra
-# keeps JAX's platform-generic rules (cholesky, lu, qr, triangular_solve, ...: plain HLO)
-# instead of the LAPACK custom calls it cannot run.
-LAST_CPU_MINOR_WITHOUT_JAXLIB_FFI = 81
+# jaxlib 0.10.2's LAPACK kernels speak XLA FFI 0.3; xla-cpu-pjrt 0.0.1 implements FFI 0.2 and
+# drops them at registration, lammps-jax-pjrt-cpu implements 0.4. FlexNPU's FFI version adapter
+# (runtime/ffi.h) registers them through a trampoline declaring the backend's version where the
+# ABI allows. Whether one LAPACK kernel runs on every backend tells whether they all do (one
+# jaxlib, one FFI version); if not, linear algebra keeps JAX's platform-generic rules.
+LAPACK_PROBE_TARGET = "lapack_dgetrf_ffi"
 _LINALG_MODULE = "jax._src.lax.linalg"
 
 _lock = threading.Lock()
@@ -112,21 +113,6 @@ def backend_kind(platform_version: str) -> str:
     if at < 0:
         raise ValueError(f"not a FlexNPU platform_version: {platform_version!r}")
     return platform_version[at + len(marker) :].split(" ", 1)[0].split("(", 1)[0].lower()
-
-
-def backend_runs_jaxlib_cpu_kernels(platform_version: str) -> bool:
-    """Whether a CPU backend's XLA FFI can take jaxlib's CPU kernels (LAPACK), judged by
-    the PJRT C API version in FlexNPU's platform_version ('..., PJRT C API 0.81, ...')."""
-    marker = "PJRT C API "
-    at = platform_version.find(marker)
-    if at < 0:
-        return True  # unknown: lower as the platform does; a missing kernel fails by name
-    version = platform_version[at + len(marker) :].split(",", 1)[0].split(")", 1)[0]
-    try:
-        minor = int(version.split(".")[1])
-    except (IndexError, ValueError):
-        return True
-    return minor > LAST_CPU_MINOR_WITHOUT_JAXLIB_FFI
 
 
 def installed_kind() -> str | None:
@@ -401,6 +387,10 @@ def _native() -> ctypes.CDLL:
         ctypes.c_void_p,
         ctypes.c_uint32,
     ]
+    library.FlexNpu_FfiTargetRunsEverywhere.restype = ctypes.c_int
+    library.FlexNpu_FfiTargetRunsEverywhere.argtypes = [ctypes.c_char_p]
+    library.FlexNpu_FfiRoutes.restype = ctypes.c_char_p
+    library.FlexNpu_FfiRoutes.argtypes = []
     library.FlexNpu_RegisterFfiType.restype = ctypes.c_char_p
     library.FlexNpu_RegisterFfiType.argtypes = [
         ctypes.c_char_p,
@@ -438,6 +428,31 @@ def register_type(type_name: str, registration: Any) -> None:
     error = _native().FlexNpu_RegisterFfiType(type_name.encode(), pointer, info)
     if error is not None:
         raise RuntimeError(f"flexnpu: registering FFI type {type_name!r}: {error.decode()}")
+
+
+def target_runs_everywhere(name: str) -> bool:
+    """Whether FFI target `name` reaches every physical backend attached so far in a form it
+    runs (directly, or through FlexNPU's FFI version adapter)."""
+    return bool(_native().FlexNpu_FfiTargetRunsEverywhere(name.encode()))
+
+
+@dataclasses.dataclass(frozen=True)
+class FfiRoute:
+    """How one FFI target reached one physical backend: 'direct', 'adapted' (FlexNPU's FFI
+    version adapter: the handler is newer than the backend's XLA FFI) or 'too_new' (newer, and
+    the adapter does not know the ABI gap; the backend drops it)."""
+
+    target: str
+    route: str
+    handler_version: str
+    backend_version: str
+    backend: str
+
+
+def ffi_routes() -> list[FfiRoute]:
+    """Every FFI registration's route so far, one per (target, backend)."""
+    text = _native().FlexNpu_FfiRoutes() or b""
+    return [FfiRoute(*line.split("\t")) for line in text.decode().splitlines() if line]
 
 
 def _mirror(name: str, fn: Any, api_version: int, traits: Any) -> None:
@@ -487,9 +502,10 @@ def install_ffi(kind: str) -> None:
         _mirror_cpu_targets()
 
 
-def install(kind: str, jaxlib_kernels: bool = True) -> None:
+def install(kind: str, jaxlib_kernels: bool | None = None) -> None:
     """Lowering rules and FFI targets of physical platform `kind` for flexnpu (idempotent);
-    `jaxlib_kernels`: see install_lowering_rules."""
+    `jaxlib_kernels`: see install_lowering_rules (None: whether jaxlib's LAPACK kernels, once
+    forwarded, run on every backend)."""
     global _installed_kind
     with _lock:
         if _installed_kind == kind:
@@ -499,6 +515,8 @@ def install(kind: str, jaxlib_kernels: bool = True) -> None:
                 f"flexnpu already lowers as {_installed_kind!r}; a second client over "
                 f"{kind!r} in the same process is not supported"
             )
-        install_lowering_rules(kind, jaxlib_kernels)
         install_ffi(kind)
+        if jaxlib_kernels is None:
+            jaxlib_kernels = kind != "cpu" or target_runs_everywhere(LAPACK_PROBE_TARGET)
+        install_lowering_rules(kind, jaxlib_kernels)
         _installed_kind = kind

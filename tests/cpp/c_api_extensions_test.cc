@@ -209,6 +209,95 @@ TEST_F(CApiTest, FfiRegistrationErrorsNameWhatIsWrong) {
       << foreign.message;
 }
 
+// y = 2x + 1 as AffineHandler, but declaring XLA FFI 0.<Minor> (as a handler built against a
+// newer FFI header does).
+template <int Minor>
+void* AffineHandlerAt(XlaCallFrame* frame) {
+  for (XlaExtensionBase* e = frame->extension_start; e != nullptr; e = e->next) {
+    if (e->type == 1) {
+      XlaMetadata* m = reinterpret_cast<XlaMetadataExtension*>(e)->metadata;
+      m->api_version.major_version = 0;
+      m->api_version.minor_version = Minor;
+      m->traits = 0;
+      return nullptr;
+    }
+  }
+  return AffineHandler(frame);
+}
+
+std::string ProgramCalling(const std::string& target) {
+  std::string program = kCustomCallProgram;
+  const std::string name = "@flexnpu_test_affine(";
+  program.replace(program.find(name), name.size(), "@" + target + "(");
+  return program;
+}
+
+// The line of FlexNpu_FfiRoutes for `target` ("target\troute\thandler\tbackend\tpath").
+std::vector<std::string> RouteOf(const std::string& target) {
+  auto routes = reinterpret_cast<const char* (*)()>(dlsym(plugin_library, "FlexNpu_FfiRoutes"));
+  if (routes == nullptr) return {};
+  std::string text = routes();
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    std::string line = text.substr(start, end - start);
+    start = end == std::string::npos ? text.size() : end + 1;
+    std::vector<std::string> fields;
+    for (size_t at = 0;;) {
+      size_t tab = line.find('\t', at);
+      fields.push_back(line.substr(at, tab - at));
+      if (tab == std::string::npos) break;
+      at = tab + 1;
+    }
+    if (!fields.empty() && fields[0] == target) return fields;
+  }
+  return {};
+}
+
+TEST_F(CApiTest, FfiHandlerNewerThanTheBackendsFfiRunsThroughTheVersionAdapter) {
+  ASSERT_NE(Ffi(), nullptr);
+  PJRT_Client* client = CreateClient(1);
+  ASSERT_NE(client, nullptr);
+  // FFI 0.3, as jaxlib 0.10.2's LAPACK kernels: adapted over a backend at FFI 0.2, direct over
+  // one at 0.3 or newer; it runs either way.
+  ErrorInfo ok = Register("flexnpu_test_affine_v3", "flexnpu",
+                          reinterpret_cast<void*>(&AffineHandlerAt<3>), sizeof(FfiRegisterHandlerArgs));
+  ASSERT_EQ(ok.code, PJRT_Error_Code_OK) << ok.message;
+  std::vector<std::string> route = RouteOf("flexnpu_test_affine_v3");
+  ASSERT_EQ(route.size(), 5u) << "no route reported";
+  EXPECT_EQ(route[2], "0.3");
+  ASSERT_EQ(route[3].rfind("0.", 0), 0u) << route[3];
+  const int backend_minor = std::atoi(route[3].c_str() + 2);
+  EXPECT_EQ(route[1], backend_minor < 3 ? "adapted" : "direct") << route[3];
+  PJRT_LoadedExecutable* exe = nullptr;
+  ErrorInfo compiled = TryCompile(client, ProgramCalling("flexnpu_test_affine_v3"),
+                                  CompileOptionsFor(0), &exe);
+  ASSERT_EQ(compiled.code, PJRT_Error_Code_OK) << compiled.message;
+  PJRT_Buffer* x = Upload(client, Device(client, 0), {0.f, 1.f, 2.f, 3.f});
+  PJRT_Buffer* y = nullptr;
+  ErrorInfo ran = TryExecute(exe, {x}, &y);
+  ASSERT_EQ(ran.code, PJRT_Error_Code_OK) << ran.message;
+  EXPECT_EQ(Download(y, 4), (std::vector<float>{1.f, 3.f, 5.f, 7.f}));
+
+  // FFI 0.99: an ABI gap the adapter does not know; it is not adapted, and the backend refuses
+  // it (at registration, or by dropping it: compiling then names the target).
+  ErrorInfo too_new = Register("flexnpu_test_affine_v99", "flexnpu",
+                               reinterpret_cast<void*>(&AffineHandlerAt<99>),
+                               sizeof(FfiRegisterHandlerArgs));
+  route = RouteOf("flexnpu_test_affine_v99");
+  ASSERT_EQ(route.size(), 5u) << "no route reported";
+  EXPECT_EQ(route[1], "too_new");
+  if (too_new.code == PJRT_Error_Code_OK) {
+    ErrorInfo missing = TryCompile(client, ProgramCalling("flexnpu_test_affine_v99"),
+                                   CompileOptionsFor(0), &exe);
+    EXPECT_EQ(missing.code, PJRT_Error_Code_NOT_FOUND) << missing.message;
+    EXPECT_NE(missing.message.find("flexnpu_test_affine_v99"), std::string::npos)
+        << missing.message;
+  } else {
+    EXPECT_NE(too_new.message.find("flexnpu_test_affine_v99"), std::string::npos)
+        << too_new.message;
+  }
+}
+
 int deleted_value = 0;
 void DeleteValue(void* data) { deleted_value = *static_cast<int*>(data); }
 

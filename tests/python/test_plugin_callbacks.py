@@ -176,3 +176,29 @@ def test_callable_is_registered_while_its_executable_lives() -> None:
     proc = run_python(_FREED, {"JAX_PLATFORMS": "flexnpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "LIVE 1" in proc.stdout and "VALUE [1.0, 1.0]" in proc.stdout, proc.stdout
+
+
+# An eager debug.print / debug.callback as the process's very first JAX call: JAX's impl asks
+# for the "cpu" backend before any backend exists (flexnpu/host_callbacks.py,
+# add_host_backend_with_flexnpu).
+_EAGER_FIRST = r"""
+import jax
+seen = []
+jax.debug.print("eager first {} {}", 1, 2.5)
+jax.debug.callback(lambda a: seen.append(int(a)), 7)
+print("RESULT", jax.default_backend(), jax.devices()[0].platform, seen)
+"""
+
+
+@pytest.mark.parametrize("backend", ["default", "lammps"])
+def test_eager_callback_as_the_first_jax_call_equals_cpu(backend: str) -> None:
+    env = {"JAX_PLATFORMS": "flexnpu"} if backend == "default" else _lammps_env()
+    runs = {}
+    for name, run_env in (("cpu", {"JAX_PLATFORMS": "cpu"}), ("flexnpu", env)):
+        proc = run_python(_EAGER_FIRST, run_env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = [line for line in proc.stdout.splitlines()
+                      if line.startswith(("eager first", "RESULT"))]
+    assert runs["cpu"] == ["eager first 1 2.5", "RESULT cpu cpu [7]"]
+    # The same output; the default backend stays flexnpu.
+    assert runs["flexnpu"] == ["eager first 1 2.5", "RESULT flexnpu flexnpu [7]"]

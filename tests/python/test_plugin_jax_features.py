@@ -41,10 +41,17 @@ op("cholesky", lambda m: [jnp.linalg.cholesky(m)], spd)
 op("solve", lambda m, r: [jnp.linalg.solve(m, r)], x, b)
 op("inv", lambda m: [jnp.linalg.inv(m)], x)
 op("eig", lambda m: [jnp.sort(jnp.linalg.eigvals(m))], x)
+op("eig_vectors", lambda m: list(jnp.linalg.eig(m)), x)
+op("eig_f32", lambda m: list(jnp.linalg.eig(m)), x.astype(jnp.float32))
 op("lu", lambda m: list(jax.lax.linalg.lu(m)), x)
 op("det", lambda m: [jnp.linalg.det(m)], x)
+routes = {}
+if jax.devices()[0].platform == "flexnpu":
+    from flexnpu import lowering
+    routes = {r.target: [r.route, r.handler_version, r.backend_version]
+              for r in lowering.ffi_routes() if r.target.startswith("lapack_")}
 print("RESULT " + json.dumps({"platform": jax.devices()[0].platform, "out": out,
-                              "errors": errors}))
+                              "errors": errors, "routes": routes}))
 """
 
 _CALLBACKS = r"""
@@ -110,17 +117,30 @@ def _assert_same_linalg(out: dict, reference: dict) -> None:
                                        err_msg=name)
 
 
-def test_linalg_over_default_backend_generic_rules_equal_cpu(cpu_linalg: dict) -> None:
-    # xla-cpu-pjrt 0.0.1 implements XLA FFI 0.2; jaxlib 0.10.2's LAPACK kernels are FFI 0.3
-    # and the plugin drops them at registration. flexnpu/lowering.py keeps JAX's generic rules
-    # (QDWH for eigh/svd: eigenvectors to ~1e-7) over it: values equal cpu's LAPACK; eig (no generic
-    # rule) fails at compile naming the missing kernel.
+def test_linalg_over_default_backend_equal_cpu(cpu_linalg: dict) -> None:
+    # xla-cpu-pjrt 0.0.1 implements XLA FFI 0.2; jaxlib 0.10.2's LAPACK kernels are FFI 0.3,
+    # which the plugin refuses at registration. FlexNPU's FFI version adapter (runtime/ffi.h)
+    # registers each through a trampoline declaring 0.2, so the same LAPACK kernels run: eig
+    # included, equal to cpu's.
     result = _result(_LINALG, _ON_FLEXNPU)
     assert result["platform"] == "flexnpu"
-    assert sorted(result["errors"]) == ["eig"], result["errors"]
-    assert "No FFI handler registered for lapack_dgeev_ffi" in result["errors"]["eig"]
+    assert result["errors"] == {}, result["errors"]
+    _assert_same_linalg(result["out"], cpu_linalg)
+    lapack = result["routes"]
+    assert len(lapack) == 60, sorted(lapack)  # jaxlib 0.10.2's LAPACK targets, all adapted
+    assert set(map(tuple, lapack.values())) == {("adapted", "0.3", "0.2")}, lapack
+
+
+def test_linalg_generic_rules_equal_cpu(cpu_linalg: dict) -> None:
+    # The fallback for a backend that cannot run jaxlib's LAPACK kernels (one without the FFI
+    # extension, e.g. through the daemon): JAX's platform-generic rules, QDWH for eigh/svd
+    # (eigenvectors to ~1e-7). Forced here by installing them before JAX creates flexnpu.
+    forced = "from flexnpu import lowering\nlowering.install('cpu', jaxlib_kernels=False)\n"
+    result = _result(forced + _LINALG, _ON_FLEXNPU)
+    assert result["platform"] == "flexnpu"
+    assert result["errors"] == {}, result["errors"]
     out = result["out"]
-    assert sorted(out) == sorted(k for k in cpu_linalg if k != "eig")
+    assert sorted(out) == sorted(cpu_linalg)
     for name, values in out.items():
         for got, want in zip(values, cpu_linalg[name], strict=True):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7,
@@ -132,6 +152,8 @@ def test_linalg_over_lammps_backend_equal_cpu(cpu_linalg: dict) -> None:
     assert result["platform"] == "flexnpu"
     assert result["errors"] == {}, result["errors"]
     _assert_same_linalg(result["out"], cpu_linalg)
+    # lammps implements FFI 0.4: jaxlib's 0.3 kernels go in as they are.
+    assert set(map(tuple, result["routes"].values())) == {("direct", "0.3", "0.4")}
 
 
 def _check_callbacks(result: dict) -> None:
