@@ -222,27 +222,35 @@ def write_junit(path: Path, result: FileResult) -> None:
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def read_progress(path: Path) -> tuple[list[dict[str, str]], str | None, set[str]]:
-    """The plugin's records: outcomes, the (JUnit) name of the test started but never finished,
-    the node id of every test started."""
-    outcomes: list[dict[str, str]] = []
+@dataclass
+class Progress:
+    """What the plugin recorded: outcomes, the (JUnit) name of the test started but never
+    finished, and the node ids of the tests started and of those finished."""
+
+    outcomes: list[dict[str, str]] = field(default_factory=list)
     running: str | None = None
-    started: set[str] = set()
+    started: set[str] = field(default_factory=set)
+    finished: set[str] = field(default_factory=set)
+
+
+def read_progress(path: Path) -> Progress:
+    progress = Progress()
     if not path.exists():
-        return outcomes, running, started
+        return progress
     for line in path.read_text().splitlines():
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut off by the crash
         if "start" in entry:
-            running = entry["name"]
-            started.add(entry["start"])
+            progress.running = entry["name"]
+            progress.started.add(entry["start"])
         elif "finish" in entry:
-            running = None
+            progress.running = None
+            progress.finished.add(entry["finish"])
         elif "test" in entry:
-            outcomes.append(entry)
-    return outcomes, running, started
+            progress.outcomes.append(entry)
+    return progress
 
 
 def _crash_description(returncode: int) -> str:
@@ -303,8 +311,16 @@ def run_file(
             return result
         except ET.ParseError:
             result = FileResult()  # a file cut off mid-write: run it again
-    for stale in (junit, progress, deselect):
-        stale.unlink(missing_ok=True)
+    # An interrupted run's records (no JUnit XML yet): with --reuse the tests they finished are
+    # not run again; the one that was running when it stopped is.
+    finished = read_progress(progress).finished if args.reuse else set()
+    resumed = bool(finished)
+    if resumed:
+        deselect.write_text("\n".join(sorted(finished)) + "\n")
+        junit.unlink(missing_ok=True)
+    else:
+        for stale in (junit, progress, deselect):
+            stale.unlink(missing_ok=True)
     env = dict(os.environ)
     for key in ("JAX_PLATFORMS", "JAX_PLATFORM_NAME", "PJRT_NAMES_AND_LIBRARY_PATHS"):
         env.pop(key, None)
@@ -326,7 +342,7 @@ def run_file(
     start = time.monotonic()
     crashes: dict[str, str] = {}  # junit name -> what killed the process
     signals: set[str] = set()
-    with open(log, "w") as log_file:
+    with open(log, "a" if resumed else "w") as log_file:
         while True:
             try:
                 proc = subprocess.run(
@@ -340,28 +356,32 @@ def run_file(
                 break
             if proc.returncode in (0, 1, 5) and junit.exists():
                 break
-            _, running, started = read_progress(progress)
+            state = read_progress(progress)
+            running = state.running
             if running is None or len(crashes) >= args.max_crashes or args.workers > 1:
                 break  # not one test's crash (collection error, ...) or too many: stop here
             why = _crash_description(proc.returncode)
             core = folder / f"{stem}.core{len(crashes)}"
             crashes[running] = why + _move_core_file(tests_dir.parent, core, why not in signals)
             signals.add(why)
-            deselect.write_text("\n".join(sorted(started)) + "\n")
+            deselect.write_text("\n".join(sorted(state.started)) + "\n")
             log_file.write(f"\n[jax_conformance] {running}: crashed, running the rest\n")
             log_file.flush()
     result.seconds = round(time.monotonic() - start, 1)
-    if crashes:
-        outcomes, _, _ = read_progress(progress)
-        for entry in outcomes:
+    if crashes or resumed:
+        for entry in read_progress(progress).outcomes:
             _add_outcome(result, entry["test"], entry["outcome"], entry["message"])
         for name, why in crashes.items():
             _add_outcome(result, name, "failed", f"crashed: {why}")
-        # pytest's JUnit XML holds only the tests after the last crash: the whole file replaces it
+        # pytest's JUnit XML holds only the tests after the last crash or the resumption: the
+        # whole file replaces it
         if result.returncode in (0, 1, 5) and not result.note:
             write_junit(junit, result)
-        names = ", ".join(sorted(crashes))
-        result.note = (result.note + f" {len(crashes)} crashed: {names}").strip()
+        if resumed:
+            result.note = (result.note + " resumed").strip()
+        if crashes:
+            names = ", ".join(sorted(crashes))
+            result.note = (result.note + f" {len(crashes)} crashed: {names}").strip()
     elif junit.exists():
         try:
             parse_junit(junit, result)

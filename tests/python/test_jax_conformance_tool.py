@@ -164,3 +164,45 @@ def test_a_crashing_test_is_recorded_and_the_rest_of_the_file_still_runs(
     assert reused["note"] == "reused"
     assert reused["tests"] == result["tests"]
     assert reused["counts"] == {"passed": 2, "failed": 4, "skipped": 0, "errors": 0}
+
+
+MARKING_TESTS = """
+def test_a():
+    with open("ran.txt", "a") as f:
+        f.write("a")
+
+
+def test_b():
+    with open("ran.txt", "a") as f:
+        f.write("b")
+    assert False, "b fails"
+"""
+
+
+def test_reuse_continues_an_interrupted_file_after_its_last_finished_test(
+    tool: ModuleType, tmp_path: Path
+):
+    tests = tmp_path / "jax" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "m_test.py").write_text(MARKING_TESTS)
+    out = tmp_path / "out"
+    argv = ["--tests-dir", str(tests), "--out", str(out), "--platforms", "cpu", "--dut", ""]
+    assert tool.main(argv + ["m_test.py"]) == 0
+    ran = tests.parent / "ran.txt"
+    assert ran.read_text() == "ab"
+    # Interrupted after test_a: no JUnit XML, the records stop after test_a's.
+    folder = out / "cpu"
+    (folder / "m_test.xml").unlink()
+    records = (folder / "m_test.progress.jsonl").read_text().splitlines()
+    cut = next(i for i, line in enumerate(records) if '"finish"' in line)
+    (folder / "m_test.progress.jsonl").write_text("\n".join(records[: cut + 1]) + "\n")
+    ran.unlink()
+    assert tool.main(argv + ["--reuse", "m_test.py"]) == 0
+    assert ran.read_text() == "b"  # test_a did not run again
+    result = json.loads((out / "results.json").read_text())["results"]["cpu"]["m_test.py"]
+    assert result["note"] == "resumed"
+    assert result["tests"] == {"tests.m_test::test_a": "passed", "tests.m_test::test_b": "failed"}
+    assert result["messages"] == {"tests.m_test::test_b": "AssertionError: b fails\nassert False"}
+    assert tool.main(argv + ["--reuse", "m_test.py"]) == 0  # now from the whole JUnit XML
+    reused = json.loads((out / "results.json").read_text())["results"]["cpu"]["m_test.py"]
+    assert (reused["note"], reused["tests"]) == ("reused", result["tests"])
