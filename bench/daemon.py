@@ -2,11 +2,17 @@
 FlexNPU in client mode (FLEXNPU_BACKEND=daemon:SOCK), each in its own process (JAX fixes its
 backends per process), rounds alternating. Prints per-call medians and the ratio daemon/local.
 
-    python bench/daemon.py [--tiny-calls 2000] [--decode-steps 200] [--rounds 3] [--json OUT]
+    python bench/daemon.py [--tiny-calls 2000] [--decode-steps 200] [--smollm2-steps 40]
+                           [--daemon-policy dynamic] [--rounds 3] [--json OUT]
 
-Workloads: a tiny op (x + 1 on a scalar, block_until_ready each call) and a decode-like step
+Workloads: a tiny op (x + 1 on a scalar, block_until_ready each call), a decode-like step
 (4 layers, hidden 512: q projection, KV-cache row update, attention over 256 cached rows, MLP,
-8192-way logits; the cache is donated and carried from step to step).
+8192-way logits; the cache is donated and carried from step to step) and the served SmolLM2
+decode step: the serving engine's compiled decode program for SmolLM2-135M-Instruct (batch 8,
+position 48, KV cache donated), driven as bench/engine_overhead.py's bare loop drives it (read
+the sampled ids each step). `--daemon-policy P` runs the daemon over FlexNPU's runtime with
+policy P (its placer decides; the client passes through), default: the daemon serves the
+physical backend directly.
 """
 
 from __future__ import annotations
@@ -26,9 +32,26 @@ WORKER = r"""
 import json, statistics, sys, time
 import jax, jax.numpy as jnp, numpy as np
 
-tiny_calls, decode_steps = int(sys.argv[1]), int(sys.argv[2])
+tiny_calls, decode_steps, smollm2_steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 device = jax.devices()[0]
 out = {}
+
+if smollm2_steps:
+    sys.path.insert(0, sys.argv[4])
+    from engine_overhead import bare_step_seconds
+    from flexnpu.serving import logs
+    from flexnpu.serving.engine import Engine, EngineConfig
+    from flexnpu.serving.gguf_loader import DEFAULT_MODEL
+    from flexnpu.serving.loading import load_model
+
+    logs.set_backend_log_level("fatal")
+    model = load_model(DEFAULT_MODEL, log=lambda *a: None)
+    config = EngineConfig(max_num_seqs=8, max_model_len=512, max_num_batched_tokens=64,
+                          chunk_buckets=[32, 64], num_devices=1)
+    engine = Engine(None, model.params, config, devices=[device],
+                    model_config=model.config, eos_ids=())
+    bare_step_seconds(engine, 5, 8, 48)  # compiles and warms the decode program
+    out["smollm2_decode_step_us"] = bare_step_seconds(engine, smollm2_steps, 8, 48) * 1e6
 
 tiny = jax.jit(lambda x: x + 1)
 x = jax.device_put(np.float32(0), device)
@@ -85,8 +108,10 @@ def _env(mode: str, socket: Path) -> dict[str, str]:
     return env
 
 
-def _worker(mode: str, socket: Path, tiny_calls: int, decode_steps: int) -> dict[str, float]:
-    done = subprocess.run([sys.executable, "-c", WORKER, str(tiny_calls), str(decode_steps)],
+def _worker(mode: str, socket: Path, args: argparse.Namespace) -> dict[str, float]:
+    done = subprocess.run([sys.executable, "-c", WORKER, str(args.tiny_calls),
+                           str(args.decode_steps), str(args.smollm2_steps),
+                           str(Path(__file__).parent)],
                           capture_output=True, text=True, env=_env(mode, socket), timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"{mode} worker failed: {done.stderr[-2000:]}")
@@ -97,6 +122,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny-calls", type=int, default=2000)
     parser.add_argument("--decode-steps", type=int, default=200)
+    parser.add_argument("--smollm2-steps", type=int, default=40,
+                        help="SmolLM2 decode steps timed per round (0: skip)")
+    parser.add_argument("--daemon-policy", help="run the daemon over FlexNPU's runtime with "
+                                                "this policy (default: the physical backend)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -105,8 +134,10 @@ def main() -> int:
     socket = tmp / "flexnpu.sock"
     log = open(tmp / "daemon.log", "w")  # noqa: SIM115 - lives as long as the daemon
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_"))}
-    daemon = subprocess.Popen([sys.executable, "-m", "flexnpu", "daemon", "--socket", str(socket)],
-                              stderr=log, stdout=log, env=env)
+    command = [sys.executable, "-m", "flexnpu", "daemon", "--socket", str(socket)]
+    if args.daemon_policy:
+        command += ["--policy", args.daemon_policy]
+    daemon = subprocess.Popen(command, stderr=log, stdout=log, env=env)
     try:
         deadline = time.monotonic() + 60
         while "ready on" not in (tmp / "daemon.log").read_text():
@@ -117,14 +148,17 @@ def main() -> int:
         for r in range(args.rounds):
             order = ["local", "daemon"] if r % 2 == 0 else ["daemon", "local"]
             for mode in order:
-                results[mode].append(_worker(mode, socket, args.tiny_calls, args.decode_steps))
+                results[mode].append(_worker(mode, socket, args))
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
         log.close()
     summary = {}
     print(f"{'workload':>14} {'local us':>10} {'daemon us':>10} {'ratio':>7}  (median of rounds)")
-    for key, name in (("tiny_op_us", "tiny op"), ("decode_step_us", "decode step")):
+    workloads = [("tiny_op_us", "tiny op"), ("decode_step_us", "decode-like")]
+    if args.smollm2_steps:
+        workloads.append(("smollm2_decode_step_us", "SmolLM2 decode"))
+    for key, name in workloads:
         local = statistics.median(x[key] for x in results["local"])
         remote = statistics.median(x[key] for x in results["daemon"])
         ratios = [d[key] / s[key] for d, s in zip(results["daemon"], results["local"], strict=True)]
