@@ -209,9 +209,7 @@ class StepTimer:
         self._ns_byte = 1.0 / (self.bandwidth * self.preset.eff_memory)
         self.launch_s = d.small_work_s if self.preset.launch_s is None else self.preset.launch_s
         fc = self.cost.flop_coef
-        bc = self.cost.byte_coef.copy()
-        if self.preset.fused_attention:
-            bc[2] = 0.0
+        bc = self.cost.byte_coefs(self.preset.fused_attention)  # KV read once when fused
         self._fc, self._bc = fc, bc
         self._fcl = [float(v) for v in fc]
         self._bcl = [float(v) for v in bc]

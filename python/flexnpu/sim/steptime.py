@@ -237,13 +237,32 @@ class CostModel:
         bc[5] *= wscale
         return cls(m, fc, bc, err)
 
+    def byte_coefs(self, fused_attention: bool) -> np.ndarray:
+        """Byte coefficients on a device with or without fused attention (a copy).
+
+        Unfused (the cpu preset): the reference graph's bytes as XLA's CPU compiler lays them
+        out, which is what runs there. Its decode attention does not read the cache once: the
+        batched dots want the batch dims leading, so layout assignment inserts a
+        transpose_copy_fusion of the K cache ([B,C,kv,D] -> [B,kv,D,C]) and of the V cache
+        (-> [B,kv,C,D], converted to f32) before them; each position's K and V are read, copied
+        and read again (Llama-3-8B: 8,704 B per position per layer analysed, scores included;
+        4,096 real; the fitted kv_read term is 1.99x kv_bytes_per_token for every dense
+        model). For MLA the fit puts the decode reads into the per-pair term instead (decode
+        rows have pairs = positions; the naive-MLA prefill's f32 scores make that term large)
+        and kv_read fits to 0, so dropping the per-pair bytes dropped MLA's KV reads too.
+
+        Fused (accelerators: paged FlashAttention/MLA kernels): the scores stay on chip, so
+        the per-pair bytes are dropped, and each context position's KV is read once: the
+        model's true kv_bytes_per_token (DeepSeek-R1 MLA 70,272 B, Llama-3-8B 131,072 B)."""
+        bc = self.byte_coef.copy()
+        if fused_attention:
+            bc[2] = 0.0
+            bc[3] = float(self.model.kv_bytes_per_token)
+        return bc
+
     def flops_bytes(self, feats: np.ndarray, fused_attention: bool) -> tuple[float, float]:
-        """fused_attention: the scores stay on chip (FlashAttention-style kernels on
-        accelerators), so the per-pair byte term of the reference graph is dropped."""
-        f = float(self.flop_coef @ feats)
-        bc = self.byte_coef
-        b = float(bc @ feats) - (bc[2] * feats[2] if fused_attention else 0.0)
-        return f, b
+        """FLOPs and bytes of a step's features (bytes as byte_coefs says)."""
+        return float(self.flop_coef @ feats), float(self.byte_coefs(fused_attention) @ feats)
 
 
 def main(argv: list[str] | None = None) -> int:
