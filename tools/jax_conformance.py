@@ -224,11 +224,12 @@ def write_junit(path: Path, result: FileResult) -> None:
 
 @dataclass
 class Progress:
-    """What the plugin recorded: outcomes, the (JUnit) name of the test started but never
-    finished, and the node ids of the tests started and of those finished."""
+    """What the plugin recorded (and the crashes the tool added): outcomes, the test started but
+    never finished (JUnit name and node id), and the node ids of the tests started and finished."""
 
     outcomes: list[dict[str, str]] = field(default_factory=list)
     running: str | None = None
+    running_id: str = ""
     started: set[str] = field(default_factory=set)
     finished: set[str] = field(default_factory=set)
 
@@ -243,7 +244,7 @@ def read_progress(path: Path) -> Progress:
         except json.JSONDecodeError:
             continue  # a line cut off by the crash
         if "start" in entry:
-            progress.running = entry["name"]
+            progress.running, progress.running_id = entry["name"], entry["start"]
             progress.started.add(entry["start"])
         elif "finish" in entry:
             progress.running = None
@@ -364,6 +365,11 @@ def run_file(
             core = folder / f"{stem}.core{len(crashes)}"
             crashes[running] = why + _move_core_file(tests_dir.parent, core, why not in signals)
             signals.add(why)
+            # recorded like any outcome: a resumed run does not run the crasher again
+            message = f"crashed: {crashes[running]}"
+            crash = {"test": running, "outcome": "failed", "message": message}
+            with open(progress, "a") as records:
+                records.write(f"{json.dumps(crash)}\n{json.dumps({'finish': state.running_id})}\n")
             deselect.write_text("\n".join(sorted(state.started)) + "\n")
             log_file.write(f"\n[jax_conformance] {running}: crashed, running the rest\n")
             log_file.flush()
@@ -371,8 +377,6 @@ def run_file(
     if crashes or resumed:
         for entry in read_progress(progress).outcomes:
             _add_outcome(result, entry["test"], entry["outcome"], entry["message"])
-        for name, why in crashes.items():
-            _add_outcome(result, name, "failed", f"crashed: {why}")
         # pytest's JUnit XML holds only the tests after the last crash or the resumption: the
         # whole file replaces it
         if result.returncode in (0, 1, 5) and not result.note:

@@ -158,6 +158,10 @@ def test_a_crashing_test_is_recorded_and_the_rest_of_the_file_still_runs(
         "3 crashed: tests.x_test::test_abort, tests.x_test::test_abort_again, "
         "tests.x_test::test_segfault"
     )
+    # A crash is recorded like an outcome, so a resumed run would not run the crasher again.
+    progress = tool.read_progress(out / "cpu" / "x_test.progress.jsonl")
+    assert "tests/x_test.py::test_segfault" in progress.finished
+    assert progress.running is None
     # The pieced-together JUnit XML is what --reuse reads back.
     assert tool.main(argv + ["--reuse", "x_test.py"]) == 0
     reused = json.loads((out / "results.json").read_text())["results"]["cpu"]["x_test.py"]
