@@ -9,8 +9,7 @@ per-operator GPU profiles (random-forest fits); this simulator from the HLO-deri
 the device preset. The table gives TTFT, TPOT ((finish - first token) / (output tokens - 1), the
 same per-request definition on both sides) and E2E p50/p90/p99 and the ratio ours / Vidur; a
 first table times single steps (whole prompts, decode batches, a mixed chunk) with Vidur's own
-predictor and this simulator's StepTimer, attention parts apart. --kv-read-once adds what-if
-columns (see kv_read_once).
+predictor and this simulator's StepTimer, attention parts apart.
 
     python bench/sim_vidur_compare.py --vidur-profiles DIR \
         --vidur-python /tmp/vidur-venv/bin/python [--device a100] [--rates 2,6,9]
@@ -39,8 +38,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,44 +215,19 @@ def find_request_metrics(out_dir: Path) -> Path:
     return found[-1]
 
 
-def comparison_table(rate: float, vidur: dict[str, dict], ours: dict[str, dict],
-                     what_if: dict[str, dict] | None = None) -> str:
-    """Markdown: one row per metric x quantile, Vidur | ours | ours / Vidur (ms), and with
-    `what_if` two more columns (this simulator with the KV read once, its ratio)."""
-    extra = " flexnpu KV-once ms | KV-once / Vidur |" if what_if else ""
+def comparison_table(rate: float, vidur: dict[str, dict], ours: dict[str, dict]) -> str:
+    """Markdown: one row per metric x quantile, Vidur | ours | ours / Vidur (ms)."""
     lines = [f"\nrate {rate:g} req/s: {vidur['requests']} requests finished in Vidur, "
              f"{ours['requests']} here",
-             "\n| metric | Vidur ms | flexnpu ms | flexnpu / Vidur |" + extra,
-             "|---|---|---|---|" + ("---|---|" if what_if else "")]
+             "\n| metric | Vidur ms | flexnpu ms | flexnpu / Vidur |",
+             "|---|---|---|---|"]
     for m in METRICS:
         for q in QUANTILES:
             v = vidur[m][q] * 1e3
-            row = f"| {m[:-2].upper()} {q} | {v:.1f} |"
-            for side in (ours, what_if) if what_if else (ours,):
-                o = side[m][q] * 1e3
-                row += f" {o:.1f} | {o / v if v > 0 else float('nan'):.2f} |"
-            lines.append(row)
+            o = ours[m][q] * 1e3
+            lines.append(f"| {m[:-2].upper()} {q} | {v:.1f} | {o:.1f} | "
+                         f"{o / v if v > 0 else float('nan'):.2f} |")
     return "\n".join(lines)
-
-
-@contextmanager
-def kv_read_once() -> Iterator[None]:
-    """What-if, not a preset change: the StepTimers made inside read each KV position's bytes
-    once per step (as a fused paged-attention kernel does) instead of the cost model's
-    coefficient from the lowered JAX step."""
-    original = StepTimer.__post_init__
-
-    def patched(self: StepTimer) -> None:
-        original(self)
-        self._bc = self._bc.copy()
-        self._bc[3] = self.model.kv_bytes_per_token / self.parallel
-        self._bcl = [float(v) for v in self._bc]
-
-    StepTimer.__post_init__ = patched
-    try:
-        yield
-    finally:
-        StepTimer.__post_init__ = original
 
 
 def profile_files(profiles: Path, device: str, model: str) -> tuple[Path, Path]:
@@ -363,20 +335,15 @@ def our_step_seconds(timer: StepTimer, seqs: list[tuple[int, int]]) -> tuple[flo
 
 
 def step_table(labels: list[str], vidur: list[dict[str, float]],
-               ours: list[tuple[float, float]], once: list[float] | None = None) -> str:
-    """Markdown of step times; `once`: this simulator's steps with the KV read once."""
-    extra = " flexnpu KV-once | KV-once / Vidur |" if once else ""
+               ours: list[tuple[float, float]]) -> str:
+    """Markdown of step times."""
     lines = ["\nstep times (ms; attention: Vidur's prefill/decode attention kernels, ours the "
              "time its attention terms add)",
              "\n| step | Vidur | Vidur attention | flexnpu | flexnpu attention | "
-             "flexnpu / Vidur |" + extra, "|---|---|---|---|---|---|" + ("---|---|" if once
-                                                                         else "")]
-    for i, (label, v, (o, oa)) in enumerate(zip(labels, vidur, ours, strict=True)):
-        row = (f"| {label} | {v['total'] * 1e3:.2f} | {v['attention'] * 1e3:.2f} "
-               f"| {o * 1e3:.2f} | {oa * 1e3:.2f} | {o / v['total']:.2f} |")
-        if once:
-            row += f" {once[i] * 1e3:.2f} | {once[i] / v['total']:.2f} |"
-        lines.append(row)
+             "flexnpu / Vidur |", "|---|---|---|---|---|---|"]
+    for label, v, (o, oa) in zip(labels, vidur, ours, strict=True):
+        lines.append(f"| {label} | {v['total'] * 1e3:.2f} | {v['attention'] * 1e3:.2f} "
+                     f"| {o * 1e3:.2f} | {oa * 1e3:.2f} | {o / v['total']:.2f} |")
     return "\n".join(lines)
 
 
@@ -434,9 +401,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sim_vidur_compare"))
     p.add_argument("--vidur-timeout", type=float, default=1200.0, help="seconds per Vidur run")
     p.add_argument("--json", type=Path, help="write both sides' percentiles here")
-    p.add_argument("--kv-read-once", action="store_true",
-                   help="also run this simulator with each KV byte read once per decode step "
-                        "(a what-if column; see kv_read_once)")
     args = p.parse_args(argv)
     try:
         rates = [_rate(r) for r in args.rates.split(",")]
@@ -479,12 +443,7 @@ def compare(args: argparse.Namespace, rates: list[float], files: tuple[Path, Pat
         args.work_dir / "vidur_steps.log", args.vidur_timeout, steps=steps_json))
     timer = StepTimer.create(get_model(args.model), get_preset(args.device), 1)
     ours_steps = [our_step_seconds(timer, seqs) for _, seqs in cases]
-    once_steps = None
-    if args.kv_read_once:
-        with kv_read_once():
-            once = StepTimer.create(get_model(args.model), get_preset(args.device), 1)
-        once_steps = [our_step_seconds(once, seqs)[0] for _, seqs in cases]
-    print(step_table([label for label, _ in cases], vidur_steps, ours_steps, once_steps))
+    print(step_table([label for label, _ in cases], vidur_steps, ours_steps))
     print(f"(wall: Vidur {time.monotonic() - t0:.0f} s, with its training when {cache_dir} "
           "was cold)")
     results = []
@@ -501,15 +460,10 @@ def compare(args: argparse.Namespace, rates: list[float], files: tuple[Path, Pat
         t1 = time.monotonic()
         vidur = read_vidur_requests(find_request_metrics(run_dir / "vidur_out"))
         ours = run_ours(ours_csv, trace, args.device, args.model, engine)
-        what_if = None
-        if args.kv_read_once:
-            with kv_read_once():
-                what_if = run_ours(ours_csv, trace, args.device, args.model, engine)
         t2 = time.monotonic()
-        print(comparison_table(rate, vidur, ours, what_if))
+        print(comparison_table(rate, vidur, ours))
         print(f"(wall: Vidur {t1 - t0:.0f} s, flexnpu {t2 - t1:.1f} s)")
-        results.append({"rate": rate, "vidur": vidur, "flexnpu": ours,
-                        "flexnpu_kv_read_once": what_if})
+        results.append({"rate": rate, "vidur": vidur, "flexnpu": ours})
     if args.json:
         steps = [{"step": label, "vidur_s": v, "flexnpu_s": {"total": o, "attention": oa}}
                  for (label, _), v, (o, oa) in zip(cases, vidur_steps, ours_steps, strict=True)]

@@ -231,35 +231,6 @@ def test_step_table_gives_ratios():
     assert "| decode 1 x ctx 256 | 10.00 | 1.00 | 12.00 | 2.00 | 1.20 |" in table
 
 
-def test_kv_read_once_is_a_scoped_what_if():
-    from flexnpu.sim.hardware import StepTimer, get_preset
-    from flexnpu.sim.models import get_model
-
-    m, preset = get_model("llama-3-8b"), get_preset("a100")
-    before = StepTimer.create(m, preset, 1)
-    with svc.kv_read_once():
-        once = StepTimer.create(m, preset, 1)
-    after = StepTimer.create(m, preset, 1)
-    assert once._bcl[3] == m.kv_bytes_per_token
-    assert after._bcl == before._bcl and before._bcl[3] != m.kv_bytes_per_token
-    seqs = [(1, 2049)] * 64
-    # Decode at long context is KV-read bound: one read of the KV is cheaper than the default.
-    assert svc.our_step_seconds(once, seqs)[0] < svc.our_step_seconds(before, seqs)[0]
-    # Prefill's KV term is small: nearly unchanged.
-    assert svc.our_step_seconds(once, [(1024, 1024)])[0] == pytest.approx(
-        svc.our_step_seconds(before, [(1024, 1024)])[0], rel=0.02)
-
-
-def test_tables_with_the_what_if_columns():
-    q = {"p50": 0.1, "p90": 0.2, "p99": 0.4}
-    side = {"ttft_s": q, "tpot_s": q, "e2e_s": q, "requests": 3}
-    half = {**side, "tpot_s": {k: v / 2 for k, v in q.items()}}
-    table = svc.comparison_table(1.0, side, side, half)
-    assert "| TPOT p90 | 200.0 | 200.0 | 1.00 | 100.0 | 0.50 |" in table
-    steps = svc.step_table(["s"], [{"total": 0.01, "attention": 0.0}], [(0.02, 0.01)], [0.005])
-    assert "| s | 10.00 | 0.00 | 20.00 | 10.00 | 2.00 | 5.00 | 0.50 |" in steps
-
-
 def test_vidur_driver_is_valid_python():
     compile(svc.VIDUR_DRIVER, "vidur_driver.py", "exec")
 
