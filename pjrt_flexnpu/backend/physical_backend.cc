@@ -115,6 +115,124 @@ Status MissingSlot(const char* name) {
   Fn##_Args args{};            \
   args.struct_size = Fn##_Args_STRUCT_SIZE
 
+StatusOr<InnerClient> PhysicalBackend::CreateClient(const PJRT_NamedValue* options,
+                                                    size_t num_options) const {
+  FLEXNPU_ARGS(PJRT_Client_Create, args);
+  args.create_options = options;
+  args.num_options = num_options;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Client_Create, args));
+  return Own(*this, args.client);
+}
+
+StatusOr<std::string_view> PhysicalBackend::PlatformName(PJRT_Client* client) const {
+  FLEXNPU_ARGS(PJRT_Client_PlatformName, args);
+  args.client = client;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Client_PlatformName, args));
+  return std::string_view(args.platform_name, args.platform_name_size);
+}
+
+StatusOr<std::string_view> PhysicalBackend::PlatformVersion(PJRT_Client* client) const {
+  FLEXNPU_ARGS(PJRT_Client_PlatformVersion, args);
+  args.client = client;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Client_PlatformVersion, args));
+  return std::string_view(args.platform_version, args.platform_version_size);
+}
+
+StatusOr<InnerSpan<PJRT_Device*>> PhysicalBackend::AddressableDevices(PJRT_Client* client) const {
+  FLEXNPU_ARGS(PJRT_Client_AddressableDevices, args);
+  args.client = client;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Client_AddressableDevices, args));
+  return InnerSpan<PJRT_Device*>{args.addressable_devices, args.num_addressable_devices};
+}
+
+StatusOr<PJRT_DeviceDescription*> PhysicalBackend::Description(PJRT_Device* device) const {
+  FLEXNPU_ARGS(PJRT_Device_GetDescription, args);
+  args.device = device;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Device_GetDescription, args));
+  return args.device_description;
+}
+
+StatusOr<int> PhysicalBackend::DescriptionId(PJRT_DeviceDescription* description) const {
+  FLEXNPU_ARGS(PJRT_DeviceDescription_Id, args);
+  args.device_description = description;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_DeviceDescription_Id, args));
+  return args.id;
+}
+
+StatusOr<std::string_view> PhysicalBackend::DescriptionKind(
+    PJRT_DeviceDescription* description) const {
+  FLEXNPU_ARGS(PJRT_DeviceDescription_Kind, args);
+  args.device_description = description;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_DeviceDescription_Kind, args));
+  return std::string_view(args.device_kind, args.device_kind_size);
+}
+
+StatusOr<int> PhysicalBackend::LocalHardwareId(PJRT_Device* device) const {
+  FLEXNPU_ARGS(PJRT_Device_LocalHardwareId, args);
+  args.device = device;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Device_LocalHardwareId, args));
+  return args.local_hardware_id;
+}
+
+StatusOr<InnerSpan<PJRT_Memory*>> PhysicalBackend::AddressableMemories(PJRT_Device* device) const {
+  FLEXNPU_ARGS(PJRT_Device_AddressableMemories, args);
+  args.device = device;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Device_AddressableMemories, args));
+  return InnerSpan<PJRT_Memory*>{args.memories, args.num_memories};
+}
+
+StatusOr<PJRT_Memory*> PhysicalBackend::DefaultMemory(PJRT_Device* device) const {
+  FLEXNPU_ARGS(PJRT_Device_DefaultMemory, args);
+  args.device = device;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Device_DefaultMemory, args));
+  return args.memory;
+}
+
+StatusOr<int64_t> PhysicalBackend::BytesLimit(PJRT_Device* device) const {
+  FLEXNPU_ARGS(PJRT_Device_MemoryStats, args);
+  args.device = device;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Device_MemoryStats, args));
+  return args.bytes_limit_is_set ? args.bytes_limit : 0;
+}
+
+StatusOr<std::string_view> PhysicalBackend::MemoryKind(PJRT_Memory* memory) const {
+  FLEXNPU_ARGS(PJRT_Memory_Kind, args);
+  args.memory = memory;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Memory_Kind, args));
+  return std::string_view(args.kind, args.kind_size);
+}
+
+StatusOr<int> PhysicalBackend::MemoryKindId(PJRT_Memory* memory) const {
+  FLEXNPU_ARGS(PJRT_Memory_Kind_Id, args);
+  args.memory = memory;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Memory_Kind_Id, args));
+  return args.kind_id;
+}
+
+StatusOr<InnerSpan<PJRT_NamedValue>> PhysicalBackend::PluginAttributes() const {
+  FLEXNPU_ARGS(PJRT_Plugin_Attributes, args);
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Plugin_Attributes, args));
+  return InnerSpan<PJRT_NamedValue>{args.attributes, args.num_attributes};
+}
+
+StatusOr<HostTransfer> PhysicalBackend::BufferFromHostBuffer(
+    PJRT_Client* client, const PJRT_Client_BufferFromHostBuffer_Args& request,
+    PJRT_Memory* memory) const {
+  FLEXNPU_ARGS(PJRT_Client_BufferFromHostBuffer, args);
+  args.client = client;
+  args.data = request.data;
+  args.type = request.type;
+  args.dims = request.dims;
+  args.num_dims = request.num_dims;
+  args.byte_strides = request.byte_strides;
+  args.num_byte_strides = request.num_byte_strides;
+  args.host_buffer_semantics = request.host_buffer_semantics;
+  args.memory = memory;
+  args.device_layout = request.device_layout;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Client_BufferFromHostBuffer, args));
+  return HostTransfer{Own(*this, args.buffer), Own(*this, args.done_with_host_buffer)};
+}
+
 Status PhysicalBackend::Await(PJRT_Event* event) const {
   FLEXNPU_ARGS(PJRT_Event_Await, args);
   args.event = event;
@@ -203,6 +321,42 @@ StatusOr<InnerEvent> PhysicalBackend::ReadyEvent(PJRT_Buffer* buffer) const {
   return Own(*this, args.event);
 }
 
+StatusOr<void*> PhysicalBackend::OpaqueDeviceMemoryDataPointer(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer, args);
+  args.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_OpaqueDeviceMemoryDataPointer, args));
+  return args.device_memory_ptr;
+}
+
+StatusOr<uintptr_t> PhysicalBackend::UnsafePointer(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_UnsafePointer, args);
+  args.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_UnsafePointer, args));
+  return args.buffer_pointer;
+}
+
+StatusOr<std::vector<int64_t>> PhysicalBackend::UnpaddedDimensions(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_UnpaddedDimensions, args);
+  args.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_UnpaddedDimensions, args));
+  return std::vector<int64_t>(args.unpadded_dims, args.unpadded_dims + args.num_dims);
+}
+
+StatusOr<std::vector<size_t>> PhysicalBackend::DynamicDimensionIndices(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_DynamicDimensionIndices, args);
+  args.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_DynamicDimensionIndices, args));
+  return std::vector<size_t>(args.dynamic_dim_indices,
+                             args.dynamic_dim_indices + args.num_dynamic_dims);
+}
+
+StatusOr<PJRT_Buffer_MemoryLayout> PhysicalBackend::MemoryLayout(PJRT_Buffer* buffer) const {
+  FLEXNPU_ARGS(PJRT_Buffer_GetMemoryLayout, args);
+  args.buffer = buffer;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Buffer_GetMemoryLayout, args));
+  return args.layout;
+}
+
 Status PhysicalBackend::IncreaseExternalReferenceCount(PJRT_Buffer* buffer) const {
   FLEXNPU_ARGS(PJRT_Buffer_IncreaseExternalReferenceCount, args);
   args.buffer = buffer;
@@ -256,27 +410,69 @@ StatusOr<size_t> PhysicalBackend::NumOutputs(PJRT_Executable* executable) const 
   return args.num_outputs;
 }
 
-StatusOr<int64_t> PhysicalBackend::AliasSizeInBytes(PJRT_Executable* executable) const {
+StatusOr<CompiledMemory> PhysicalBackend::CompiledMemoryStats(PJRT_Executable* executable) const {
   FLEXNPU_ARGS(PJRT_Executable_GetCompiledMemoryStats, args);
   args.executable = executable;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_GetCompiledMemoryStats, args));
-  return args.alias_size_in_bytes;
+  return CompiledMemory{args.output_size_in_bytes, args.temp_size_in_bytes,
+                        args.alias_size_in_bytes};
 }
 
-Status PhysicalBackend::AddressableDevices(PJRT_LoadedExecutable* executable,
-                                           PJRT_Device* const** devices,
-                                           size_t* num_devices) const {
+StatusOr<std::string> PhysicalBackend::OptimizedProgram(PJRT_Executable* executable) const {
+  PJRT_Program program{};
+  program.struct_size = PJRT_Program_STRUCT_SIZE;
+  FLEXNPU_ARGS(PJRT_Executable_OptimizedProgram, args);
+  args.executable = executable;
+  args.program = &program;
+  // Two calls: the first sizes the program, the second fills it.
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_OptimizedProgram, args));
+  std::string code(program.code_size, '\0');
+  program.code = code.data();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_OptimizedProgram, args));
+  code.resize(program.code_size);
+  return code;
+}
+
+StatusOr<std::string> PhysicalBackend::Serialize(PJRT_Executable* executable) const {
+  FLEXNPU_ARGS(PJRT_Executable_Serialize, args);
+  args.executable = executable;
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_Serialize, args));
+  std::string bytes(args.serialized_bytes, args.serialized_bytes_size);
+  if (args.serialized_executable_deleter != nullptr) {
+    args.serialized_executable_deleter(args.serialized_executable);
+  }
+  return bytes;
+}
+
+StatusOr<InnerLoadedExecutable> PhysicalBackend::DeserializeAndLoad(PJRT_Client* client,
+                                                                    std::string_view bytes) const {
+  FLEXNPU_ARGS(PJRT_Executable_DeserializeAndLoad, args);
+  args.client = client;
+  args.serialized_executable = bytes.data();
+  args.serialized_executable_size = bytes.size();
+  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_DeserializeAndLoad, args));
+  return Own(*this, args.loaded_executable);
+}
+
+StatusOr<InnerSpan<PJRT_Device*>> PhysicalBackend::AddressableDevices(
+    PJRT_LoadedExecutable* executable) const {
   FLEXNPU_ARGS(PJRT_LoadedExecutable_AddressableDevices, args);
   args.executable = executable;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_LoadedExecutable_AddressableDevices, args));
-  *devices = args.addressable_devices;
-  *num_devices = args.num_addressable_devices;
-  return Status::Ok();
+  return InnerSpan<PJRT_Device*>{args.addressable_devices, args.num_addressable_devices};
 }
 
-Status PhysicalBackend::Execute(PJRT_LoadedExecutable_Execute_Args* args) const {
-  args->struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
-  return FLEXNPU_TYPED_CALL(PJRT_LoadedExecutable_Execute, *args);
+Status PhysicalBackend::Execute(const InnerLaunch& launch) const {
+  FLEXNPU_ARGS(PJRT_LoadedExecutable_Execute, args);
+  args.executable = launch.executable;
+  args.options = launch.options;
+  args.argument_lists = launch.argument_lists;
+  args.num_devices = launch.num_devices;
+  args.num_args = launch.num_args;
+  args.output_lists = launch.output_lists;
+  args.device_complete_events = launch.device_complete_events;
+  args.execute_device = launch.execute_device;
+  return FLEXNPU_TYPED_CALL(PJRT_LoadedExecutable_Execute, args);
 }
 
 Status PhysicalBackend::Delete(PJRT_LoadedExecutable* executable) const {

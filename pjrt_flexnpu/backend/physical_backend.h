@@ -50,6 +50,44 @@ struct BufferMetadata {
   int64_t on_device_size = 0;
 };
 
+// A view of `size` elements an inner call returned (valid as long as their owner is).
+template <typename T>
+struct InnerSpan {
+  const T* data = nullptr;
+  size_t size = 0;
+  const T* begin() const { return data; }
+  const T* end() const { return data + size; }
+  const T& operator[](size_t i) const { return data[i]; }
+};
+
+// A buffer created from host data, and the event after which the host data may be freed
+// (null when the backend does not say).
+struct HostTransfer {
+  InnerOwned<PJRT_Buffer> buffer;
+  InnerOwned<PJRT_Event> done_with_host_buffer;
+};
+
+// What the compiler says an executable needs on the device.
+struct CompiledMemory {
+  int64_t output_bytes = 0;
+  int64_t temp_bytes = 0;
+  int64_t alias_bytes = 0;
+};
+
+// One inner execution: n = num_devices argument and output lists, in the inner executable's
+// device order; device_complete_events (n, may be null) and execute_device (a portable
+// executable's device, else null) as PJRT_LoadedExecutable_Execute takes them.
+struct InnerLaunch {
+  PJRT_LoadedExecutable* executable = nullptr;
+  PJRT_ExecuteOptions* options = nullptr;
+  PJRT_Buffer* const* const* argument_lists = nullptr;
+  size_t num_devices = 0;
+  size_t num_args = 0;
+  PJRT_Buffer** const* output_lists = nullptr;
+  PJRT_Event** device_complete_events = nullptr;
+  PJRT_Device* execute_device = nullptr;
+};
+
 // The oldest inner C API minor version FlexNPU drives. Older plugins lack functions the
 // forwarding layer relies on (CopyToMemory, memories).
 inline constexpr int kMinInnerApiMinor = 40;
@@ -85,6 +123,28 @@ class PhysicalBackend {
   // Typed calls over the inner API: the _Args structs are built here, an error comes back as
   // a Status naming the inner function, a slot the inner plugin lacks is UNIMPLEMENTED, and
   // handles it returns are owned. The slots were resolved once, at load (table_).
+  // Clients and devices. Strings and spans point into memory the inner plugin owns.
+  StatusOr<InnerOwned<PJRT_Client>> CreateClient(const PJRT_NamedValue* options,
+                                                 size_t num_options) const;
+  StatusOr<std::string_view> PlatformName(PJRT_Client* client) const;
+  StatusOr<std::string_view> PlatformVersion(PJRT_Client* client) const;
+  StatusOr<InnerSpan<PJRT_Device*>> AddressableDevices(PJRT_Client* client) const;
+  StatusOr<PJRT_DeviceDescription*> Description(PJRT_Device* device) const;
+  StatusOr<int> DescriptionId(PJRT_DeviceDescription* description) const;
+  StatusOr<std::string_view> DescriptionKind(PJRT_DeviceDescription* description) const;
+  StatusOr<int> LocalHardwareId(PJRT_Device* device) const;
+  StatusOr<InnerSpan<PJRT_Memory*>> AddressableMemories(PJRT_Device* device) const;
+  StatusOr<PJRT_Memory*> DefaultMemory(PJRT_Device* device) const;
+  // The device's memory limit in bytes; 0 when the backend does not report one.
+  StatusOr<int64_t> BytesLimit(PJRT_Device* device) const;
+  StatusOr<std::string_view> MemoryKind(PJRT_Memory* memory) const;
+  StatusOr<int> MemoryKindId(PJRT_Memory* memory) const;
+  // The inner plugin's attributes (owned by it, valid for the process).
+  StatusOr<InnerSpan<PJRT_NamedValue>> PluginAttributes() const;
+  // `request` is the caller's BufferFromHostBuffer; client and memory are the inner ones.
+  StatusOr<HostTransfer> BufferFromHostBuffer(PJRT_Client* client,
+                                              const PJRT_Client_BufferFromHostBuffer_Args& request,
+                                              PJRT_Memory* memory) const;
   // Events.
   Status Await(PJRT_Event* event) const;
   StatusOr<bool> IsReady(PJRT_Event* event) const;
@@ -98,6 +158,12 @@ class PhysicalBackend {
   Status Delete(PJRT_Buffer* buffer) const;
   StatusOr<bool> IsDeleted(PJRT_Buffer* buffer) const;
   StatusOr<InnerOwned<PJRT_Event>> ReadyEvent(PJRT_Buffer* buffer) const;
+  StatusOr<void*> OpaqueDeviceMemoryDataPointer(PJRT_Buffer* buffer) const;
+  StatusOr<uintptr_t> UnsafePointer(PJRT_Buffer* buffer) const;
+  StatusOr<std::vector<int64_t>> UnpaddedDimensions(PJRT_Buffer* buffer) const;
+  StatusOr<std::vector<size_t>> DynamicDimensionIndices(PJRT_Buffer* buffer) const;
+  // The layout's arrays point into the inner buffer: copy them before it goes.
+  StatusOr<PJRT_Buffer_MemoryLayout> MemoryLayout(PJRT_Buffer* buffer) const;
   Status IncreaseExternalReferenceCount(PJRT_Buffer* buffer) const;
   Status DecreaseExternalReferenceCount(PJRT_Buffer* buffer) const;
   // Executables.
@@ -108,12 +174,14 @@ class PhysicalBackend {
   StatusOr<size_t> NumReplicas(PJRT_Executable* executable) const;
   StatusOr<size_t> NumPartitions(PJRT_Executable* executable) const;
   StatusOr<size_t> NumOutputs(PJRT_Executable* executable) const;
-  // Bytes of inputs the compiled program aliases to outputs (GetCompiledMemoryStats).
-  StatusOr<int64_t> AliasSizeInBytes(PJRT_Executable* executable) const;
-  Status AddressableDevices(PJRT_LoadedExecutable* executable, PJRT_Device* const** devices,
-                            size_t* num_devices) const;
-  // `args` as the inner Execute takes them (struct_size is set here).
-  Status Execute(PJRT_LoadedExecutable_Execute_Args* args) const;
+  StatusOr<CompiledMemory> CompiledMemoryStats(PJRT_Executable* executable) const;
+  // The optimized program (an HloModuleProto for XLA backends).
+  StatusOr<std::string> OptimizedProgram(PJRT_Executable* executable) const;
+  StatusOr<std::string> Serialize(PJRT_Executable* executable) const;
+  StatusOr<InnerOwned<PJRT_LoadedExecutable>> DeserializeAndLoad(PJRT_Client* client,
+                                                                 std::string_view bytes) const;
+  StatusOr<InnerSpan<PJRT_Device*>> AddressableDevices(PJRT_LoadedExecutable* executable) const;
+  Status Execute(const InnerLaunch& launch) const;
   Status Delete(PJRT_LoadedExecutable* executable) const;
 
  private:

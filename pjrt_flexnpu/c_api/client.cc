@@ -135,12 +135,9 @@ Status FillAttributes(PluginAttributes& attributes, const PhysicalBackend* backe
   if (backend == nullptr || !backend->HasSlot(offsetof(PJRT_Api, PJRT_Plugin_Attributes))) {
     return Status::Ok();
   }
-  PJRT_Plugin_Attributes_Args inner{};
-  inner.struct_size = PJRT_Plugin_Attributes_Args_STRUCT_SIZE;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend, PJRT_Plugin_Attributes, &inner));
+  FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_NamedValue> inner, backend->PluginAttributes());
   std::vector<const PJRT_NamedValue*> kept;
-  for (size_t i = 0; i < inner.num_attributes; ++i) {
-    const PJRT_NamedValue& v = inner.attributes[i];
+  for (const PJRT_NamedValue& v : inner) {
     if (v.name == nullptr) continue;
     const std::string name(v.name, v.name_size);
     for (const char* allowed : kForwardedAttributes) {

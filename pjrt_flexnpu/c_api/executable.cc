@@ -73,11 +73,8 @@ PJRT_Error* LoadedExecutable_GetExecutable(PJRT_LoadedExecutable_GetExecutable_A
     FLEXNPU_RESOLVE(exe, VirtualLoadedExecutable, args->loaded_executable,
                     PJRT_LoadedExecutable_GetExecutable, "loaded_executable");
     const PhysicalBackend& b = exe->client()->backend();
-    PJRT_LoadedExecutable_GetExecutable_Args inner{};
-    inner.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
-    inner.loaded_executable = exe->any_inner();
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_GetExecutable, &inner));
-    auto exe_view = VirtualExecutable::Wrap(b, inner.executable);
+    FLEXNPU_ASSIGN_OR_RETURN(InnerExecutable inner, b.GetExecutable(exe->any_inner()));
+    auto exe_view = VirtualExecutable::Wrap(b, inner.release());
     if (!exe_view.ok()) return exe_view.status();
     (*exe_view)->set_serializable(exe->SerializationSnapshot());  // for Executable_Serialize
     args->executable = ToHandle<PJRT_Executable>(*exe_view);

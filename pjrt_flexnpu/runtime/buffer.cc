@@ -178,12 +178,7 @@ StatusOr<void*> VirtualBuffer::OpaqueDeviceMemoryDataPointer() {
     physical = pinned_ != nullptr ? pinned_ : physical_;
     if (pinned_ == nullptr) RetainAddressed(physical);
   }
-  PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args args{};
-  args.struct_size = PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args_STRUCT_SIZE;
-  args.buffer = physical->handle.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(client_->backend(),
-                                             PJRT_Buffer_OpaqueDeviceMemoryDataPointer, &args));
-  return args.device_memory_ptr;
+  return client_->backend().OpaqueDeviceMemoryDataPointer(physical->handle.get());
 }
 
 StatusOr<uintptr_t> VirtualBuffer::UnsafePointer() {
@@ -193,23 +188,14 @@ StatusOr<uintptr_t> VirtualBuffer::UnsafePointer() {
     physical = pinned_ != nullptr ? pinned_ : physical_;
     if (pinned_ == nullptr) RetainAddressed(physical);
   }
-  PJRT_Buffer_UnsafePointer_Args args{};
-  args.struct_size = PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE;
-  args.buffer = physical->handle.get();
-  FLEXNPU_RETURN_IF_ERROR(
-      FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_UnsafePointer, &args));
-  return args.buffer_pointer;
+  return client_->backend().UnsafePointer(physical->handle.get());
 }
 
 Status VirtualBuffer::UnpaddedDimensions(const int64_t** dims, size_t* num_dims) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!forwarded_.has_unpadded_dims) {
-    PJRT_Buffer_UnpaddedDimensions_Args args{};
-    args.struct_size = PJRT_Buffer_UnpaddedDimensions_Args_STRUCT_SIZE;
-    args.buffer = physical_->handle.get();
-    FLEXNPU_RETURN_IF_ERROR(
-        FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_UnpaddedDimensions, &args));
-    forwarded_.unpadded_dims.assign(args.unpadded_dims, args.unpadded_dims + args.num_dims);
+    FLEXNPU_ASSIGN_OR_RETURN(forwarded_.unpadded_dims,
+                             client_->backend().UnpaddedDimensions(physical_->handle.get()));
     forwarded_.has_unpadded_dims = true;
   }
   *dims = forwarded_.unpadded_dims.data();
@@ -220,13 +206,8 @@ Status VirtualBuffer::UnpaddedDimensions(const int64_t** dims, size_t* num_dims)
 Status VirtualBuffer::DynamicDimensionIndices(const size_t** indices, size_t* num_indices) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!forwarded_.has_dynamic_dims) {
-    PJRT_Buffer_DynamicDimensionIndices_Args args{};
-    args.struct_size = PJRT_Buffer_DynamicDimensionIndices_Args_STRUCT_SIZE;
-    args.buffer = physical_->handle.get();
-    FLEXNPU_RETURN_IF_ERROR(
-        FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_DynamicDimensionIndices, &args));
-    forwarded_.dynamic_dim_indices.assign(args.dynamic_dim_indices,
-                                          args.dynamic_dim_indices + args.num_dynamic_dims);
+    FLEXNPU_ASSIGN_OR_RETURN(forwarded_.dynamic_dim_indices,
+                             client_->backend().DynamicDimensionIndices(physical_->handle.get()));
     forwarded_.has_dynamic_dims = true;
   }
   *indices = forwarded_.dynamic_dim_indices.data();
@@ -238,12 +219,8 @@ Status VirtualBuffer::MemoryLayout(PJRT_Buffer_MemoryLayout* layout) {
   std::lock_guard<std::mutex> lock(mu_);
   ForwardedMetadata& f = forwarded_;
   if (!f.has_layout) {
-    PJRT_Buffer_GetMemoryLayout_Args args{};
-    args.struct_size = PJRT_Buffer_GetMemoryLayout_Args_STRUCT_SIZE;
-    args.buffer = physical_->handle.get();
-    FLEXNPU_RETURN_IF_ERROR(
-        FLEXNPU_INNER_CALL(client_->backend(), PJRT_Buffer_GetMemoryLayout, &args));
-    const PJRT_Buffer_MemoryLayout& inner = args.layout;
+    FLEXNPU_ASSIGN_OR_RETURN(const PJRT_Buffer_MemoryLayout inner,
+                             client_->backend().MemoryLayout(physical_->handle.get()));
     f.layout = PJRT_Buffer_MemoryLayout{};
     f.layout.struct_size = PJRT_Buffer_MemoryLayout_STRUCT_SIZE;
     f.layout.type = inner.type;

@@ -47,12 +47,7 @@ std::vector<PJRT_NamedValue> ToNamedValues(const std::vector<NamedOption>& optio
 }
 
 int64_t BytesLimitOf(const PhysicalBackend& b, PJRT_Device* device, const std::string& platform) {
-  PJRT_Device_MemoryStats_Args stats{};
-  stats.struct_size = PJRT_Device_MemoryStats_Args_STRUCT_SIZE;
-  stats.device = device;
-  if (FLEXNPU_INNER_CALL(b, PJRT_Device_MemoryStats, &stats).ok() && stats.bytes_limit_is_set) {
-    return stats.bytes_limit;
-  }
+  if (auto limit = b.BytesLimit(device); limit.ok() && *limit > 0) return *limit;
   if (platform == "cpu") {
     const long pages = sysconf(_SC_PHYS_PAGES);
     const long page_size = sysconf(_SC_PAGE_SIZE);
@@ -93,37 +88,22 @@ Status VirtualClient::Init() {
   // The owners of `backend_options` strings outlive the create call.
   const std::vector<NamedOption> inner_options = EffectiveBackendOptions(options_);
   std::vector<PJRT_NamedValue> named = ToNamedValues(inner_options);
-  PJRT_Client_Create_Args create{};
-  create.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
-  create.create_options = named.data();
-  create.num_options = named.size();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_Create, &create));
-  inner_ = Own(b, create.client);
-
-  PJRT_Client_PlatformName_Args name_args{};
-  name_args.struct_size = PJRT_Client_PlatformName_Args_STRUCT_SIZE;
-  name_args.client = inner_.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_PlatformName, &name_args));
-  backend_platform_.assign(name_args.platform_name, name_args.platform_name_size);
+  FLEXNPU_ASSIGN_OR_RETURN(inner_, b.CreateClient(named.data(), named.size()));
+  FLEXNPU_ASSIGN_OR_RETURN(const std::string_view platform_name, b.PlatformName(inner_.get()));
+  backend_platform_.assign(platform_name);
   // FFI targets registered with FlexNPU (e.g. jaxlib's LAPACK kernels) reach this backend.
   FLEXNPU_RETURN_IF_ERROR(AttachFfiBackend(b, backend_platform_));
-  PJRT_Client_PlatformVersion_Args version_args{};
-  version_args.struct_size = PJRT_Client_PlatformVersion_Args_STRUCT_SIZE;
-  version_args.client = inner_.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_PlatformVersion, &version_args));
+  FLEXNPU_ASSIGN_OR_RETURN(const std::string_view inner_version, b.PlatformVersion(inner_.get()));
   platform_version_ = "flexnpu 0.1.0 over " + backend_platform_ + " (" +
-                      std::string(version_args.platform_version,
-                                  version_args.platform_version_size) +
+                      std::string(inner_version) +
                       ", PJRT C API 0." + std::to_string(b.minor_version()) + ", " +
                       // JAX's compilation cache key hashes this string: entries written over
                       // another backend build or envelope format are never looked up.
                       SerializationIdentity(b) + ")";
 
-  PJRT_Client_AddressableDevices_Args devices_args{};
-  devices_args.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
-  devices_args.client = inner_.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Client_AddressableDevices, &devices_args));
-  if (devices_args.num_addressable_devices == 0) {
+  FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Device*> inner_devices,
+                           b.AddressableDevices(inner_.get()));
+  if (inner_devices.size == 0) {
     return FailedPrecondition("physical backend '" + path + "' has no addressable devices");
   }
 
@@ -131,50 +111,28 @@ Status VirtualClient::Init() {
   std::vector<std::string> kinds;
   std::vector<int> kind_ids;
   std::vector<int> default_kind;
-  for (size_t p = 0; p < devices_args.num_addressable_devices; ++p) {
+  for (size_t p = 0; p < inner_devices.size; ++p) {
     PhysicalDevice device;
-    device.device = devices_args.addressable_devices[p];
-    PJRT_Device_GetDescription_Args desc_args{};
-    desc_args.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
-    desc_args.device = device.device;
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Device_GetDescription, &desc_args));
-    PJRT_DeviceDescription_Id_Args id_args{};
-    id_args.struct_size = PJRT_DeviceDescription_Id_Args_STRUCT_SIZE;
-    id_args.device_description = desc_args.device_description;
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_DeviceDescription_Id, &id_args));
-    device.id = id_args.id;
+    device.device = inner_devices[p];
+    FLEXNPU_ASSIGN_OR_RETURN(PJRT_DeviceDescription* const description,
+                             b.Description(device.device));
+    FLEXNPU_ASSIGN_OR_RETURN(device.id, b.DescriptionId(description));
     if (p == 0) {
-      PJRT_DeviceDescription_Kind_Args kind_args{};
-      kind_args.struct_size = PJRT_DeviceDescription_Kind_Args_STRUCT_SIZE;
-      kind_args.device_description = desc_args.device_description;
-      FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_DeviceDescription_Kind, &kind_args));
-      roofline_ = RooflineFor(backend_platform_,
-                              std::string(kind_args.device_kind, kind_args.device_kind_size));
+      FLEXNPU_ASSIGN_OR_RETURN(const std::string_view device_kind, b.DescriptionKind(description));
+      roofline_ = RooflineFor(backend_platform_, std::string(device_kind));
     }
 
-    PJRT_Device_AddressableMemories_Args mem_args{};
-    mem_args.struct_size = PJRT_Device_AddressableMemories_Args_STRUCT_SIZE;
-    mem_args.device = device.device;
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Device_AddressableMemories, &mem_args));
-    PJRT_Device_DefaultMemory_Args default_args{};
-    default_args.struct_size = PJRT_Device_DefaultMemory_Args_STRUCT_SIZE;
-    default_args.device = device.device;
-    FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Device_DefaultMemory, &default_args));
+    FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Memory*> memories,
+                             b.AddressableMemories(device.device));
+    FLEXNPU_ASSIGN_OR_RETURN(PJRT_Memory* const default_memory, b.DefaultMemory(device.device));
     int default_index = -1;
-    for (size_t m = 0; m < mem_args.num_memories; ++m) {
-      PJRT_Memory* memory = mem_args.memories[m];
-      PJRT_Memory_Kind_Args kind_args{};
-      kind_args.struct_size = PJRT_Memory_Kind_Args_STRUCT_SIZE;
-      kind_args.memory = memory;
-      FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Memory_Kind, &kind_args));
-      std::string kind(kind_args.kind, kind_args.kind_size);
+    for (size_t m = 0; m < memories.size; ++m) {
+      PJRT_Memory* memory = memories[m];
+      FLEXNPU_ASSIGN_OR_RETURN(const std::string_view kind_name, b.MemoryKind(memory));
+      std::string kind(kind_name);
       int kind_id = static_cast<int>(m);
       if (b.HasSlot(offsetof(PJRT_Api, PJRT_Memory_Kind_Id))) {
-        PJRT_Memory_Kind_Id_Args kind_id_args{};
-        kind_id_args.struct_size = PJRT_Memory_Kind_Id_Args_STRUCT_SIZE;
-        kind_id_args.memory = memory;
-        FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Memory_Kind_Id, &kind_id_args));
-        kind_id = kind_id_args.kind_id;
+        FLEXNPU_ASSIGN_OR_RETURN(kind_id, b.MemoryKindId(memory));
       }
       int index = -1;
       for (size_t k = 0; k < kinds.size(); ++k) {
@@ -190,7 +148,7 @@ Status VirtualClient::Init() {
       }
       device.memory_by_kind[index] = memory;
       kind_index_of_memory_[memory] = index;
-      if (memory == default_args.memory) default_index = index;
+      if (memory == default_memory) default_index = index;
     }
     if (default_index < 0) {
       return FailedPrecondition("physical device " + std::to_string(p) +
@@ -259,29 +217,13 @@ StatusOr<VirtualBuffer*> VirtualClient::BufferFromHostBuffer(
     PJRT_Client_BufferFromHostBuffer_Args* args, VirtualMemory* memory) {
   const int physical_device = memory->device()->home_physical();
   PJRT_Memory* target = PhysicalMemory(physical_device, memory->kind_index());
-  PJRT_Client_BufferFromHostBuffer_Args inner{};
-  inner.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
-  inner.client = inner_.get();
-  inner.data = args->data;
-  inner.type = args->type;
-  inner.dims = args->dims;
-  inner.num_dims = args->num_dims;
-  inner.byte_strides = args->byte_strides;
-  inner.num_byte_strides = args->num_byte_strides;
-  inner.host_buffer_semantics = args->host_buffer_semantics;
-  inner.memory = target;
-  inner.device_layout = args->device_layout;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend_, PJRT_Client_BufferFromHostBuffer, &inner));
-  InnerEvent done = Own(*backend_, inner.done_with_host_buffer);
-  auto buffer = VirtualBuffer::Wrap(memory, Own(*backend_, inner.buffer), physical_device);
+  FLEXNPU_ASSIGN_OR_RETURN(HostTransfer transfer,
+                           backend_->BufferFromHostBuffer(inner_.get(), *args, target));
+  InnerEvent done = std::move(transfer.done_with_host_buffer);
+  auto buffer = VirtualBuffer::Wrap(memory, std::move(transfer.buffer), physical_device);
   if (!buffer.ok()) {
     // The caller frees its host data once this fails: the inner transfer must be done with it.
-    if (done) {
-      PJRT_Event_Await_Args await{};
-      await.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
-      await.event = done.get();
-      (void)FLEXNPU_INNER_CALL(*backend_, PJRT_Event_Await, &await);
-    }
+    if (done) (void)backend_->Await(done.get());
     return buffer.status();
   }
   args->done_with_host_buffer =
@@ -294,12 +236,9 @@ StatusOr<VirtualBuffer*> VirtualClient::CopyBuffer(VirtualBuffer* source,
   const int physical_device = destination->device()->home_physical();
   PJRT_Memory* target = PhysicalMemory(physical_device, destination->kind_index());
   std::shared_ptr<PhysicalBuffer> physical = source->physical();
-  PJRT_Buffer_CopyToMemory_Args args{};
-  args.struct_size = PJRT_Buffer_CopyToMemory_Args_STRUCT_SIZE;
-  args.buffer = physical->handle.get();
-  args.dst_memory = target;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*backend_, PJRT_Buffer_CopyToMemory, &args));
-  return VirtualBuffer::Wrap(destination, Own(*backend_, args.dst_buffer), physical_device);
+  FLEXNPU_ASSIGN_OR_RETURN(InnerBuffer copy,
+                           backend_->CopyToMemory(physical->handle.get(), target));
+  return VirtualBuffer::Wrap(destination, std::move(copy), physical_device);
 }
 
 Status VirtualClient::DefaultDeviceAssignment(int num_replicas, int num_partitions,

@@ -221,15 +221,15 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   auto num_outputs = b.NumOutputs(unloaded.get());
   if (!num_outputs.ok()) return num_outputs.status();
   exe->num_outputs_ = *num_outputs;
-  if (auto aliased = b.AliasSizeInBytes(unloaded.get()); aliased.ok()) {
-    exe->may_donate_ = *aliased > 0;
+  if (auto memory = b.CompiledMemoryStats(unloaded.get()); memory.ok()) {
+    exe->may_donate_ = memory->alias_bytes > 0;
   }
   if (exe->prebuilt_ != nullptr && exe->prebuilt_->has_profile) {
     exe->profile_ = exe->prebuilt_->profile;  // analysed when it was first compiled
     return exe.release();
   }
   // A program the analysis cannot read still runs: the placer then sees small, costless work.
-  auto profile = ProfileExecutable(b, unloaded.get(), client->roofline());
+  auto profile = ProfileExecutable(b, unloaded.get(), client->roofline(), &exe->donatable_);
   if (profile.ok()) exe->profile_ = *profile;
   return exe.release();
 }
@@ -277,13 +277,11 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
   compiled->executable = std::move(loaded);
   compiled->physical = physical;
   if (physical.size() > 1) {
-    PJRT_Device* const* devices = nullptr;
-    size_t num_devices = 0;
-    FLEXNPU_RETURN_IF_ERROR(
-        b.AddressableDevices(compiled->executable.get(), &devices, &num_devices));
+    FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Device*> devices,
+                             b.AddressableDevices(compiled->executable.get()));
     for (int p : physical) {
       int position = -1;
-      for (size_t i = 0; i < num_devices; ++i) {
+      for (size_t i = 0; i < devices.size; ++i) {
         if (devices[i] == client_->physical(p).device) {
           position = static_cast<int>(i);
         }
@@ -549,7 +547,7 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
   auto inner_context = InnerExecuteContext(args->options, b);  // FFI user data (runtime/ffi.h)
   if (!inner_context.ok()) return inner_context.status();
   options.context = *inner_context;
-  PJRT_LoadedExecutable_Execute_Args inner{};
+  InnerLaunch inner;
   inner.executable = compiled->executable.get();
   inner.options = &options;
   inner.argument_lists = argument_lists.data();
@@ -566,7 +564,7 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
                              ? client_->physical(physical[0]).device
                              : nullptr;
   const int64_t start_ns = tracing ? Placer::NowNs() : 0;
-  FLEXNPU_RETURN_IF_ERROR(b.Execute(&inner));
+  FLEXNPU_RETURN_IF_ERROR(b.Execute(inner));
   cancel.Launched();
   client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
   if (tracked) {
@@ -596,7 +594,13 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
       }
     }
   }
-  if (may_donate_) {
+  if (may_donate_ && donatable_.known) {
+    for (size_t d = 0; d < n; ++d) {
+      for (int a : donatable_.arguments) {
+        if (static_cast<size_t>(a) < num_args) buffers[d * num_args + a]->NoteMaybeDonated();
+      }
+    }
+  } else if (may_donate_) {
     for (size_t i = 0; i < n * num_args; ++i) buffers[i]->NoteMaybeDonated();
   }
 

@@ -20,6 +20,7 @@
 #include "pjrt_flexnpu/placement/placement.h"
 #include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/handles.h"
+#include "pjrt_flexnpu/runtime/profile.h"
 #include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
@@ -157,6 +158,9 @@ class VirtualLoadedExecutable : public Tagged {
   // False when the program aliases no input to an output: no execution can donate, and the
   // per-argument donation check is skipped.
   bool may_donate_ = true;
+  // The arguments the program may donate (from the analysis): only those are checked after
+  // an execution; unknown (a deserialized or unreadable program): all are.
+  DonatableArguments donatable_;
   size_t num_outputs_ = 0;
   std::atomic<bool> outputs_known_{false};
   std::mutex outputs_mu_;

@@ -49,20 +49,8 @@ Status Corrupt(const std::string& what) {
 
 // The inner plugin's serialization of one loaded executable.
 StatusOr<std::string> SerializeInner(const PhysicalBackend& b, PJRT_LoadedExecutable* loaded) {
-  PJRT_LoadedExecutable_GetExecutable_Args get_args{};
-  get_args.struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE;
-  get_args.loaded_executable = loaded;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_GetExecutable, &get_args));
-  InnerExecutable unloaded = Own(b, get_args.executable);
-  PJRT_Executable_Serialize_Args args{};
-  args.struct_size = PJRT_Executable_Serialize_Args_STRUCT_SIZE;
-  args.executable = unloaded.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_Serialize, &args));
-  std::string bytes(args.serialized_bytes, args.serialized_bytes_size);
-  if (args.serialized_executable_deleter != nullptr) {
-    args.serialized_executable_deleter(args.serialized_executable);
-  }
-  return bytes;
+  FLEXNPU_ASSIGN_OR_RETURN(const InnerExecutable unloaded, b.GetExecutable(loaded));
+  return b.Serialize(unloaded.get());
 }
 
 struct ParsedVariant {
@@ -394,24 +382,17 @@ StatusOr<InnerLoadedExecutable> LoadPrebuiltVariant(const PrebuiltVariants& preb
   auto it = prebuilt.by_mapping.find(ids);
   if (it == prebuilt.by_mapping.end()) return InnerLoadedExecutable();
   const PhysicalBackend& b = client.backend();
-  PJRT_Executable_DeserializeAndLoad_Args args{};
-  args.struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE;
-  args.client = client.inner();
-  args.serialized_executable = it->second.data();
-  args.serialized_executable_size = it->second.size();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Executable_DeserializeAndLoad, &args));
-  InnerLoadedExecutable loaded = Own(b, args.loaded_executable);
+  FLEXNPU_ASSIGN_OR_RETURN(InnerLoadedExecutable loaded,
+                           b.DeserializeAndLoad(client.inner(), it->second));
   if (physical.empty()) return loaded;  // portable: runs wherever it is told
   // A pinned variant must run on exactly the devices of its mapping.
-  PJRT_LoadedExecutable_AddressableDevices_Args devices{};
-  devices.struct_size = PJRT_LoadedExecutable_AddressableDevices_Args_STRUCT_SIZE;
-  devices.executable = loaded.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_LoadedExecutable_AddressableDevices, &devices));
-  bool matches = devices.num_addressable_devices == physical.size();
+  FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Device*> devices,
+                           b.AddressableDevices(loaded.get()));
+  bool matches = devices.size == physical.size();
   for (size_t i = 0; matches && i < physical.size(); ++i) {
     bool found = false;
-    for (size_t j = 0; j < devices.num_addressable_devices; ++j) {
-      found = found || devices.addressable_devices[j] == client.physical(physical[i]).device;
+    for (PJRT_Device* device : devices) {
+      found = found || device == client.physical(physical[i]).device;
     }
     matches = found;
   }

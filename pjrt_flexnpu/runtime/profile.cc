@@ -47,22 +47,28 @@ placement::DeviceModel DeviceModelFor(const xla_passes::DeviceSpec& spec) {
 
 StatusOr<placement::Profile> ProfileExecutable(const PhysicalBackend& backend,
                                                PJRT_Executable* executable,
-                                               const xla_passes::DeviceSpec& device) {
-  PJRT_Program program{};
-  program.struct_size = PJRT_Program_STRUCT_SIZE;
-  PJRT_Executable_OptimizedProgram_Args args{};
-  args.struct_size = PJRT_Executable_OptimizedProgram_Args_STRUCT_SIZE;
-  args.executable = executable;
-  args.program = &program;
-  // Two calls: the first sizes the program, the second fills it.
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(backend, PJRT_Executable_OptimizedProgram, &args));
-  std::string code(program.code_size, '\0');
-  program.code = code.data();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(backend, PJRT_Executable_OptimizedProgram, &args));
-  code.resize(program.code_size);
+                                               const xla_passes::DeviceSpec& device,
+                                               DonatableArguments* donatable) {
+  FLEXNPU_ASSIGN_OR_RETURN(const std::string code, backend.OptimizedProgram(executable));
 
   auto profile = xla_passes::AnalyzeHloProto(code);
   if (!profile.ok()) return Internal("HLO analysis of the optimized program: " + profile.status().message());
+  if (donatable != nullptr) {
+    DonatableArguments found;
+    found.known = true;
+    for (const xla_passes::AliasInfo& alias : profile.value().aliased) {
+      // A tupled parameter's elements are not arguments of their own: unknown.
+      if (alias.parameter_index != "{}" || alias.parameter_number < 0) found.known = false;
+      found.arguments.push_back(static_cast<int>(alias.parameter_number));
+    }
+    std::sort(found.arguments.begin(), found.arguments.end());
+    found.arguments.erase(std::unique(found.arguments.begin(), found.arguments.end()),
+                          found.arguments.end());
+    // None found while the compiler reports aliased bytes: the analysis missed it, unknown.
+    if (found.arguments.empty()) found.known = false;
+    if (!found.known) found.arguments.clear();
+    *donatable = std::move(found);
+  }
   auto classified = xla_passes::Classify(profile.value(), device);
   if (!classified.ok()) return Internal("phase classification: " + classified.status().message());
   placement::Profile out;
@@ -80,12 +86,9 @@ StatusOr<placement::Profile> ProfileExecutable(const PhysicalBackend& backend,
   out.bytes = classified.value().bytes;
   // Device memory an execution needs, by the compiler: outputs + temporaries (placement skips
   // devices whose telemetry reports less free). Plugins without the call: 0, unknown.
-  PJRT_Executable_GetCompiledMemoryStats_Args memory{};
-  memory.struct_size = PJRT_Executable_GetCompiledMemoryStats_Args_STRUCT_SIZE;
-  memory.executable = executable;
-  if (FLEXNPU_INNER_CALL(backend, PJRT_Executable_GetCompiledMemoryStats, &memory).ok()) {
-    out.memory_bytes = std::max<int64_t>(0, memory.output_size_in_bytes) +
-                       std::max<int64_t>(0, memory.temp_size_in_bytes);
+  if (auto memory = backend.CompiledMemoryStats(executable); memory.ok()) {
+    out.memory_bytes =
+        std::max<int64_t>(0, memory->output_bytes) + std::max<int64_t>(0, memory->temp_bytes);
   }
   return out;
 }

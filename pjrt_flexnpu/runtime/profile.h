@@ -5,6 +5,7 @@
 #define FLEXNPU_RUNTIME_PROFILE_H_
 
 #include <string>
+#include <vector>
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
@@ -20,10 +21,18 @@ xla_passes::DeviceSpec RooflineFor(const std::string& platform, const std::strin
 
 placement::DeviceModel DeviceModelFor(const xla_passes::DeviceSpec& spec);
 
-// Profiles `executable` (an inner executable of `backend`) against `device`.
+// Profiles `executable` (an inner executable of `backend`) against `device`. When the
+// analysis reads the program, `*donatable` (if given) becomes the argument numbers the program
+// may alias to an output or donate, sorted; `known` is false when it cannot tell (none found,
+// or a tupled parameter), and the caller must then assume any argument may be donated.
+struct DonatableArguments {
+  bool known = false;
+  std::vector<int> arguments;
+};
 StatusOr<placement::Profile> ProfileExecutable(const PhysicalBackend& backend,
                                                PJRT_Executable* executable,
-                                               const xla_passes::DeviceSpec& device);
+                                               const xla_passes::DeviceSpec& device,
+                                               DonatableArguments* donatable = nullptr);
 
 }  // namespace flexnpu
 

@@ -100,4 +100,15 @@ class [[nodiscard]] StatusOr {
     if (!_flexnpu_s.ok()) return _flexnpu_s; \
   } while (0)
 
+#define FLEXNPU_STATUS_CONCAT_(a, b) a##b
+#define FLEXNPU_STATUS_CONCAT(a, b) FLEXNPU_STATUS_CONCAT_(a, b)
+// `lhs` (a declaration such as `auto x` or an lvalue) takes the value of the StatusOr `expr`,
+// or the enclosing function returns its error.
+#define FLEXNPU_ASSIGN_OR_RETURN(lhs, expr) \
+  FLEXNPU_ASSIGN_OR_RETURN_(FLEXNPU_STATUS_CONCAT(_flexnpu_or_, __LINE__), lhs, expr)
+#define FLEXNPU_ASSIGN_OR_RETURN_(tmp, lhs, expr) \
+  auto tmp = (expr);                              \
+  if (!tmp.ok()) return tmp.status();             \
+  lhs = std::move(tmp).value()
+
 #endif  // FLEXNPU_RUNTIME_STATUS_H_

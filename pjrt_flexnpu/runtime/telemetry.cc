@@ -77,11 +77,9 @@ StatusOr<std::unique_ptr<PhysicalTelemetry>> PhysicalTelemetry::Open(
   // the placer from telemetry in tests and experiments), never by `auto`.
   const bool bind = explicit_source || backend_platform != "cpu";
   for (size_t p = 0; p < devices.size() && bind; ++p) {
-    PJRT_Device_LocalHardwareId_Args args{};
-    args.struct_size = PJRT_Device_LocalHardwareId_Args_STRUCT_SIZE;
-    args.device = devices[p];
-    if (!FLEXNPU_INNER_CALL(backend, PJRT_Device_LocalHardwareId, &args).ok()) continue;
-    const int h = args.local_hardware_id;
+    auto hardware_id = backend.LocalHardwareId(devices[p]);
+    if (!hardware_id.ok()) continue;
+    const int h = *hardware_id;
     if (h < 0 || h >= count || t->physical_of_index_[h] >= 0) continue;
     Status bound = t->source_->Bind(h);
     if (!bound.ok()) return give_up(bound.message());
