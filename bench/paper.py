@@ -1,6 +1,7 @@
 """The paper's three comparisons in one table, the paper's number beside the simulator's.
 
-    python bench/paper.py                     # scaled: 96 x 910C for DeepSeek-R1 (~5 min wall)
+    python bench/paper.py                     # scaled: 96 x 910C for DeepSeek-R1 (not timed since
+                                              # the 120 s phase-shift run was added)
     python bench/paper.py --paper --duration 10 --core-tuning tpot_slo_ns=100000000
                                               # the paper's 384 x 910C, 3 seeds (26 min here)
     python bench/paper.py --paper --ds-splits 10,19,14 --duration 10   # known splits, no search
