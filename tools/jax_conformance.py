@@ -4,10 +4,12 @@
 JAX's tests are not part of this repository: check out jax-ml/jax at the tag of the installed jax
 (e.g. `git archive jax-v0.10.2 tests | tar -x -C /somewhere`) and pass its `tests/` folder.
 
-Every test file runs in its own pytest process per platform (a crash loses one file, not the run)
-and writes JUnit XML; the script then prints a table of passed/failed/skipped/errors per file and
-platform, totals, and every test that passes on the baseline but not on flexnpu, and writes all of
-it (per-test outcomes included) as JSON.
+Every test file runs in its own pytest process per platform and writes JUnit XML; a small plugin
+also records each test's outcome as it ends. A test that kills its process (abort, segfault) is
+recorded as failed with the signal (its core dump kept next to the log, one per signal) and the
+rest of the file runs in a new process. The script then prints a table of
+passed/failed/skipped/errors per file and platform, totals, and every test that passes on the
+baseline but not on flexnpu, and writes all of it (per-test outcomes included) as JSON.
 
 Platforms (`--platforms`; the flexnpu ones are under test, every other one is a baseline):
   flexnpu       JAX_PLATFORMS=flexnpu (FlexNPU over the `xla-cpu-pjrt` plugin, 4 devices).
@@ -28,7 +30,8 @@ Example:
   python tools/jax_conformance.py --tests-dir /work/jax-tests/tests --out /tmp/jaxconf \\
       api_test.py "lax_test.py:testAdd or testDot"
 (`FILE:EXPR` passes EXPR to pytest -k.) With `--reuse`, a file whose JUnit XML is already in the
-output folder is read instead of run again: an interrupted run continues where it stopped.
+output folder is read instead of run again, and a file interrupted mid-run (no XML yet) continues
+after its last finished test.
 """
 
 from __future__ import annotations
