@@ -35,11 +35,13 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import operator
 from collections import deque
 from collections.abc import Hashable, Mapping
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from enum import Enum, StrEnum
+from itertools import repeat, starmap
 from typing import Any
 
 
@@ -61,6 +63,12 @@ class SeqStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+# The members as module constants: on Python 3.11 an Enum member read through its class
+# (SeqStatus.RUNNING) costs ~0.5 us, a global ~20 ns, and the hot paths test them per sequence.
+_MIXED, _PREFILL, _DECODE = Role.MIXED, Role.PREFILL, Role.DECODE
+_WAITING, _RUNNING, _FINISHED = SeqStatus.WAITING, SeqStatus.RUNNING, SeqStatus.FINISHED
 
 
 @dataclass
@@ -184,7 +192,7 @@ class Sequence:
 
     @property
     def finished(self) -> bool:
-        return self.status is SeqStatus.FINISHED
+        return self.status is _FINISHED
 
     def __repr__(self) -> str:
         return (f"Sequence(request_id={self.request_id!r}, num_prompt_tokens="
@@ -301,8 +309,7 @@ class StepPlan:
                 f"{self.kv_inserts}, preempted={self.preempted}, finished={self.finished})")
 
 
-def _serial_of(seq: Sequence) -> int:
-    return seq._serial
+_serial_of = operator.attrgetter("_serial")  # a Sequence's admission order
 
 
 class _WaitQueue:
@@ -361,7 +368,7 @@ class Scheduler:
         # Steady decodes in aggregate (see _Cohort); a PREFILL instance hands a sequence off
         # at its first token, so it has none.
         self._cohort = _Cohort()
-        self._bulk_ok = config.role is not Role.PREFILL
+        self._bulk_ok = config.role is not _PREFILL
         self._joiners: list[Sequence] = []  # sampled in this step: decoding from the next
         # least_loaded's key, cleared by every call that changes the state.
         self._load: tuple[int, int, float] | None = None
@@ -404,26 +411,28 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a new request. RequestTooLongError / QueueFullError say why not."""
         self._load = None
-        if self.config.role is Role.DECODE:
+        if self.config.role is _DECODE:
             raise ValueError("scheduler: a decode instance takes sequences via add_prefilled()")
         self._check(seq)
-        seq.status = SeqStatus.WAITING
+        seq.status = _WAITING
         seq.num_computed_tokens = 0
         if seq.deadline is not None:
             self._num_deadlines += 1
         self._by_id[seq.request_id] = seq
-        self._waiting.push(seq)
-        self._waiting_tokens += seq.num_tokens
+        w = self._waiting  # w.push(seq), inline
+        heapq.heappush(w._heap, (seq.priority, next(w._order), seq))
+        w._live.add(id(seq))
+        self._waiting_tokens += seq.num_prompt_tokens + seq.num_output_tokens
 
     def add_prefilled(self, seq: Sequence) -> None:
         """A decode instance takes a sequence prefilled elsewhere (its KV arrives with it)."""
         self._load = None
-        if self.config.role is not Role.DECODE:
+        if self.config.role is not _DECODE:
             raise ValueError("scheduler: add_prefilled() is for decode instances")
         if seq.num_output_tokens < 1:
             raise ValueError("scheduler: a prefilled sequence has at least its first token")
         self._check(seq, bounded=False)  # backpressure applies at the front door only
-        seq.status = SeqStatus.WAITING
+        seq.status = _WAITING
         seq.blocks = []
         seq.finish_reason = None
         seq.num_computed_tokens = seq.num_tokens - 1
@@ -431,7 +440,9 @@ class Scheduler:
         if seq.deadline is not None:  # _enqueue (not known: _check passed)
             self._num_deadlines += 1
         self._by_id[seq.request_id] = seq
-        self._waiting.push(seq)
+        w = self._waiting  # w.push(seq), inline
+        heapq.heappush(w._heap, (seq.priority, next(w._order), seq))
+        w._live.add(id(seq))
         self._waiting_tokens += 1  # num_tokens - num_computed_tokens
 
     def _enqueue(self, seq: Sequence, front: bool = False) -> None:
@@ -478,7 +489,7 @@ class Scheduler:
                     seq.num_computed_tokens
                 (decoding if remaining == 1 else chunking).append(seq)
         # A decode instance only ever decodes: handed-off sequences join the running batch.
-        if c.mixed_batches or c.role is Role.DECODE:
+        if c.mixed_batches or c.role is _DECODE:
             budget, prefills = self._schedule_running(decoding + chunking, plan)
             self._admit(plan, budget, prefills)
         elif any(self._fits(s) for s in chunking) or self._admissible_prompt() is not None:
@@ -507,7 +518,7 @@ class Scheduler:
                         return False  # a decode outside the cohort (not expected)
                     chunking.append(seq)
         decode_step = True
-        if not (c.mixed_batches or c.role is Role.DECODE):
+        if not (c.mixed_batches or c.role is _DECODE):
             chunking = [s for s in chunking if self._fits(s)]
             if chunking or self._admissible_prompt() is not None:
                 decode_step = False  # prefill-only
@@ -524,14 +535,19 @@ class Scheduler:
                 due = [s for s in dict.fromkeys(bucket) if s._cohort is co and
                        s._event == tick]
                 due.sort(key=_serial_of)
-                need = sum(1 for s in due if len(s.blocks) * bs <= s._computed + tick)
+                need = 0
+                for s in due:
+                    if len(s.blocks) * bs <= s._computed + tick:
+                        need += 1
                 if need > len(self._free_blocks):
                     return False
             self._advance(plan, due)
-        if decode_step and not (c.mixed_batches or c.role is Role.DECODE):
+        if decode_step and not (c.mixed_batches or c.role is _DECODE):
             return True
-        budget, prefills = self._schedule_running(chunking, plan,
-                                                  c.max_num_batched_tokens - n * decode_step)
+        budget = c.max_num_batched_tokens - n * decode_step
+        prefills = 0
+        if chunking:  # (with none, _schedule_running returns (budget, 0))
+            budget, prefills = self._schedule_running(chunking, plan, budget)
         self._admit(plan, budget, prefills)
         return True
 
@@ -544,18 +560,32 @@ class Scheduler:
         bs, max_len, free = self.config.block_size, self.config.max_model_len, self._free_blocks
         last: list[ScheduledSeq] = []
         ending: list[Sequence] = []
+        events = co.events
         for seq in due:
             computed = seq._computed + tick
-            if len(seq.blocks) * bs <= computed:  # position `computed` opens a block
-                seq.blocks.append(free.popleft())
-            out = seq._output + tick + 1
-            if out >= seq.max_tokens or seq.num_prompt_tokens + out >= max_len:
+            blocks = seq.blocks
+            if len(blocks) * bs <= computed:  # position `computed` opens a block
+                blocks.append(free.popleft())
+            output = seq._output
+            out = output + tick + 1
+            prompt, max_tokens = seq.num_prompt_tokens, seq.max_tokens
+            if out >= max_tokens or prompt + out >= max_len:
                 e = ScheduledSeq(seq, computed, 1, True, True)
                 last.append(e)
                 plan._finishing.append(e)  # type: ignore[union-attr]
                 ending.append(seq)
+                continue
+            # self._schedule_event(seq), inline
+            block_tick = len(blocks) * bs - seq._computed
+            last_tick = (max_tokens if max_tokens < max_len - prompt else max_len - prompt) \
+                - output - 1
+            event = block_tick if block_tick < last_tick else last_tick
+            seq._event = event
+            bucket = events.get(event)
+            if bucket is None:
+                events[event] = [seq]
             else:
-                self._schedule_event(seq)
+                bucket.append(seq)
         count = len(co.seqs)
         starts = co.off_sum + tick * count
         co.tick = tick + 1
@@ -607,7 +637,8 @@ class Scheduler:
         co = seq._cohort
         if co is None:
             return
-        co.unshare()
+        if co.shared:
+            co.unshare()
         i = bisect.bisect_left(co.serials, seq._serial)
         del co.seqs[i], co.offs[i], co.serials[i]
         co.off_sum -= seq._computed
@@ -628,14 +659,17 @@ class Scheduler:
 
     @staticmethod
     def _decoding(seq: Sequence) -> bool:
-        return seq._cohort is None and seq.status is SeqStatus.RUNNING and \
+        return seq._cohort is None and seq.status is _RUNNING and \
             seq.pending_finish is None and \
             seq.num_prompt_tokens + seq._output - seq._computed == 1
 
     def _join_new(self) -> None:
+        running, join = _RUNNING, self._join
         for seq in self._joiners:
-            if self._decoding(seq):
-                self._join(seq)
+            # self._decoding(seq), inline
+            if seq._cohort is None and seq.status is running and seq.pending_finish is None \
+                    and seq.num_prompt_tokens + seq._output - seq._computed == 1:
+                join(seq)
 
     def _join_all(self) -> None:
         for seq in self._running:
@@ -650,8 +684,8 @@ class Scheduler:
         prefills = 0
         bs, free, scheduled = c.block_size, self._free_blocks, plan._entries
         finishing = plan._finishing
-        max_len, prefill_role = c.max_model_len, c.role is Role.PREFILL
-        running = SeqStatus.RUNNING
+        max_len, prefill_role = c.max_model_len, c.role is _PREFILL
+        running = _RUNNING
         for seq in seqs:
             if seq.status is not running:
                 continue  # preempted by an earlier one in this loop
@@ -725,18 +759,24 @@ class Scheduler:
         c = self.config
         max_seqs, cap, chunked, bs = (c.max_num_seqs, c.max_prefill_seqs, c.chunked_prefill,
                                       c.block_size)
-        max_len, prefill_role = c.max_model_len, c.role is Role.PREFILL
+        max_len, prefill_role = c.max_model_len, c.role is _PREFILL
         running, waiting, free = self._running, self._waiting, self._free_blocks
-        entries, finishing = plan._entries, plan._finishing
-        take = free.popleft
+        heap, live = waiting._heap, waiting._live
+        entries, finishing, kv_inserts = plan._entries, plan._finishing, plan.kv_inserts
+        joiners, serials = self._joiners, self._serials
+        take, pop, status_running = free.popleft, heapq.heappop, _RUNNING
         while budget > 0 and len(running) < max_seqs:
             if cap and prefill_seqs >= cap:
                 break
-            seq = waiting.peek()
-            if seq is None:
+            while heap and id(heap[0][2]) not in live:  # waiting.peek(), inline
+                pop(heap)
+            if not heap:
                 break
-            computed = seq.num_computed_tokens
-            total = seq.num_prompt_tokens + seq.num_output_tokens
+            seq = heap[0][2]
+            # A waiting sequence is in no cohort: its counts are its fields.
+            computed = seq._computed
+            output = seq._output
+            total = seq.num_prompt_tokens + output
             kv_insert = seq.needs_kv_insert
             if kv_insert:  # handed-off KV plus the first decode (see _first_chunk)
                 upto = total
@@ -749,33 +789,38 @@ class Scheduler:
             need = -(-upto // bs)
             if need + (0 if kv_insert else c.watermark_blocks) > len(free):
                 break  # head-of-line: keep arrival order, wait for blocks
-            heapq.heappop(waiting._heap)  # = waiting.pop(): peek left `seq` on top
-            waiting._live.discard(id(seq))
+            pop(heap)  # = waiting.pop(): `seq` is on top
+            live.discard(id(seq))
             self._waiting_tokens -= total - computed
-            seq.blocks = [take() for _ in range(need)]
-            seq.status = SeqStatus.RUNNING
-            seq._serial = next(self._serials)
+            seq.blocks = list(starmap(take, repeat((), need)))  # need x popleft, in C
+            seq.status = status_running
+            seq._serial = next(serials)
             running[seq] = None
             if kv_insert:
-                plan.kv_inserts.append(seq)
+                kv_inserts.append(seq)
                 seq.needs_kv_insert = False
             else:
                 prefill_seqs += 1
             # _schedule_entry(seq, n, plan), with the counts read above
-            seq.num_computed_tokens = upto
+            seq._computed = upto
             samples = upto == total
+            finishes = False
             if samples:
-                out = seq.num_output_tokens + 1  # placeholder for the token it samples
-                seq.num_output_tokens = out
-                if out >= seq.max_tokens or seq.num_prompt_tokens + out >= max_len:
+                output += 1  # placeholder for the token it samples
+                seq._output = output
+                if output >= seq.max_tokens or seq.num_prompt_tokens + output >= max_len:
                     seq.pending_finish = "length"
+                    finishes = True
                 elif prefill_role:
                     seq.pending_finish = "prefilled"
+                    finishes = True
                 else:
-                    self._joiners.append(seq)
-            e = ScheduledSeq(seq, computed, n, samples, seq.pending_finish is not None)
+                    joiners.append(seq)
+            elif seq.pending_finish is not None:
+                finishes = True
+            e = ScheduledSeq(seq, computed, n, samples, finishes)
             entries.append(e)
-            if e.finishes and finishing is not None:
+            if finishes and finishing is not None:
                 finishing.append(e)
             budget -= n
 
@@ -788,7 +833,7 @@ class Scheduler:
             if seq.num_output_tokens >= seq.max_tokens or \
                     seq.num_tokens >= self.config.max_model_len:
                 seq.pending_finish = "length"
-            elif self.config.role is Role.PREFILL:
+            elif self.config.role is _PREFILL:
                 seq.pending_finish = "prefilled"
             else:
                 self._joiners.append(seq)
@@ -831,7 +876,7 @@ class Scheduler:
                 seq.pending_finish = None
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
-        seq.status = SeqStatus.WAITING
+        seq.status = _WAITING
         plan.preempted.append(seq)
         self._enqueue(seq, front=True)
 
@@ -849,7 +894,7 @@ class Scheduler:
         self._load = None
         stopped = stopped or {}
         done: list[Sequence] = []
-        finished = SeqStatus.FINISHED
+        finished = _FINISHED
         for e in plan.finishing:
             seq = e.seq
             if seq.status is not finished:
@@ -879,18 +924,18 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         status = seq.status
-        if status is SeqStatus.FINISHED:
+        if status is _FINISHED:
             return
         if seq._cohort is not None:
             self._leave(seq)
-        if status is SeqStatus.RUNNING:  # (exactly the members of _running)
+        if status is _RUNNING:  # (exactly the members of _running)
             del self._running[seq]
-        elif status is SeqStatus.WAITING:
+        elif status is _WAITING:
             self._waiting.remove(seq)
             self._dequeue(seq)
         self._free_blocks.extend(seq.blocks)  # _free
         seq.blocks = []
-        seq.status = SeqStatus.FINISHED
+        seq.status = _FINISHED
         seq.finish_reason = reason
         seq.pending_finish = None
         if self._by_id.pop(seq.request_id, None) is not None and seq.deadline is not None:
