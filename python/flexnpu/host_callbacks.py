@@ -325,6 +325,9 @@ def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[
     ensure_host_cpu_backend()
     registration = register(checked_callback)
     ctx.module_context.add_keepalive(registration)
+    # Listed as JAX lists its own: JAX then never writes the program to its persistent cache
+    # (the callback's id is only valid in this process), as on cpu.
+    ctx.module_context.add_host_callback(checked_callback)
     if token:
         operands = [token, *operands]
         if (config.use_shardy_partitioner.value and isinstance(sharding, SdyArrayList)

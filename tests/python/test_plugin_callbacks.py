@@ -202,3 +202,34 @@ def test_eager_callback_as_the_first_jax_call_equals_cpu(backend: str) -> None:
     assert runs["cpu"] == ["eager first 1 2.5", "RESULT cpu cpu [7]"]
     # The same output; the default backend stays flexnpu.
     assert runs["flexnpu"] == ["eager first 1 2.5", "RESULT flexnpu flexnpu [7]"]
+
+
+# JAX never writes a program with host callbacks to its persistent cache (the callable lives in
+# this process only); flexnpu lists FlexNPU's callbacks as JAX lists its own, so neither does it.
+_CACHE_WITH_CALLBACK = r"""
+import os, sys, jax, jax.numpy as jnp, numpy as np
+cache = os.environ["CACHE_DIR"]
+jax.config.update("jax_compilation_cache_dir", cache)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+x = jnp.ones(3, jnp.float32)
+before = len(os.listdir(cache))
+f = jax.jit(lambda x: jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x) + 1)
+value = np.asarray(f(x)).tolist()
+with_callback = len(os.listdir(cache))
+jax.jit(lambda x: x * 3)(x).block_until_ready()
+print("RESULT", with_callback - before, len(os.listdir(cache)) - with_callback, value)
+"""
+
+
+def test_program_with_a_callback_is_not_persisted_as_on_cpu(tmp_path: Path) -> None:
+    outputs = {}
+    for name, env in (("cpu", {"JAX_PLATFORMS": "cpu"}), ("flexnpu", {"JAX_PLATFORMS": "flexnpu"})):
+        folder = tmp_path / name
+        folder.mkdir()
+        proc = run_python(_CACHE_WITH_CALLBACK, {**env, "CACHE_DIR": str(folder)})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outputs[name] = [line for line in proc.stdout.splitlines() if line.startswith("RESULT")]
+    # Nothing written for the callback program; the plain one is written (the cache works).
+    assert outputs["cpu"][0].startswith("RESULT 0 1 ")
+    assert outputs["flexnpu"] == outputs["cpu"]
