@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "pjrt_c_api.h"
+#include "../tests/cpp/compile_options_proto.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/callgrind.h>)
@@ -77,34 +78,6 @@ void AwaitAndDestroy(PJRT_Event* event) {
   DestroyEvent(event);
 }
 
-void AppendVarint(std::string* out, uint64_t v) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
-}
-
-void AppendBytes(std::string* out, int field, const std::string& bytes) {
-  AppendVarint(out, (static_cast<uint64_t>(field) << 3) | 2);
-  AppendVarint(out, bytes.size());
-  out->append(bytes);
-}
-
-// xla.CompileOptionsProto: one replica, one partition, on device `id`.
-std::string CompileOptionsFor(int64_t id) {
-  std::string ids;
-  AppendVarint(&ids, static_cast<uint64_t>(id));
-  std::string computation;
-  AppendBytes(&computation, 1, ids);
-  std::string assignment = std::string("\x08\x01\x10\x01", 4);  // replica/computation count 1
-  AppendBytes(&assignment, 3, computation);
-  std::string build = std::string("\x20\x01\x28\x01", 4);  // num_replicas, num_partitions 1
-  AppendBytes(&build, 9, assignment);
-  std::string options;
-  AppendBytes(&options, 3, build);
-  return options;
-}
 
 constexpr char kProgram[] = R"(
 module @tiny attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
