@@ -157,6 +157,7 @@ struct ExecutableMeta {
   bool has_memory_stats = false;
   int64_t memory_stats[kMemoryStatsFields] = {};  // GetCompiledMemoryStats, in header order
   std::vector<int64_t> devices;                   // addressable device indices
+  std::string name;  // PJRT_Executable_Name (travels as the reply's first blob)
 };
 void AppendExecutableMeta(std::vector<int64_t>* ints, const ExecutableMeta& meta);
 bool ReadExecutableMeta(IntCursor* cursor, ExecutableMeta* meta);

@@ -435,9 +435,10 @@ StatusOr<RemoteLoadedExecutable*> NewLoaded(RemoteClient* client, const Frame& r
   state->client = client;
   state->connection = client->connection;
   IntCursor cursor(reply.ints);
-  if (!ReadExecutableMeta(&cursor, &state->meta)) {
+  if (!ReadExecutableMeta(&cursor, &state->meta) || reply.blobs.empty()) {
     return Internal("flexnpu daemon: malformed executable description in a reply");
   }
+  state->meta.name = reply.blobs[0];
   for (int64_t index : state->meta.devices) {
     RemoteDevice* device = client->DeviceOfIndex(index);
     if (device == nullptr) return Internal("flexnpu daemon: executable on an unknown device");
@@ -1160,6 +1161,12 @@ PJRT_Error* Executable_Destroy_(PJRT_Executable_Destroy_Args* a) {
   delete From<RemoteExecutable>(a->executable);
   return nullptr;
 }
+PJRT_Error* Executable_Name_(PJRT_Executable_Name_Args* a) {
+  const std::string& name = From<RemoteExecutable>(a->executable)->state->meta.name;
+  a->executable_name = name.data();
+  a->executable_name_size = name.size();
+  return nullptr;
+}
 PJRT_Error* Executable_NumReplicas_(PJRT_Executable_NumReplicas_Args* a) {
   a->num_replicas = From<RemoteExecutable>(a->executable)->state->meta.num_replicas;
   return nullptr;
@@ -1295,6 +1302,7 @@ PJRT_Api BuildApi() {
   FLEXNPU_SLOT(Executable_Destroy)
   FLEXNPU_SLOT(Executable_NumReplicas)
   FLEXNPU_SLOT(Executable_NumPartitions)
+  FLEXNPU_SLOT(Executable_Name)
   FLEXNPU_SLOT(Executable_NumOutputs)
   FLEXNPU_SLOT(Executable_OptimizedProgram)
   FLEXNPU_SLOT(Executable_GetCompiledMemoryStats)

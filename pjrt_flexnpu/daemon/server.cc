@@ -895,9 +895,20 @@ Status ServerImpl::AddExecutable(Session& s, PJRT_LoadedExecutable* loaded_handl
     }
     if (s.devices.count(index) > 0) meta.devices.push_back(index);
   }
+  PJRT_Executable_Name_Args name{};
+  name.struct_size = PJRT_Executable_Name_Args_STRUCT_SIZE;
+  name.executable = exe.get();
+  // jaxlib treats a failing name() as fatal (its cache serializes by name): an inner plugin
+  // without the slot gets a stand-in name.
+  if (FLEXNPU_INNER_CALL(b(), PJRT_Executable_Name, &name).ok() && name.executable_name != nullptr) {
+    meta.name.assign(name.executable_name, name.executable_name_size);
+  } else {
+    meta.name = "flexnpu_daemon_executable";
+  }
   meta.id = next_id_++;
   s.executables[meta.id] = ExecutableEntry{loaded.release(), meta.num_outputs, meta.devices};
   AppendExecutableMeta(&out->ints, meta);
+  out->blobs.push_back(meta.name);
   return Status::Ok();
 }
 

@@ -242,6 +242,27 @@ def test_daemon_death_fails_calls_fast_and_restart_serves_new_clients(tmp_path: 
     assert not socket.exists()  # SIGTERM removes the socket
 
 
+CACHE_CLIENT = """
+import jax, jax.numpy as jnp
+jax.config.update("jax_compilation_cache_dir", {cache!r})
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+exe = jax.jit(lambda x: x * 2 + 1).lower(jnp.arange(4.0)).compile()
+print(list(map(float, exe(jnp.arange(4.0)))))
+"""
+
+
+def test_compilation_cache_through_the_daemon(daemon: Daemon, tmp_path: Path) -> None:
+    # jaxlib asks the executable's name when it writes a cache entry and aborts the process if
+    # that fails: the daemon's executables carry the backend's name.
+    code = CACHE_CLIENT.format(cache=str(tmp_path / "cache"))
+    for _ in range(2):  # a cold and a warm process
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=300, env=_client_env(daemon.socket))
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.strip().splitlines()[-1] == "[1.0, 3.0, 5.0, 7.0]"
+        assert any((tmp_path / "cache").glob("jit__lambda-*")), "no cache entry written"
+
+
 def test_client_without_daemon_names_the_socket(tmp_path: Path) -> None:
     socket = tmp_path / "nobody.sock"
     done = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
