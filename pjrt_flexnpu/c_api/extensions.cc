@@ -188,7 +188,11 @@ __attribute__((visibility("default"))) const char* FlexNpu_RegisterFfiType(
 // whether every attached backend runs target `target_name` (directly or adapted).
 __attribute__((visibility("default"))) int FlexNpu_FfiTargetRunsEverywhere(const char* target_name) {
   if (target_name == nullptr) return 0;
-  return flexnpu::FfiTargetRunsEverywhere(target_name) ? 1 : 0;
+  try {
+    return flexnpu::FfiTargetRunsEverywhere(target_name) ? 1 : 0;
+  } catch (...) {  // nothing may cross into ctypes
+    return 0;
+  }
 }
 
 // The routes FFI registrations took, one line per (target, backend): "target\troute\thandler
@@ -197,12 +201,16 @@ __attribute__((visibility("default"))) int FlexNpu_FfiTargetRunsEverywhere(const
 __attribute__((visibility("default"))) const char* FlexNpu_FfiRoutes() {
   thread_local std::string text;
   text.clear();
-  for (const flexnpu::FfiRouteReport& r : flexnpu::FfiRoutes()) {
-    const char* route = r.route == flexnpu::FfiRoute::kDirect    ? "direct"
-                        : r.route == flexnpu::FfiRoute::kAdapted ? "adapted"
-                                                                 : "too_new";
-    text += r.target_name + "\t" + route + "\t" + r.handler.ToString() + "\t" +
-            r.backend.ToString() + "\t" + r.backend_path + "\n";
+  try {
+    for (const flexnpu::FfiRouteReport& r : flexnpu::FfiRoutes()) {
+      const char* route = r.route == flexnpu::FfiRoute::kDirect    ? "direct"
+                          : r.route == flexnpu::FfiRoute::kAdapted ? "adapted"
+                                                                   : "too_new";
+      text += r.target_name + "\t" + route + "\t" + r.handler.ToString() + "\t" +
+              r.backend.ToString() + "\t" + r.backend_path + "\n";
+    }
+  } catch (...) {  // nothing may cross into ctypes: an empty report
+    text.clear();
   }
   return text.c_str();
 }

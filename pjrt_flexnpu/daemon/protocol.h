@@ -12,7 +12,7 @@
 namespace flexnpu::daemon {
 
 // Bumped on any change of a message layout; Hello refuses a mismatch.
-inline constexpr int64_t kProtocolVersion = 1;
+inline constexpr int64_t kProtocolVersion = 2;  // 2: executable replies carry the name
 // Payloads up to this size travel inside the frame; larger ones in a memfd segment.
 inline constexpr size_t kInlinePayloadBytes = 64 * 1024;
 // A frame longer than this is refused as malformed.

@@ -134,6 +134,9 @@ struct ExecutableEntry {
   PJRT_LoadedExecutable* handle = nullptr;
   int64_t num_outputs = 0;
   std::vector<int64_t> devices;  // device indices it runs on (in this session's set)
+  // Every addressable device's index, in the executable's order: the order of its per-device
+  // completion events.
+  std::vector<int64_t> addressable;
 };
 
 struct Session {
@@ -883,6 +886,7 @@ Status ServerImpl::AddExecutable(Session& s, PJRT_LoadedExecutable* loaded_handl
   devs.struct_size = PJRT_LoadedExecutable_AddressableDevices_Args_STRUCT_SIZE;
   devs.executable = loaded.get();
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_LoadedExecutable_AddressableDevices, &devs));
+  std::vector<int64_t> addressable;
   for (size_t i = 0; i < devs.num_addressable_devices; ++i) {
     int64_t index = -1;
     for (size_t d = 0; d < devices_.size(); ++d) {
@@ -894,6 +898,7 @@ Status ServerImpl::AddExecutable(Session& s, PJRT_LoadedExecutable* loaded_handl
                               s.tenant + "'");
     }
     if (s.devices.count(index) > 0) meta.devices.push_back(index);
+    addressable.push_back(index);
   }
   PJRT_Executable_Name_Args name{};
   name.struct_size = PJRT_Executable_Name_Args_STRUCT_SIZE;
@@ -906,7 +911,8 @@ Status ServerImpl::AddExecutable(Session& s, PJRT_LoadedExecutable* loaded_handl
     meta.name = "flexnpu_daemon_executable";
   }
   meta.id = next_id_++;
-  s.executables[meta.id] = ExecutableEntry{loaded.release(), meta.num_outputs, meta.devices};
+  s.executables[meta.id] =
+      ExecutableEntry{loaded.release(), meta.num_outputs, meta.devices, std::move(addressable)};
   AppendExecutableMeta(&out->ints, meta);
   out->blobs.push_back(meta.name);
   return Status::Ok();
@@ -1028,9 +1034,9 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
   if (execute_device >= 0) {
     on_devices.push_back(execute_device);
   } else {
-    for (int64_t d = 0; d < num_devices && d < static_cast<int64_t>((*entry)->devices.size());
+    for (int64_t d = 0; d < num_devices && d < static_cast<int64_t>((*entry)->addressable.size());
          ++d) {
-      on_devices.push_back((*entry)->devices[d]);
+      on_devices.push_back((*entry)->addressable[d]);
     }
   }
   if (s.tenant_state != nullptr) ++s.tenant_state->executions;
@@ -1249,7 +1255,7 @@ void ServerImpl::Stop() {
 
 std::string ServerImpl::StatsJson() const {
   std::ostringstream out;
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   out << "{\"socket\": " << JsonString(config_.socket_path)
       << ", \"backend\": " << JsonString(config_.backend_path)
       << ", \"platform\": " << JsonString(platform_name_)
@@ -1285,6 +1291,7 @@ std::string ServerImpl::StatsJson() const {
   const std::vector<int64_t> in_flight = gate_->InFlight();
   for (size_t d = 0; d < in_flight.size(); ++d) out << (d ? ", " : "") << in_flight[d];
   out << "]";
+  lock.unlock();  // the runtime takes its own locks: never under the daemon's
   // The runtime's own state when the backend is FlexNPU's plugin: its placer decides for
   // every session, so its placements (by reason) are the daemon's.
   if (runtime_stats_ != nullptr) {

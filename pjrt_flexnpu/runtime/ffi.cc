@@ -174,13 +174,16 @@ Status ApplyHandler(AttachedBackend& target, const FfiHandlerRegistration& r,
                                std::to_string(kAdapterSlots) + " FFI adapter slots are in use");
     }
   }
-  routes.push_back({r.target_name, target.backend->path(), route, handler_version,
-                    ApiVersionOf(target.ffi_api)});
   // A handler for an FFI newer than the backend's, by a gap the adapter does not know: the backend
   // would refuse it anyway, and xla-cpu-pjrt 0.0.1 leaks the error it then discards. Not handing it
   // over gives the same outcome (compiling names the missing target; ffi_routes() says why).
-  if (route == FfiRoute::kTooNew) return Status::Ok();
-  return Register(target, r.target_name, platform, handler, r.traits);
+  if (route != FfiRoute::kTooNew) {
+    FLEXNPU_RETURN_IF_ERROR(Register(target, r.target_name, platform, handler, r.traits));
+  }
+  // Recorded only once the backend took it: lowering.py picks jaxlib's kernels by these routes.
+  routes.push_back({r.target_name, target.backend->path(), route, handler_version,
+                    ApiVersionOf(target.ffi_api)});
+  return Status::Ok();
 }
 
 Status ApplyType(const AttachedBackend& target, TypeRegistration& t) {
@@ -319,7 +322,10 @@ bool FfiTargetRunsEverywhere(const std::string& target_name) {
     bool runs = false;
     for (const FfiRouteReport& route : registry.routes) {
       if (route.target_name == target_name && route.backend_path == b.backend->path()) {
-        runs = route.route != FfiRoute::kTooNew;
+        // Direct with a version unknown (the backend never asked the handler's metadata) is not
+        // known to run: a backend may drop a handler while reporting success.
+        runs = route.route == FfiRoute::kAdapted ||
+               (route.route == FfiRoute::kDirect && route.handler.known() && route.backend.known());
       }
     }
     if (!runs) return false;
@@ -403,9 +409,11 @@ Status AttachFfiBackend(const PhysicalBackend& backend, const std::string& platf
   AttachedBackend target{&backend, InnerFfi(backend), XlaPlatformName(platform)};
   target.ffi_api = ProbeFfiApi(target);
   for (TypeRegistration& t : registry.types) FLEXNPU_RETURN_IF_ERROR(ApplyType(target, t));
+  std::vector<FfiRouteReport> routes;  // kept only if the whole backend attaches
   for (const FfiHandlerRegistration& r : registry.handlers) {
-    FLEXNPU_RETURN_IF_ERROR(ApplyHandler(target, r, registry.routes));
+    FLEXNPU_RETURN_IF_ERROR(ApplyHandler(target, r, routes));
   }
+  registry.routes.insert(registry.routes.end(), routes.begin(), routes.end());
   registry.backends.push_back(std::move(target));
   return Status::Ok();
 }
