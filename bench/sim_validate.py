@@ -53,7 +53,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))  # this tree's flexnpu, as the subprocesses get it
+# This tree's flexnpu, as the subprocesses get it, where the tree has its native modules built
+# (an editable or in-tree build); otherwise (a plain `pip install .`) the installed copy.
+TREE_PYTHON = [str(ROOT / "python")] if any((ROOT / "python" / "flexnpu").glob("_native*.so")) \
+    else []
+sys.path[:0] = TREE_PYTHON
 CPU_CALIBRATION = ROOT / "python" / "flexnpu" / "sim" / "data" / "cpu_calibration.json"
 ENGINE = {"max_num_seqs": 8, "max_model_len": 256, "max_num_batched_tokens": 128,
           "block_size": 16}
@@ -139,10 +143,9 @@ def _load() -> float:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    """The subprocesses run this working tree's flexnpu (even where the installed copy is not
-    an editable one)."""
-    path = os.pathsep.join(x for x in (str(ROOT / "python"), os.environ.get("PYTHONPATH"))
-                           if x)
+    """The subprocesses run this working tree's flexnpu where it is built (even where the
+    installed copy is not an editable one), else the installed one."""
+    path = os.pathsep.join(x for x in (*TREE_PYTHON, os.environ.get("PYTHONPATH")) if x)
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
