@@ -133,7 +133,6 @@ struct BufferEntry {
 struct ExecutableEntry {
   PJRT_LoadedExecutable* handle = nullptr;
   int64_t num_outputs = 0;
-  std::vector<int64_t> devices;  // device indices it runs on (in this session's set)
   // Every addressable device's index, in the executable's order: the order of its per-device
   // completion events.
   std::vector<int64_t> addressable;
@@ -912,7 +911,7 @@ Status ServerImpl::AddExecutable(Session& s, PJRT_LoadedExecutable* loaded_handl
   }
   meta.id = next_id_++;
   s.executables[meta.id] =
-      ExecutableEntry{loaded.release(), meta.num_outputs, meta.devices, std::move(addressable)};
+      ExecutableEntry{loaded.release(), meta.num_outputs, std::move(addressable)};
   AppendExecutableMeta(&out->ints, meta);
   out->blobs.push_back(meta.name);
   return Status::Ok();
