@@ -444,12 +444,16 @@ StatusOr<std::string> PhysicalBackend::Serialize(PJRT_Executable* executable) co
   return bytes;
 }
 
-StatusOr<InnerLoadedExecutable> PhysicalBackend::DeserializeAndLoad(PJRT_Client* client,
-                                                                    std::string_view bytes) const {
+StatusOr<InnerLoadedExecutable> PhysicalBackend::DeserializeAndLoad(
+    PJRT_Client* client, std::string_view bytes, std::string_view options) const {
   FLEXNPU_ARGS(PJRT_Executable_DeserializeAndLoad, args);
   args.client = client;
   args.serialized_executable = bytes.data();
   args.serialized_executable_size = bytes.size();
+  if (!options.empty()) {
+    args.overridden_serialized_compile_options = options.data();
+    args.overridden_serialized_compile_options_size = options.size();
+  }
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_TYPED_CALL(PJRT_Executable_DeserializeAndLoad, args));
   return Own(*this, args.loaded_executable);
 }

@@ -178,8 +178,10 @@ class PhysicalBackend {
   // The optimized program (an HloModuleProto for XLA backends).
   StatusOr<std::string> OptimizedProgram(PJRT_Executable* executable) const;
   StatusOr<std::string> Serialize(PJRT_Executable* executable) const;
-  StatusOr<InnerOwned<PJRT_LoadedExecutable>> DeserializeAndLoad(PJRT_Client* client,
-                                                                 std::string_view bytes) const;
+  // `options` (may be empty: the ones serialized with it) are the compile options to load it
+  // with; XLA backends take their debug options (dumps) from them.
+  StatusOr<InnerOwned<PJRT_LoadedExecutable>> DeserializeAndLoad(
+      PJRT_Client* client, std::string_view bytes, std::string_view options = {}) const;
   StatusOr<InnerSpan<PJRT_Device*>> AddressableDevices(PJRT_LoadedExecutable* executable) const;
   Status Execute(const InnerLaunch& launch) const;
   Status Delete(PJRT_LoadedExecutable* executable) const;

@@ -259,7 +259,7 @@ StatusOr<std::shared_ptr<VirtualLoadedExecutable::Compiled>> VirtualLoadedExecut
   program.format_size = program_format_.size();
   InnerLoadedExecutable loaded;
   if (prebuilt_ != nullptr) {  // deserialized: load the variant when the envelope has it
-    auto found = LoadPrebuiltVariant(*prebuilt_, *client_, physical);
+    auto found = LoadPrebuiltVariant(*prebuilt_, *client_, physical, options);
     if (!found.ok()) return found.status();
     loaded = std::move(*found);
     if (loaded != nullptr) {

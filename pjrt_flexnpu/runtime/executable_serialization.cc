@@ -346,9 +346,11 @@ StatusOr<VirtualLoadedExecutable*> DeserializeAndLoadExecutable(
     auto same = SameDevicePlan(parsed->compile_options, overridden_options);
     if (!same.ok()) return same.status();
     same_options = *same;
-    // JAX re-serializes the options it compiled with (map order and defaults differ byte for
-    // byte); the envelope's are kept unless the override asks for another device plan.
-    if (!same_options) options = overridden_options;
+    // The executable is rebuilt with the options JAX loads it for, not the first compile's:
+    // they may differ in more than the device plan (debug options such as xla_dump_to, which
+    // the inner plugin honours when it loads a variant). Inner variants are reused only for the
+    // same device plan (JAX re-serializes equal options with other bytes, so not byte-equal).
+    options = overridden_options;
   }
   auto prebuilt = std::make_shared<PrebuiltVariants>();
   // Inner bytes are only valid for the inner build that wrote them, and only for the device
@@ -376,14 +378,15 @@ StatusOr<VirtualLoadedExecutable*> DeserializeAndLoadExecutable(
 
 StatusOr<InnerLoadedExecutable> LoadPrebuiltVariant(const PrebuiltVariants& prebuilt,
                                                     const VirtualClient& client,
-                                                    const std::vector<int>& physical) {
+                                                    const std::vector<int>& physical,
+                                                    std::string_view options) {
   std::vector<int64_t> ids;
   for (int p : physical) ids.push_back(client.physical(p).id);
   auto it = prebuilt.by_mapping.find(ids);
   if (it == prebuilt.by_mapping.end()) return InnerLoadedExecutable();
   const PhysicalBackend& b = client.backend();
   FLEXNPU_ASSIGN_OR_RETURN(InnerLoadedExecutable loaded,
-                           b.DeserializeAndLoad(client.inner(), it->second));
+                           b.DeserializeAndLoad(client.inner(), it->second, options));
   if (physical.empty()) return loaded;  // portable: runs wherever it is told
   // A pinned variant must run on exactly the devices of its mapping.
   FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Device*> devices,

@@ -84,10 +84,13 @@ StatusOr<VirtualLoadedExecutable*> DeserializeAndLoadExecutable(
 
 // The inner executable for `physical` (client physical device indices; empty: portable) loaded
 // from `prebuilt`, or nullptr when the envelope has none for that mapping. The loaded one is
-// checked to run on exactly those devices.
+// checked to run on exactly those devices. `options` are the inner compile options this load
+// stands for (the ones a compile for `physical` would get): the inner plugin loads with them,
+// so its debug options (e.g. xla_dump_to) are this load's, not those of the first compile.
 StatusOr<InnerLoadedExecutable> LoadPrebuiltVariant(const PrebuiltVariants& prebuilt,
                                                     const VirtualClient& client,
-                                                    const std::vector<int>& physical);
+                                                    const std::vector<int>& physical,
+                                                    std::string_view options);
 
 namespace serialization_fields {
 inline constexpr uint32_t kMagic = 1;  // outer

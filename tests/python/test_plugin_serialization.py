@@ -257,3 +257,44 @@ def test_cache_over_a_second_backend_is_its_own(tmp_path: Path) -> None:
     _assert_results(default, names)
     assert default["platform_version"] != written["platform_version"]
     assert (default["hits"], default["backend_loads"]) == (0, 0), "another backend's entries"
+
+
+# JAX's compilation_cache_test::test_dump_on_cache_hit: compiled with xla_dump_to=DIR1, then hit
+# in the cache with xla_dump_to=DIR2 (protos too). Prints one JSON line: files per directory.
+_DUMP_ON_CACHE_HIT = r"""
+import json, os, sys, tempfile
+import jax
+cache, dir1, dir2 = sys.argv[1:4]
+jax.config.update("jax_compilation_cache_dir", cache)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+hits = []
+HIT = "/jax/compilation_cache/cache_hits"
+jax.monitoring.register_event_listener(lambda e, **kw: hits.append(e) if e == HIT else None)
+first = jax.jit(lambda x: x + 1, compiler_options={"xla_dump_to": dir1})(1)
+second = jax.jit(lambda x: x + 1, compiler_options={
+    "xla_dump_to": dir2, "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True})(1)
+def dumped(d):
+    return sorted(f.split(".", 2)[2] for f in os.listdir(d) if "after_optimizations." in f)
+print(json.dumps({"results": [int(first), int(second)], "hits": len(hits),
+                  "dir1": dumped(dir1), "dir2": dumped(dir2)}))
+"""
+
+
+@pytest.mark.parametrize("platform", ["flexnpu", "cpu"])
+def test_a_cache_hit_dumps_with_its_own_options_as_on_cpu(tmp_path: Path, platform: str) -> None:
+    """The inner plugin dumps a loaded executable with the compile options it is loaded with:
+    FlexNPU passes it the options of this load (rewritten to the physical devices), so a cache
+    hit's dump lands in the hit's xla_dump_to, not in the first compile's, as on cpu."""
+    dirs = [tmp_path / name for name in ("cache", "dump1", "dump2")]
+    for d in dirs:
+        d.mkdir()
+    code = _DUMP_ON_CACHE_HIT.replace("sys.argv[1:4]", repr([str(d) for d in dirs]))
+    proc = run_python(code, env={"JAX_PLATFORMS": platform, **_PASSTHROUGH_4})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["results"] == [2, 2]
+    assert info["hits"] == 1
+    # The first compile: the backend's own dump; the hit: the loaded module's, text and proto.
+    assert info["dir1"] == ["cpu_after_optimizations.txt"], info
+    assert info["dir2"] == ["after_optimizations.hlo.pb", "after_optimizations.txt"], info
