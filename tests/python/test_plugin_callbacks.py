@@ -233,3 +233,62 @@ def test_program_with_a_callback_is_not_persisted_as_on_cpu(tmp_path: Path) -> N
     # Nothing written for the callback program; the plain one is written (the cache works).
     assert outputs["cpu"][0].startswith("RESULT 0 1 ")
     assert outputs["flexnpu"] == outputs["cpu"]
+
+
+# A partitioned debug callback in an SPMD program (jax.debug.print(partitioned=True), also what
+# visualize_array_sharding in shard_map uses): the callback's custom call carries the sharding
+# JAX's own lowering gives it; prints "RESULT {sharding, outcome}".
+_PARTITIONED = r"""
+import json, re, jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+arr = jax.device_put(np.arange(8), NamedSharding(mesh, P("x")))
+f = jax.jit(lambda x: jax.debug.print("shard {}", x, partitioned=True))
+with jax.set_mesh(mesh):
+    lowered = f.lower(arr)
+    call = [l for l in lowered.as_text().splitlines() if "partitioned_python_cpu_callback" in l]
+    sharding = re.findall(r"sdy\.sharding = (#sdy\.sharding_per_value<[^>]*>\]>)", call[0])
+    try:
+        lowered.compile()(arr)
+        jax.effects_barrier()
+        outcome = "ran"
+    except jax.errors.JaxRuntimeError as e:
+        outcome = str(e)
+print("RESULT " + json.dumps({"sharding": sharding, "outcome": outcome}))
+"""
+
+
+def test_partitioned_debug_callback_fails_as_on_the_cpu_plugin_directly(tmp_path: Path) -> None:
+    """Limit (README): flexnpu lowers a partitioned callback with the sharding JAX gives it on
+    cpu, but the XLA inside both CPU plugins predates partitioned Python callbacks (no
+    `xla_ffi_partitioned_python_cpu_callback` in either .so) and refuses the program at compile,
+    as the xla-cpu-pjrt plugin does under JAX directly: an error naming it, never an abort."""
+    import xla_plugins.xla_cpu_pjrt as xla_cpu_pjrt
+
+    config = tmp_path / "xla_cpu_pjrt.json"
+    config.write_text(json.dumps({
+        "library_path": str(Path(xla_cpu_pjrt.__file__).parent / "xla_cpu_pjrt.so"),
+        "create_options": {"cpu_device_count": 2}}))
+    runs = {}
+    for name, env in (
+        ("cpu", {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2"}),
+        ("flexnpu", {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=2"}),
+        ("plugin", {"JAX_PLATFORMS": "xla_cpu_pjrt",
+                    "PJRT_NAMES_AND_LIBRARY_PATHS": f"xla_cpu_pjrt:{config}"}),
+    ):
+        proc = run_python(_PARTITIONED, env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        runs[name] = json.loads(lines[0][len("RESULT "):])
+        runs[name]["printed"] = sorted(
+            line for line in proc.stdout.splitlines() if line.startswith("shard "))
+    assert runs["cpu"]["outcome"] == "ran"
+    assert runs["cpu"]["printed"] == ["shard [0 1 2 3]", "shard [4 5 6 7]"]
+    assert runs["flexnpu"]["sharding"] == runs["cpu"]["sharding"] == runs["plugin"]["sharding"]
+    assert len(runs["cpu"]["sharding"]) == 1
+    for name in ("flexnpu", "plugin"):
+        outcome = runs[name]["outcome"]
+        assert outcome.startswith("INTERNAL: "), outcome
+        assert "Side-effect HLO must have sharding" in outcome, outcome
+        assert "xla_ffi_partitioned_python_cpu_callback" in outcome, outcome
+        assert runs[name]["printed"] == []
