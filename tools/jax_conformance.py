@@ -29,7 +29,8 @@ default a small pytest plugin (written to the output folder, loaded with `-p`) s
 Example:
   python tools/jax_conformance.py --tests-dir /work/jax-tests/tests --out /tmp/jaxconf \\
       api_test.py "lax_test.py:testAdd or testDot"
-(`FILE:EXPR` passes EXPR to pytest -k.) With `--reuse`, a file whose JUnit XML is already in the
+(`FILE:EXPR` passes EXPR to pytest -k; `--sample K/N` runs the tests whose node id hashes to K
+modulo N, the same ones on every platform.) With `--reuse`, a file whose JUnit XML is already in the
 output folder is read instead of run again, and a file interrupted mid-run (no XML yet) continues
 after its last finished test.
 """
@@ -53,7 +54,9 @@ OUTCOMES = ("passed", "failed", "skipped", "errors")
 
 _PYTEST_PLUGIN = '''\
 """Written by flexnpu tools/jax_conformance.py: sets jax_test_dut to $JAXCONF_DUT, records
-every test's start and outcome in $JAXCONF_PROGRESS, deselects the tests in $JAXCONF_DESELECT."""
+every test's start and outcome in $JAXCONF_PROGRESS, keeps the sample $JAXCONF_SAMPLE, deselects
+the tests in $JAXCONF_DESELECT."""
+import hashlib
 import json
 import os
 
@@ -78,8 +81,21 @@ def _record(entry):
             os.close(fd)
 
 
+def in_sample(nodeid, sample):
+    """`sample` "K/N": the tests whose node id hashes to K modulo N (stable on every platform)."""
+    k, n = (int(x) for x in sample.split("/"))
+    return int(hashlib.sha1(nodeid.encode()).hexdigest(), 16) % n == k
+
+
 def pytest_collection_modifyitems(config, items):
-    """Deselects the tests listed in $JAXCONF_DESELECT (done before a crash, or the crasher)."""
+    """Keeps the tests of $JAXCONF_SAMPLE (if set); deselects the tests listed in
+    $JAXCONF_DESELECT (done before a crash, or the crasher)."""
+    sample = os.environ.get("JAXCONF_SAMPLE", "")
+    if sample:
+        dropped = [item for item in items if not in_sample(item.nodeid, sample)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [item for item in items if in_sample(item.nodeid, sample)]
     path = os.environ.get("JAXCONF_DESELECT", "")
     if not path or not os.path.exists(path):
         return
@@ -279,11 +295,26 @@ def _move_core_file(cwd: Path, dest: Path, keep: bool) -> str:
     return ""
 
 
-def output_stem(spec: str) -> str:
-    """Name of a spec's JUnit XML and log: parts of one file split with -k get their own."""
+def parse_sample(text: str) -> str:
+    """`--sample K/N` checked: 0 <= K < N ('' = every test)."""
+    if not text:
+        return ""
+    k, slash, n = text.partition("/")
+    if not (slash and k.isdigit() and n.isdigit() and int(k) < int(n)):
+        raise argparse.ArgumentTypeError(f"--sample {text!r}: expected K/N with 0 <= K < N")
+    return f"{int(k)}/{int(n)}"
+
+
+def output_stem(spec: str, sample: str = "") -> str:
+    """Name of a spec's JUnit XML and log: parts of one file split with -k or sampled with
+    --sample get their own."""
     file, _, kexpr = spec.partition(":")
     stem = Path(file).stem
-    return f"{stem}-k{hashlib.sha1(kexpr.encode()).hexdigest()[:8]}" if kexpr else stem
+    if kexpr:
+        stem += f"-k{hashlib.sha1(kexpr.encode()).hexdigest()[:8]}"
+    if sample:
+        stem += "-s{}of{}".format(*sample.split("/"))
+    return stem
 
 
 def run_file(
@@ -300,7 +331,8 @@ def run_file(
     --max-crashes times: a crash loses one test, not the rest of the file.
     """
     file, _, kexpr = spec.partition(":")
-    stem = output_stem(spec)
+    sample = getattr(args, "sample", "")
+    stem = output_stem(spec, sample)
     folder = out / platform
     junit = folder / f"{stem}.xml"
     log = folder / f"{stem}.log"
@@ -333,6 +365,7 @@ def run_file(
     env["JAXCONF_DUT"] = args.dut
     env["JAXCONF_PROGRESS"] = str(progress)
     env["JAXCONF_DESELECT"] = str(deselect)
+    env["JAXCONF_SAMPLE"] = sample
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(out), env.get("PYTHONPATH", "")]))
     cmd = [
         sys.executable, "-m", "pytest", "-q", "-rN", "-c", str(out / "pytest.ini"),
@@ -460,6 +493,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reuse", action="store_true", help="read files whose JUnit XML is in --out, run the rest"
     )
+    parser.add_argument(
+        "--sample",
+        type=parse_sample,
+        default="",
+        help="K/N: run only the tests whose node id hashes to K mod N (a documented part of "
+        "files too big for the time at hand; the same tests on every platform)",
+    )
     args = parser.parse_args(argv)
 
     tests_dir: Path = args.tests_dir.resolve()
@@ -489,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         "platforms": platforms,
         "dut": args.dut,
         "generated_cases": args.generated_cases,
+        "sample": args.sample,
         "files": args.files,
         "results": {p: {s: asdict(r) for s, r in results[p].items()} for p in platforms},
     }

@@ -210,3 +210,46 @@ def test_reuse_continues_an_interrupted_file_after_its_last_finished_test(
     assert tool.main(argv + ["--reuse", "m_test.py"]) == 0  # now from the whole JUnit XML
     reused = json.loads((out / "results.json").read_text())["results"]["cpu"]["m_test.py"]
     assert (reused["note"], reused["tests"]) == ("reused", result["tests"])
+
+
+SAMPLED_TESTS = """
+import pytest
+
+
+@pytest.mark.parametrize("i", range(40))
+def test_p(i):
+    assert i % 10 != 7, "seven"
+"""
+
+
+def test_sample_runs_the_tests_whose_node_id_hashes_to_k_and_the_parts_cover_the_file(
+    tool: ModuleType, tmp_path: Path
+):
+    import hashlib
+
+    tests = tmp_path / "jax" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "s_test.py").write_text(SAMPLED_TESTS)
+    out = tmp_path / "out"
+    argv = ["--tests-dir", str(tests), "--out", str(out), "--platforms", "cpu", "--dut", ""]
+    seen: dict[str, str] = {}
+    for k in range(3):
+        assert tool.main(argv + ["--sample", f"{k}/3", "s_test.py"]) == 0
+        assert (out / "cpu" / f"s_test-s{k}of3.xml").exists()  # each part its own output
+        report = json.loads((out / "results.json").read_text())
+        assert report["sample"] == f"{k}/3"
+        tests_run = report["results"]["cpu"]["s_test.py"]["tests"]
+        for name in tests_run:
+            node = f"tests/s_test.py::{name.partition('::')[2]}"
+            assert int(hashlib.sha1(node.encode()).hexdigest(), 16) % 3 == k
+        assert not seen.keys() & tests_run.keys()
+        seen.update(tests_run)
+    assert len(seen) == 40
+    assert sorted(n for n, o in seen.items() if o == "failed") == [
+        "tests.s_test::test_p[17]", "tests.s_test::test_p[27]", "tests.s_test::test_p[37]",
+        "tests.s_test::test_p[7]",
+    ]  # fmt: skip
+    with pytest.raises(SystemExit):
+        tool.main(argv + ["--sample", "3/3", "s_test.py"])
+    with pytest.raises(argparse.ArgumentTypeError, match="expected K/N with 0 <= K < N"):
+        tool.parse_sample("1-3")
