@@ -1,6 +1,10 @@
 """Overhead of the per-host daemon: the same programs dispatched by in-process FlexNPU and by
-FlexNPU in client mode (FLEXNPU_BACKEND=daemon:SOCK), each in its own process (JAX fixes its
-backends per process), rounds alternating. Prints per-call medians and the ratio daemon/local.
+FlexNPU in client mode (FLEXNPU_BACKEND=daemon:SOCK), side by side in one run. JAX fixes its
+backends per process, so two worker processes (one per mode) load and warm every workload,
+then run blocks of calls in lockstep (A B, B A, ...): each block pair sees nearly the same load,
+and the ratio daemon/local is taken per pair. Prints per-call medians, the ratios (min, median,
+max over pairs), CPU per call (the daemon's process counted with its client) and, from the
+daemon's stats, the requests each call makes by op and the payload bytes moved.
 
     python bench/daemon.py [--tiny-calls 2000] [--decode-steps 200] [--smollm2-steps 40]
                            [--daemon-policy dynamic] [--rounds 3] [--json OUT]
@@ -10,9 +14,9 @@ Workloads: a tiny op (x + 1 on a scalar, block_until_ready each call), a decode-
 8192-way logits; the cache is donated and carried from step to step) and the served SmolLM2
 decode step: the serving engine's compiled decode program for SmolLM2-135M-Instruct (batch 8,
 position 48, KV cache donated), driven as bench/engine_overhead.py's bare loop drives it (read
-the sampled ids each step). `--daemon-policy P` runs the daemon over FlexNPU's runtime with
-policy P (its placer decides; the client passes through), default: the daemon serves the
-physical backend directly.
+the sampled ids each step). `--rounds` is the number of block pairs; each block runs the given
+number of calls. `--daemon-policy P` runs the daemon over FlexNPU's runtime with policy P (its
+placer decides; the client passes through), default: the daemon serves the physical backend.
 """
 
 from __future__ import annotations
@@ -27,18 +31,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 WORKER = r"""
 import json, statistics, sys, time
 import jax, jax.numpy as jnp, numpy as np
 
-tiny_calls, decode_steps, smollm2_steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+smollm2 = sys.argv[1] == "1"
 device = jax.devices()[0]
-out = {}
+runs = {}
 
-if smollm2_steps:
-    sys.path.insert(0, sys.argv[4])
-    from engine_overhead import bare_step_seconds
+if smollm2:
+    sys.path.insert(0, sys.argv[2])
+    from engine_overhead import _decode_inputs
     from flexnpu.serving import logs
     from flexnpu.serving.engine import Engine, EngineConfig
     from flexnpu.serving.gguf_loader import DEFAULT_MODEL
@@ -50,19 +55,20 @@ if smollm2_steps:
                           chunk_buckets=[32, 64], num_devices=1)
     engine = Engine(None, model.params, config, devices=[device],
                     model_config=model.config, eos_ids=())
-    bare_step_seconds(engine, 5, 8, 48)  # compiles and warms the decode program
-    out["smollm2_decode_step_us"] = bare_step_seconds(engine, smollm2_steps, 8, 48) * 1e6
+    runner = engine.instances[0].runner
+    smol_inputs = runner.device_inputs(_decode_inputs(runner, 8, 48))
+
+    def smollm2_step():
+        # As bench/engine_overhead.py's bare loop: the step, the cache carried, ids read.
+        out = runner.steps.step(runner.params, runner.ck, runner.cv, smol_inputs)
+        runner.ck, runner.cv = out[4], out[5]
+        np.asarray(out[0])
+
+    runs["smollm2_decode_step_us"] = smollm2_step
 
 tiny = jax.jit(lambda x: x + 1)
-x = jax.device_put(np.float32(0), device)
-for _ in range(50):
-    tiny(x).block_until_ready()
-samples = []
-for _ in range(tiny_calls):
-    start = time.perf_counter()
-    tiny(x).block_until_ready()
-    samples.append(time.perf_counter() - start)
-out["tiny_op_us"] = statistics.median(samples) * 1e6
+x0 = jax.device_put(np.float32(0), device)
+runs["tiny_op_us"] = lambda: tiny(x0).block_until_ready()
 
 H, F, L, T, V = 512, 1536, 4, 256, 8192
 rng = np.random.default_rng(0)
@@ -84,20 +90,35 @@ def step(params, cache, x, pos):
     return x @ params["out"], jnp.stack(new_cache)
 
 decode = jax.jit(step, donate_argnums=1)
-cache = jax.device_put(np.zeros((L, T, H), np.float32), device)
-x = jax.device_put(rng.standard_normal((1, H)).astype(np.float32), device)
-for i in range(10):
-    logits, cache = decode(params, cache, x, np.int32(i % T))
-logits.block_until_ready()
-samples = []
-for i in range(decode_steps):
-    start = time.perf_counter()
-    logits, cache = decode(params, cache, x, np.int32(i % T))
+state = {"cache": jax.device_put(np.zeros((L, T, H), np.float32), device), "i": 0}
+xd = jax.device_put(rng.standard_normal((1, H)).astype(np.float32), device)
+
+def decode_step():
+    logits, state["cache"] = decode(params, state["cache"], xd, np.int32(state["i"] % T))
+    state["i"] += 1
     logits.block_until_ready()
-    samples.append(time.perf_counter() - start)
-out["decode_step_us"] = statistics.median(samples) * 1e6
-print(json.dumps(out))
+
+runs["decode_step_us"] = decode_step
+
+for name, run in runs.items():  # compile and warm
+    for _ in range(5 if name == "smollm2_decode_step_us" else 20):
+        run()
+print(json.dumps({"ready": sorted(runs)}), flush=True)
+for line in sys.stdin:
+    name, calls = line.split()
+    run = runs[name]
+    samples = []
+    cpu = time.process_time()
+    for _ in range(int(calls)):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    print(json.dumps({"samples": samples, "cpu_s": time.process_time() - cpu}), flush=True)
 """
+
+WORKLOADS = [("tiny_op_us", "tiny op", "tiny_calls"),
+             ("decode_step_us", "decode-like", "decode_steps"),
+             ("smollm2_decode_step_us", "SmolLM2 decode", "smollm2_steps")]
 
 
 def _env(mode: str, socket: Path) -> dict[str, str]:
@@ -108,14 +129,77 @@ def _env(mode: str, socket: Path) -> dict[str, str]:
     return env
 
 
-def _worker(mode: str, socket: Path, args: argparse.Namespace) -> dict[str, float]:
-    done = subprocess.run([sys.executable, "-c", WORKER, str(args.tiny_calls),
-                           str(args.decode_steps), str(args.smollm2_steps),
-                           str(Path(__file__).parent)],
-                          capture_output=True, text=True, env=_env(mode, socket), timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"{mode} worker failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+class Worker:
+    """One worker process (one mode) answering 'WORKLOAD CALLS' with its samples."""
+
+    def __init__(self, mode: str, socket: Path, smollm2: bool, log: Path) -> None:
+        self.mode = mode
+        self._stderr = open(log, "w")  # noqa: SIM115 - lives as long as the worker
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", WORKER, "1" if smollm2 else "0", str(Path(__file__).parent)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+            env=_env(mode, socket))
+        self._log = log
+
+    def read(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            self.process.wait(timeout=30)
+            raise RuntimeError(f"{self.mode} worker failed: {self._log.read_text()[-3000:]}")
+        return json.loads(line)
+
+    def run(self, workload: str, calls: int) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{workload} {calls}\n")
+        self.process.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._stderr.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _daemon_counters(socket: Path) -> dict[str, Any]:
+    from flexnpu._daemon_wire import daemon_stats
+
+    tenant = json.loads(daemon_stats(str(socket)))["tenants"].get("default", {})
+    counters = {f"requests.{op}": v["count"] for op, v in tenant.get("requests", {}).items()}
+    for key in ("pushes", "bytes_to_device", "bytes_to_host"):
+        counters[key] = tenant.get(key, 0)
+    return counters
+
+
+def _per_call(before: dict[str, Any], after: dict[str, Any], calls: int) -> dict[str, float]:
+    return {k: (v - before.get(k, 0)) / calls for k, v in after.items()
+            if v != before.get(k, 0)}
+
+
+def _start_daemon(tmp: Path, socket: Path, policy: str | None) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_"))}
+    command = [sys.executable, "-m", "flexnpu", "daemon", "--socket", str(socket)]
+    if policy:
+        command += ["--policy", policy]
+    log = tmp / "daemon.log"
+    with open(log, "w") as out:
+        daemon = subprocess.Popen(command, stderr=out, stdout=out, env=env)
+    deadline = time.monotonic() + 60
+    while "ready on" not in log.read_text():
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(log.read_text())
+        time.sleep(0.1)
+    return daemon
 
 
 def main() -> int:
@@ -123,49 +207,81 @@ def main() -> int:
     parser.add_argument("--tiny-calls", type=int, default=2000)
     parser.add_argument("--decode-steps", type=int, default=200)
     parser.add_argument("--smollm2-steps", type=int, default=40,
-                        help="SmolLM2 decode steps timed per round (0: skip)")
+                        help="SmolLM2 decode steps per block (0: skip)")
     parser.add_argument("--daemon-policy", help="run the daemon over FlexNPU's runtime with "
                                                 "this policy (default: the physical backend)")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="block pairs per workload")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="flexnpu-bench-daemon-"))
     socket = tmp / "flexnpu.sock"
-    log = open(tmp / "daemon.log", "w")  # noqa: SIM115 - lives as long as the daemon
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_"))}
-    command = [sys.executable, "-m", "flexnpu", "daemon", "--socket", str(socket)]
-    if args.daemon_policy:
-        command += ["--policy", args.daemon_policy]
-    daemon = subprocess.Popen(command, stderr=log, stdout=log, env=env)
+    daemon = _start_daemon(tmp, socket, args.daemon_policy)
+    workers: dict[str, Worker] = {}
+    results: dict[str, Any] = {}
     try:
-        deadline = time.monotonic() + 60
-        while "ready on" not in (tmp / "daemon.log").read_text():
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((tmp / "daemon.log").read_text())
-            time.sleep(0.1)
-        results: dict[str, list[dict[str, float]]] = {"local": [], "daemon": []}
-        for r in range(args.rounds):
-            order = ["local", "daemon"] if r % 2 == 0 else ["daemon", "local"]
-            for mode in order:
-                results[mode].append(_worker(mode, socket, args))
+        for mode in ("local", "daemon"):
+            workers[mode] = Worker(mode, socket, args.smollm2_steps > 0, tmp / f"{mode}.log")
+        for worker in workers.values():
+            worker.read()  # ready: loaded, compiled, warm
+        for key, _, count in WORKLOADS:
+            calls = getattr(args, count)
+            if calls <= 0:
+                continue
+            rounds: list[dict[str, Any]] = []
+            for r in range(args.rounds):
+                pair: dict[str, Any] = {}
+                for mode in (("local", "daemon") if r % 2 == 0 else ("daemon", "local")):
+                    daemon_cpu = _cpu_seconds(daemon.pid)
+                    counters = _daemon_counters(socket) if mode == "daemon" else {}
+                    got = workers[mode].run(key, calls)
+                    cpu = got["cpu_s"]
+                    if mode == "daemon":
+                        cpu += _cpu_seconds(daemon.pid) - daemon_cpu
+                        pair["requests_per_call"] = _per_call(counters, _daemon_counters(socket),
+                                                              calls)
+                    pair[mode] = {"median_us": statistics.median(got["samples"]) * 1e6,
+                                  "cpu_us_per_call": cpu / calls * 1e6}
+                pair["ratio"] = pair["daemon"]["median_us"] / pair["local"]["median_us"]
+                rounds.append(pair)
+            results[key] = rounds
     finally:
+        for worker in workers.values():
+            worker.close()
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
-        log.close()
-    summary = {}
-    print(f"{'workload':>14} {'local us':>10} {'daemon us':>10} {'ratio':>7}  (median of rounds)")
-    workloads = [("tiny_op_us", "tiny op"), ("decode_step_us", "decode-like")]
-    if args.smollm2_steps:
-        workloads.append(("smollm2_decode_step_us", "SmolLM2 decode"))
-    for key, name in workloads:
-        local = statistics.median(x[key] for x in results["local"])
-        remote = statistics.median(x[key] for x in results["daemon"])
-        ratios = [d[key] / s[key] for d, s in zip(results["daemon"], results["local"], strict=True)]
-        summary[key] = {"local_us": local, "daemon_us": remote, "ratio": remote / local,
-                        "ratio_per_round": ratios}
-        print(f"{name:>14} {local:>10.1f} {remote:>10.1f} {remote / local:>7.3f}  "
-              f"per round: {', '.join(f'{x:.3f}' for x in ratios)}")
+
+    summary: dict[str, Any] = {}
+    print(f"{'workload':>14} {'local us':>10} {'daemon us':>10} {'ratio':>7} "
+          f"{'min':>6} {'max':>6}  {'cpu local':>9} {'cpu daemon':>10}  (per call; ratio: median"
+          f" of {args.rounds} lockstep pairs)")
+    for key, name, _ in WORKLOADS:
+        if key not in results:
+            continue
+        rounds = results[key]
+        ratios = [p["ratio"] for p in rounds]
+
+        def med(mode: str, field: str, rounds: list[dict[str, Any]] = rounds) -> float:
+            return statistics.median(p[mode][field] for p in rounds)
+
+        summary[key] = {"local_us": med("local", "median_us"),
+                        "daemon_us": med("daemon", "median_us"),
+                        "ratio": statistics.median(ratios), "ratio_min": min(ratios),
+                        "ratio_max": max(ratios), "ratio_per_round": ratios,
+                        "cpu_local_us": med("local", "cpu_us_per_call"),
+                        "cpu_daemon_us": med("daemon", "cpu_us_per_call"),
+                        "requests_per_call": rounds[-1]["requests_per_call"]}
+        s = summary[key]
+        print(f"{name:>14} {s['local_us']:>10.1f} {s['daemon_us']:>10.1f} {s['ratio']:>7.3f} "
+              f"{s['ratio_min']:>6.3f} {s['ratio_max']:>6.3f}  {s['cpu_local_us']:>9.1f} "
+              f"{s['cpu_daemon_us']:>10.1f}")
+    print("daemon requests and bytes per call (last pair):")
+    for key, name, _ in WORKLOADS:
+        if key in summary:
+            per = ", ".join(f"{k.removeprefix('requests.')} {v:g}"
+                            for k, v in sorted(summary[key]["requests_per_call"].items()))
+            print(f"  {name}: {per}")
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rounds": results, "summary": summary}, indent=2))
     return 0

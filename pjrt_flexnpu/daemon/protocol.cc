@@ -143,6 +143,30 @@ Status RecvFrame(int socket, Frame* frame, std::vector<int>* fds) {
   return Decode(body, frame);
 }
 
+const char* OpName(uint32_t op) {
+  switch (op) {
+    case kHello: return "Hello";
+    case kBufferFromHost: return "BufferFromHost";
+    case kBufferToHostSize: return "BufferToHostSize";
+    case kBufferToHost: return "BufferToHost";
+    case kBufferReadyEvent: return "BufferReadyEvent";
+    case kBufferDelete: return "BufferDelete";
+    case kBufferIsDeleted: return "BufferIsDeleted";
+    case kBufferDestroy: return "BufferDestroy";
+    case kBufferCopyToMemory: return "BufferCopyToMemory";
+    case kCompile: return "Compile";
+    case kDeserialize: return "Deserialize";
+    case kOptimizedProgram: return "OptimizedProgram";
+    case kSerialize: return "Serialize";
+    case kExecutableDelete: return "ExecutableDelete";
+    case kExecutableDestroy: return "ExecutableDestroy";
+    case kExecute: return "Execute";
+    case kStats: return "Stats";
+    case kEventReady: return "EventReady";
+    default: return "unknown";
+  }
+}
+
 size_t HostElementBytes(int type) {
   switch (type) {
     case PJRT_Buffer_Type_PRED:

@@ -12,7 +12,9 @@
 namespace flexnpu::daemon {
 
 // Bumped on any change of a message layout; Hello refuses a mismatch.
-inline constexpr int64_t kProtocolVersion = 2;  // 2: executable replies carry the name
+// 2: executable replies carry the name. 3: Execute replies list the donated arguments (the
+// client answers IsDeleted locally); BufferToHost is one-way (a failure fails its event).
+inline constexpr int64_t kProtocolVersion = 3;
 // Payloads up to this size travel inside the frame; larger ones in a memfd segment.
 inline constexpr size_t kInlinePayloadBytes = 64 * 1024;
 // A frame longer than this is refused as malformed.
@@ -26,8 +28,8 @@ enum Op : uint32_t {
   kBufferFromHost = 2,     // ints [type, ndims, dims.., nstrides, strides.., device, memory,
                            // inline] blobs [data] | fd -> buffer meta
   kBufferToHostSize = 3,   // ints [buffer, host layout] -> ints [size]
-  kBufferToHost = 4,       // ints [buffer, event, size, inline, host layout] | fd -> ok; the push
-                           // carries the bytes when inline
+  kBufferToHost = 4,       // one-way: ints [buffer, event, size, inline, host layout] | fd; the
+                           // push carries the bytes when inline, or the error
   kBufferReadyEvent = 5,   // ints [buffer, event] -> ok
   kBufferDelete = 6,       // ints [buffer]
   kBufferIsDeleted = 7,    // ints [buffer] -> ints [deleted]
@@ -39,10 +41,15 @@ enum Op : uint32_t {
   kSerialize = 13,         // ints [exe] -> blobs [bytes]
   kExecutableDelete = 14,  // ints [exe]
   kExecutableDestroy = 15, // one-way: ints [exe]
-  kExecute = 16,           // see Execute in server.cc -> buffer metas
+  kExecute = 16,           // see Execute in server.cc -> buffer metas, donated argument list
+                           // (positions device * num_args + arg)
   kStats = 17,             // -> text (JSON)
   kEventReady = 100,       // push: ints [event, code], text message, blobs [payload]?
 };
+// Requests are ops 1..kLastRequestOp.
+inline constexpr uint32_t kLastRequestOp = kStats;
+// The op's name for stats ("Execute"); "unknown" for others.
+const char* OpName(uint32_t op);
 
 struct Frame {
   uint64_t call_id = 0;

@@ -162,14 +162,23 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return std::move(pending->reply);
   }
 
-  // One-way request (destroys): no reply, errors are dropped.
-  void Post(Frame request) {
+  // One-way request (destroys, transfers to host): no reply. A failure to send is returned;
+  // the daemon reports a transfer's failure through its event.
+  Status Post(Frame request, const std::vector<int>& fds = {}) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!dead_.ok()) return;
+      if (!dead_.ok()) return dead_;
     }
-    std::lock_guard<std::mutex> lock(write_mu_);
-    (void)SendFrame(fd_, request);
+    Status sent;
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      sent = SendFrame(fd_, request, fds);
+    }
+    if (!sent.ok()) {
+      return Status(Code::kUnavailable,
+                    "flexnpu daemon at " + path_ + ": send failed: " + sent.message());
+    }
+    return Status::Ok();
   }
 
   // A new event whose readiness the daemon will push under the returned id.
@@ -803,7 +812,7 @@ PJRT_Error* Buffer_Destroy_(PJRT_Buffer_Destroy_Args* a) {
   Frame request;
   request.op = kBufferDestroy;
   request.ints = {b->meta.id};
-  b->connection->Post(std::move(request));
+  (void)b->connection->Post(std::move(request));  // a dead daemon has dropped it already
   delete b;
   return nullptr;
 }
@@ -886,37 +895,23 @@ PJRT_Error* Buffer_IsOnCpu_(PJRT_Buffer_IsOnCpu_Args* a) {
   return nullptr;
 }
 
-Status SimpleBufferCall(RemoteBuffer* b, Op op, Frame* reply_out = nullptr) {
-  Frame request;
-  request.op = op;
-  request.ints = {b->meta.id};
-  auto reply = b->client->connection->Call(std::move(request));
-  if (!reply.ok()) return reply.status();
-  if (reply_out != nullptr) *reply_out = std::move(*reply);
-  return Status::Ok();
-}
-
 PJRT_Error* Buffer_Delete_(PJRT_Buffer_Delete_Args* a) {
   return Run([&]() -> Status {
     RemoteBuffer* b = From<RemoteBuffer>(a->buffer);
-    FLEXNPU_RETURN_IF_ERROR(SimpleBufferCall(b, kBufferDelete));
+    Frame request;
+    request.op = kBufferDelete;
+    request.ints = {b->meta.id};
+    auto reply = b->client->connection->Call(std::move(request));
+    if (!reply.ok()) return reply.status();
     b->deleted = true;
     return Status::Ok();
   });
 }
+// A buffer is deleted only by Buffer_Delete or by donation to an execution, whose reply
+// lists the donated arguments: both are known here without asking.
 PJRT_Error* Buffer_IsDeleted_(PJRT_Buffer_IsDeleted_Args* a) {
-  return Run([&]() -> Status {
-    RemoteBuffer* b = From<RemoteBuffer>(a->buffer);
-    if (b->deleted) {
-      a->is_deleted = true;
-      return Status::Ok();
-    }
-    Frame reply;
-    FLEXNPU_RETURN_IF_ERROR(SimpleBufferCall(b, kBufferIsDeleted, &reply));
-    if (reply.ints.empty()) return BadReply(b->client, "Buffer_IsDeleted");
-    a->is_deleted = reply.ints[0] != 0;
-    return Status::Ok();
-  });
+  a->is_deleted = From<RemoteBuffer>(a->buffer)->deleted.load();
+  return nullptr;
 }
 
 PJRT_Error* Buffer_ReadyEvent_(PJRT_Buffer_ReadyEvent_Args* a) {
@@ -1000,10 +995,11 @@ PJRT_Error* Buffer_ToHostBuffer_(PJRT_Buffer_ToHostBuffer_Args* a) {
     request.op = kBufferToHost;
     request.ints = {b->meta.id, id, static_cast<int64_t>(size), inline_payload ? 1 : 0};
     AppendLayout(&request.ints, host_layout);
-    auto reply = c.Call(std::move(request), fds);
-    if (!reply.ok()) {
+    // One-way: the push answers it (with the bytes, or the daemon's error).
+    Status sent = c.Post(std::move(request), fds);
+    if (!sent.ok()) {
       c.DropEvent(id);
-      return reply.status();
+      return sent;
     }
     a->event = To<PJRT_Event>(new EventHandle{event});
     return Status::Ok();
@@ -1067,7 +1063,7 @@ PJRT_Error* LoadedExecutable_Destroy_(PJRT_LoadedExecutable_Destroy_Args* a) {
   Frame request;
   request.op = kExecutableDestroy;
   request.ints = {e->state->meta.id};
-  e->state->connection->Post(std::move(request));
+  (void)e->state->connection->Post(std::move(request));
   delete e;
   return nullptr;
 }
@@ -1147,6 +1143,17 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
         outputs.push_back(*buffer);
         a->output_lists[d][o] = To<PJRT_Buffer>(*buffer);
       }
+    }
+    std::vector<int64_t> donated;
+    if (!cursor.List(&donated)) {
+      for (RemoteBuffer* b : outputs) delete b;
+      return BadReply(client, "Execute (donated arguments)");
+    }
+    for (int64_t position : donated) {
+      const auto d = static_cast<size_t>(position) / std::max<size_t>(a->num_args, 1);
+      const auto i = static_cast<size_t>(position) % std::max<size_t>(a->num_args, 1);
+      if (position < 0 || d >= a->num_devices) continue;
+      From<RemoteBuffer>(a->argument_lists[d][i])->deleted = true;
     }
     if (a->device_complete_events != nullptr) {
       for (size_t d = 0; d < events.size(); ++d) {

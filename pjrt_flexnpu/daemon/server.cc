@@ -7,12 +7,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -53,6 +55,16 @@ struct TenantState {
   // Counted by session threads without mu_ (entries of tenants_ never move).
   std::atomic<int64_t> executions{0};
   std::atomic<int64_t> held_for_latency{0};  // batch executions that waited for latency work
+  // What the tenant's sessions asked for (by op) and how long the daemon spent handling it,
+  // readiness pushes sent and payload bytes moved: the per-step cost of the protocol.
+  struct Requests {
+    std::atomic<int64_t> count{0};
+    std::atomic<int64_t> handler_ns{0};
+  };
+  std::array<Requests, kLastRequestOp + 1> requests;
+  std::atomic<int64_t> pushes{0};
+  std::atomic<int64_t> bytes_to_device{0};
+  std::atomic<int64_t> bytes_to_host{0};
 };
 
 // Priority classes: latency-class work first, batch-class work fills the gaps. Per device
@@ -102,6 +114,54 @@ class PriorityGate {
   const std::chrono::milliseconds max_wait_;
 };
 
+// Destroys buffers off the session threads. The CPU backend's PJRT_Buffer_Destroy of a
+// donated buffer blocks until the execution it was donated to completes (a decode step's KV
+// cache: the whole step); on a session thread that would hold back every later request of
+// the session (its next execution, the read of this step's result) until then.
+class Reaper {
+ public:
+  void Start(const PhysicalBackend* backend) {
+    backend_ = backend;
+    thread_ = std::thread([this] { Run(); });
+  }
+  void Destroy(PJRT_Buffer* buffer) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(buffer);
+    }
+    cv_.notify_one();
+  }
+  // Destroys what is queued, then stops.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      PJRT_Buffer* buffer = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      InnerDeleter<PJRT_Buffer>{backend_}(buffer);
+      lock.lock();
+    }
+  }
+  const PhysicalBackend* backend_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<PJRT_Buffer*> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
 // The socket side of a session, shared with event callbacks that outlive a request.
 struct Channel {
   explicit Channel(int fd) : fd(fd) {}
@@ -119,6 +179,8 @@ struct Channel {
     return std::move(fired);
   }
   const int fd;
+  // Set by the session thread at Hello, before any event is watched; null for observers.
+  TenantState* tenant = nullptr;
   std::mutex write_mu;
   std::mutex fired_mu;
   std::vector<PJRT_Event*> fired;
@@ -180,6 +242,10 @@ void OnWatchReady(PJRT_Error* error, void* arg) {
     push.text = status.message();
     if (status.ok() && w->fill) w->fill(&push);
     w->channel->Send(push);
+    if (TenantState* t = w->channel->tenant) {
+      ++t->pushes;
+      if (!push.blobs.empty()) t->bytes_to_host += static_cast<int64_t>(push.blobs[0].size());
+    }
   }
   if (w->done) w->done();
   w->channel->Fired(w->inner);
@@ -276,6 +342,7 @@ class ServerImpl final : public Server {
   std::vector<Device> devices_;
   std::vector<Memory> memories_;
   std::shared_ptr<PriorityGate> gate_;  // shared with completion callbacks
+  Reaper reaper_;
   // FlexNPU's own plugin as the backend exports its runtime's state (placements by reason).
   const char* (*runtime_stats_)() = nullptr;
 
@@ -410,6 +477,7 @@ Status ServerImpl::Init() {
     }
     devices_.push_back(std::move(d));
   }
+  reaper_.Start(&b());
   gate_ = std::make_shared<PriorityGate>(devices_.size(),
                                          std::chrono::milliseconds(config_.batch_max_wait_ms));
   for (const TenantConfig& t : config_.tenants) {
@@ -523,10 +591,27 @@ void ServerImpl::Serve(std::shared_ptr<Session> session) {
     } else if (s.observer && request.op != kStats) {
       status = PermissionDenied("an observer session can only ask for stats");
     } else {
+      const auto start = std::chrono::steady_clock::now();
       status = Handle(s, request, fds, &reply);
+      if (s.tenant_state != nullptr && request.op <= kLastRequestOp) {
+        auto& counter = s.tenant_state->requests[request.op];
+        ++counter.count;
+        counter.handler_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count();
+      }
     }
     for (int fd : fds) {
       if (fd >= 0) ::close(fd);
+    }
+    if (!status.ok() && request.call_id == 0 && request.op == kBufferToHost &&
+        request.ints.size() > 1) {
+      // A one-way transfer's failure is its event's.
+      Frame push;
+      push.op = kEventReady;
+      push.ints = {request.ints[1], static_cast<int64_t>(status.code())};
+      push.text = status.message();
+      s.channel->Send(push);
     }
     if (!status.ok()) {
       reply.code = static_cast<int32_t>(status.code());
@@ -575,6 +660,7 @@ Status ServerImpl::Hello(Session& s, const Frame& request, Frame* reply) {
       tenant = &it->second.config;
       if (!s.observer) {
         s.tenant_state = &it->second;
+        s.channel->tenant = &it->second;
         s.latency = tenant->priority == "latency";
       }
       if (!s.observer) {
@@ -778,6 +864,7 @@ Status ServerImpl::BufferFromHost(Session& s, const Frame& r, std::vector<int>& 
     data = segment->data();
   }
   FLEXNPU_RETURN_IF_ERROR(Charge(s, size, "a host-to-device transfer"));
+  if (s.tenant_state != nullptr) s.tenant_state->bytes_to_device += size;
   PJRT_Client_BufferFromHostBuffer_Args args{};
   args.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
   args.client = client_.get();
@@ -845,6 +932,8 @@ Status ServerImpl::ToHost(Session& s, const Frame& r, std::vector<int>& fds, Fra
   args.dst = dst;
   args.dst_size = size;
   FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b(), PJRT_Buffer_ToHostBuffer, &args));
+  // Inline payloads are counted when pushed.
+  if (segment && s.tenant_state != nullptr) s.tenant_state->bytes_to_host += size;
   std::function<void(Frame*)> fill;
   if (payload) fill = [payload](Frame* push) { push->blobs.push_back(*payload); };
   std::shared_ptr<void> keep = segment ? std::shared_ptr<void>(segment) : payload;
@@ -1109,6 +1198,15 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
     }
     return st;
   }
+  // The arguments the execution consumed (donated): the client answers IsDeleted from this.
+  std::vector<int64_t> donated;
+  for (int64_t d = 0; d < num_devices; ++d) {
+    for (int64_t i = 0; i < num_args; ++i) {
+      auto deleted = b().IsDeleted(arguments[d][i]);
+      if (deleted.ok() && *deleted) donated.push_back(d * num_args + i);
+    }
+  }
+  AppendList(&out->ints, donated.data(), donated.size());
   return Status::Ok();
 }
 
@@ -1164,7 +1262,7 @@ Status ServerImpl::Handle(Session& s, const Frame& r, std::vector<int>& fds, Fra
       auto buffer = FindBuffer(s, r.ints);
       if (!buffer.ok()) return buffer.status();
       Release(s, (*buffer)->counted_bytes);
-      InnerDeleter<PJRT_Buffer>{&b()}((*buffer)->handle);
+      reaper_.Destroy((*buffer)->handle);
       s.buffers.erase(r.ints[0]);
       return Status::Ok();
     }
@@ -1249,6 +1347,7 @@ void ServerImpl::Stop() {
     for (auto& [id, s] : sessions_) ::shutdown(s->channel->fd, SHUT_RD);
   }
   Reap(true);
+  reaper_.Stop();
   Log("stopped");
 }
 
@@ -1284,7 +1383,18 @@ std::string ServerImpl::StatsJson() const {
     for (size_t i = 0; i < t.config.devices.size(); ++i) {
       out << (i ? ", " : "") << t.config.devices[i];
     }
-    out << "]}";
+    out << "], \"requests\": {";
+    bool first_op = true;
+    for (uint32_t op = 1; op <= kLastRequestOp; ++op) {
+      const int64_t count = t.requests[op].count.load();
+      if (count == 0) continue;
+      out << (first_op ? "" : ", ") << JsonString(OpName(op)) << ": {\"count\": " << count
+          << ", \"handler_us\": " << t.requests[op].handler_ns.load() / 1000 << "}";
+      first_op = false;
+    }
+    out << "}, \"pushes\": " << t.pushes.load()
+        << ", \"bytes_to_device\": " << t.bytes_to_device.load()
+        << ", \"bytes_to_host\": " << t.bytes_to_host.load() << "}";
   }
   out << "}, \"latency_in_flight\": [";
   const std::vector<int64_t> in_flight = gate_->InFlight();

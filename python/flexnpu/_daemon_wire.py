@@ -7,12 +7,14 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 OP_HELLO = 1
 OP_BUFFER_FROM_HOST = 2
 OP_BUFFER_TO_HOST_SIZE = 3
+OP_BUFFER_TO_HOST = 4
 OP_BUFFER_DESTROY = 8
 OP_STATS = 17
+OP_EVENT_READY = 100
 ROLE_CLIENT = 0
 ROLE_OBSERVER = 1
 

@@ -20,9 +20,12 @@ import pytest
 
 from flexnpu._daemon_wire import (
     OP_BUFFER_FROM_HOST,
+    OP_BUFFER_TO_HOST,
     OP_BUFFER_TO_HOST_SIZE,
+    OP_EVENT_READY,
     PROTOCOL_VERSION,
     Connection,
+    Frame,
     daemon_stats,
 )
 
@@ -316,6 +319,49 @@ def test_a_session_cannot_name_another_sessions_buffer(daemon: Daemon) -> None:
         other = b.call(OP_BUFFER_TO_HOST_SIZE, [buffer_id, *NO_LAYOUT])
         assert other.code == NOT_FOUND
         assert f"buffer {buffer_id} is not one of session" in other.text
+
+
+def test_one_way_transfer_failure_fails_its_event(daemon: Daemon) -> None:
+    with Connection(str(daemon.socket)) as c:
+        assert c.hello("oneway").code == OK
+        # BufferToHost has no reply (protocol 3): a refused one answers through its event.
+        c.send(Frame(op=OP_BUFFER_TO_HOST, ints=[987654, 41, 16, 1, *NO_LAYOUT]))
+        push = c.receive()
+    assert push.op == OP_EVENT_READY and push.call_id == 0
+    assert push.ints == [41, NOT_FOUND]
+    assert "buffer 987654 is not one of session" in push.text
+
+
+# A donating step through the daemon: results, deletion as JAX sees it, and the requests the
+# daemon counted (by op) for the tenant.
+DONATING_CLIENT = """
+import json, jax, jax.numpy as jnp, numpy as np
+step = jax.jit(lambda cache, x: (cache + x, jnp.sum(cache * x)), donate_argnums=0)
+cache = jax.device_put(np.arange(8, dtype=np.float32))
+x = jax.device_put(np.full(8, 2, np.float32))
+for _ in range(3):
+    old = cache
+    cache, total = step(cache, x)
+print(json.dumps({"cache": np.asarray(cache).tolist(), "total": float(total),
+                  "old_deleted": old.is_deleted(), "x_deleted": x.is_deleted()}))
+"""
+
+
+def test_donation_is_seen_without_asking_and_requests_are_counted(daemon: Daemon) -> None:
+    done = subprocess.run([sys.executable, "-c", DONATING_CLIENT], capture_output=True,
+                          text=True, timeout=300, env=_client_env(daemon.socket, "donor"))
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["cache"] == [float(v + 6) for v in range(8)]
+    assert got["total"] == float(sum((v + 4) * 2 for v in range(8)))
+    assert got["old_deleted"] is True and got["x_deleted"] is False
+    donor = daemon.stats()["tenants"]["donor"]
+    requests = donor["requests"]
+    assert requests["Execute"]["count"] == 3
+    assert requests["BufferToHost"]["count"] >= 2  # cache and total read back
+    # Deletion by donation comes with the Execute reply: never asked per buffer.
+    assert "BufferIsDeleted" not in requests
+    assert donor["pushes"] >= 3 + 2 and donor["bytes_to_host"] >= 8 * 4 + 4
 
 
 @pytest.fixture(scope="module")
