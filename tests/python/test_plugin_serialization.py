@@ -281,7 +281,14 @@ print(json.dumps({"results": [int(first), int(second)], "hits": len(hits),
 """
 
 
-@pytest.mark.parametrize("platform", ["flexnpu", "cpu"])
+def _lammps_env() -> dict[str, str]:
+    lammps = pytest.importorskip("lammps_jax_pjrt_cpu")
+    plugin = Path(lammps.__file__).parent / "pjrt_c_api_cpu_plugin.so"
+    return {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_BACKEND": str(plugin),
+            "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=4", "FLEXNPU_ALLOW_NEWER_BACKEND": "1"}
+
+
+@pytest.mark.parametrize("platform", ["flexnpu", "flexnpu_over_lammps", "cpu"])
 def test_a_cache_hit_dumps_with_its_own_options_as_on_cpu(tmp_path: Path, platform: str) -> None:
     """The inner plugin dumps a loaded executable with the compile options it is loaded with:
     FlexNPU passes it the options of this load (rewritten to the physical devices), so a cache
@@ -290,7 +297,8 @@ def test_a_cache_hit_dumps_with_its_own_options_as_on_cpu(tmp_path: Path, platfo
     for d in dirs:
         d.mkdir()
     code = _DUMP_ON_CACHE_HIT.replace("sys.argv[1:4]", repr([str(d) for d in dirs]))
-    proc = run_python(code, env={"JAX_PLATFORMS": platform, **_PASSTHROUGH_4})
+    env = _lammps_env() if platform == "flexnpu_over_lammps" else {"JAX_PLATFORMS": platform}
+    proc = run_python(code, env={**env, **_PASSTHROUGH_4})
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["results"] == [2, 2]
