@@ -1127,6 +1127,20 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
       on_devices.push_back((*entry)->addressable[d]);
     }
   }
+  // Without an execute device the backend runs the executable on its addressable devices:
+  // each must be in the tenant's set (one compiled for several devices may list others).
+  if (static_cast<int64_t>(on_devices.size()) < num_devices) {
+    return InvalidArgument("Execute names " + std::to_string(num_devices) +
+                           " devices, the executable has " + std::to_string(on_devices.size()) +
+                           " addressable ones (a portable executable needs an execute device)");
+  }
+  for (int64_t device : on_devices) {
+    if (s.devices.count(device) == 0) {
+      return PermissionDenied("the execution would run on device " +
+                              std::to_string(devices_[device].id) +
+                              ", outside the device set of tenant '" + s.tenant + "'");
+    }
+  }
   if (s.tenant_state != nullptr) ++s.tenant_state->executions;
   if (!s.latency && gate_->AwaitBatchTurn(on_devices, stopping_) && s.tenant_state != nullptr) {
     ++s.tenant_state->held_for_latency;

@@ -22,7 +22,9 @@ from flexnpu._daemon_wire import (
     OP_BUFFER_FROM_HOST,
     OP_BUFFER_TO_HOST,
     OP_BUFFER_TO_HOST_SIZE,
+    OP_COMPILE,
     OP_EVENT_READY,
+    OP_EXECUTE,
     PROTOCOL_VERSION,
     Connection,
     Frame,
@@ -32,7 +34,8 @@ from flexnpu._daemon_wire import (
 TESTS = Path(__file__).parent
 F32 = 11  # PJRT_Buffer_Type_F32
 NO_LAYOUT = [-1, 0, 0, 0]  # a host layout field saying "none"
-OK, NOT_FOUND, PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION = 0, 5, 7, 8, 9
+OK, INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED = 0, 3, 5, 7
+RESOURCE_EXHAUSTED, FAILED_PRECONDITION = 8, 9
 
 
 class Daemon:
@@ -416,6 +419,47 @@ def test_device_set_filters_the_devices_a_session_sees(tenant_daemon: Daemon) ->
         refused = _put(c, 0, np.arange(4))  # device index 0 is outside the set
     assert refused.code == PERMISSION_DENIED
     assert "outside the device set of tenant 'pinned'" in refused.text
+
+
+def _execute(c: Connection, exe: int, arguments: list[int], execute_device: int = -1,
+             num_devices: int = 1):
+    # ints: exe, num_devices, num_args, launch_id, execute_device, non-donatable list,
+    # arguments (device-major), event list.
+    return c.call(OP_EXECUTE, [exe, num_devices, len(arguments) // num_devices, 0,
+                               execute_device, 0, *arguments, 0])
+
+
+def test_an_execution_outside_the_device_set_is_refused(tenant_daemon: Daemon) -> None:
+    from jax._src.lib import xla_client
+
+    code = jax.jit(lambda v: v * 2).lower(np.zeros(4, np.float32)).as_text()
+    portable = xla_client.CompileOptions()
+    portable.compile_portable_executable = True
+    # Two replicas on devices 0 and 1: compiling it is allowed (it lists device 1 of the set),
+    # but run without an execute device it would occupy device 0 too.
+    replicated = xla_client.CompileOptions()
+    replicated.num_replicas = 2
+    replicated.device_assignment = xla_client.DeviceAssignment.create(np.array([[0], [1]]))
+    with Connection(str(tenant_daemon.socket)) as c:
+        assert c.hello("pinned").code == OK
+        put = _put(c, 1, np.arange(4))
+        assert put.code == OK, put.text
+        arg = put.ints[0]
+        two = c.call(OP_COMPILE, blobs=[
+            b"mlir", code.replace("mhlo.num_replicas = 1", "mhlo.num_replicas = 2").encode(),
+            replicated.SerializeAsString()])
+        assert two.code == OK, two.text
+        refused = _execute(c, two.ints[0], [arg, arg], num_devices=2)
+        assert refused.code == PERMISSION_DENIED
+        assert "would run on device 0" in refused.text
+        assert "outside the device set of tenant 'pinned'" in refused.text
+        one = c.call(OP_COMPILE, blobs=[b"mlir", code.encode(), portable.SerializeAsString()])
+        assert one.code == OK, one.text
+        unplaced = _execute(c, one.ints[0], [arg])
+        assert unplaced.code == INVALID_ARGUMENT
+        assert "a portable executable needs an execute device" in unplaced.text
+        ran = _execute(c, one.ints[0], [arg], execute_device=1)
+        assert ran.code == OK, ran.text
 
 
 def test_stats_cli_lists_sessions_and_tenants(tenant_daemon: Daemon) -> None:
