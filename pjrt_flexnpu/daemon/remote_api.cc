@@ -4,10 +4,12 @@
 // compile, execute, destroy) cross the socket.
 //
 // Threads: callers block on a reply (with a deadline); one reader thread per connection
-// routes replies and event pushes; OnReady callbacks run on one callback thread per
-// connection (never the reader: a callback may itself call the daemon).
+// routes replies and event pushes and runs OnReady callbacks itself (no hand-off on the way
+// from a push to the program); a callback that calls the daemon or awaits an event of the
+// same connection reads the socket inline meanwhile.
 #include "pjrt_flexnpu/daemon/remote_api.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -18,7 +20,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -60,6 +61,8 @@ int CallTimeoutSeconds() {
 // ---------------------------------------------------------------------------------------
 // Events
 
+class Connection;
+
 struct RemoteEvent {
   std::mutex mu;
   std::condition_variable cv;
@@ -69,13 +72,17 @@ struct RemoteEvent {
   // Runs (on the reader thread) with the push before the event turns ready: copies a
   // transfer's bytes to the caller's memory.
   std::function<void(const Frame&)> on_push;
+  // The connection whose push makes it ready (compared, never dereferenced, by Await: a
+  // callback awaiting on that connection's reader thread reads the push itself).
+  const Connection* owner = nullptr;
 };
 
 struct EventHandle {
   std::shared_ptr<RemoteEvent> event;
 };
 
-class Connection;
+// The connection whose reader thread this is (callbacks run there), else null.
+thread_local const Connection* t_reading = nullptr;
 
 // ---------------------------------------------------------------------------------------
 // Connection: one per PJRT client = one daemon session.
@@ -100,27 +107,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
                         " (is `python -m flexnpu daemon --socket " + path + "` running?)");
     }
     std::shared_ptr<Connection> c(new Connection(fd, path));
-    c->reader_ = std::thread([raw = c.get()] { raw->ReadLoop(); });
-    c->callbacks_thread_ = std::thread([raw = c.get()] { raw->CallbackLoop(); });
+    // The reader keeps the connection alive until the socket closes (Close, or the daemon):
+    // callbacks run on it, and one may drop the last other reference.
+    std::thread([self = c] { self->ReadLoop(); }).detach();
     return c;
   }
 
-  ~Connection() {
-    ::shutdown(fd_, SHUT_RDWR);
-    if (reader_.joinable()) reader_.join();
-    {
-      std::lock_guard<std::mutex> lock(cb_mu_);
-      stopping_ = true;
-    }
-    cb_cv_.notify_all();
-    // The last handle may be dropped by a callback (a buffer destroyed in OnReady).
-    if (callbacks_thread_.get_id() == std::this_thread::get_id()) {
-      callbacks_thread_.detach();
-    } else if (callbacks_thread_.joinable()) {
-      callbacks_thread_.join();
-    }
-    ::close(fd_);
-  }
+  ~Connection() { ::close(fd_); }
+
+  // Ends the session: the reader sees the end of the stream, fails what waits and exits.
+  void Close() { ::shutdown(fd_, SHUT_RDWR); }
 
   const std::string& path() const { return path_; }
 
@@ -145,9 +141,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return Status(Code::kUnavailable,
                     "flexnpu daemon at " + path_ + ": send failed: " + sent.message());
     }
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(CallTimeoutSeconds());
+    if (t_reading == this) {
+      // A callback calling the daemon: nobody else reads this socket, so read the reply here.
+      (void)ReadInline(
+          [&] {
+            std::lock_guard<std::mutex> lock(mu_);
+            return pending->done;
+          },
+          deadline);
+    }
     std::unique_lock<std::mutex> lock(mu_);
-    const bool done = cv_.wait_for(lock, std::chrono::seconds(CallTimeoutSeconds()),
-                                   [&] { return pending->done; });
+    const bool done = cv_.wait_until(lock, deadline, [&] { return pending->done; });
     pending_.erase(id);
     if (!done) {
       return Status(Code::kDeadlineExceeded,
@@ -184,6 +190,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // A new event whose readiness the daemon will push under the returned id.
   std::pair<int64_t, std::shared_ptr<RemoteEvent>> NewEvent() {
     auto event = std::make_shared<RemoteEvent>();
+    event->owner = this;
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t id = next_event_++;
     if (!dead_.ok()) {
@@ -200,15 +207,34 @@ class Connection : public std::enable_shared_from_this<Connection> {
     events_.erase(id);
   }
 
-  // Runs `callback(error)` now on the callback thread.
-  void Dispatch(PJRT_Event_OnReadyCallback callback, void* user_arg, Status status) {
-    {
-      std::lock_guard<std::mutex> lock(cb_mu_);
-      queue_.push_back([callback, user_arg, status = std::move(status)] {
-        callback(ToError(status), user_arg);
-      });
+  // On this connection's reader thread (in a callback): reads and routes frames until
+  // `done()`, the connection fails or `deadline` passes.
+  Status ReadInline(const std::function<bool()>& done,
+                    std::chrono::steady_clock::time_point deadline) {
+    while (!done()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!dead_.ok()) return dead_;
+      }
+      int timeout_ms = -1;  // no deadline
+      if (deadline != std::chrono::steady_clock::time_point::max()) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+      }
+      pollfd p{fd_, POLLIN, 0};
+      const int r = ::poll(&p, 1, timeout_ms);
+      if (r == 0) return Status(Code::kDeadlineExceeded, "flexnpu daemon at " + path_);
+      if (r < 0 && errno == EINTR) continue;
+      Frame frame;
+      Status s = Receive(&frame);
+      if (!s.ok()) {
+        Fail(s);
+        return s;
+      }
+      Route(std::move(frame));
     }
-    cb_cv_.notify_one();
+    return Status::Ok();
   }
 
  private:
@@ -225,7 +251,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     pending_.erase(id);
   }
 
-  void Complete(const std::shared_ptr<RemoteEvent>& event, Status status, const Frame* push) {
+  // Callbacks run here, on the reader thread: no hand-off to another thread on the path from
+  // the push to the program (a callback that calls the daemon or awaits reads inline).
+  static void Complete(const std::shared_ptr<RemoteEvent>& event, Status status,
+                       const Frame* push) {
     std::vector<std::pair<PJRT_Event_OnReadyCallback, void*>> callbacks;
     {
       std::lock_guard<std::mutex> lock(event->mu);
@@ -237,44 +266,44 @@ class Connection : public std::enable_shared_from_this<Connection> {
       callbacks.swap(event->callbacks);
     }
     event->cv.notify_all();
-    for (auto& [cb, arg] : callbacks) Dispatch(cb, arg, status);
+    for (auto& [cb, arg] : callbacks) cb(ToError(status), arg);
   }
 
-  void ReadLoop() {
-    Status failure;
-    for (;;) {
-      Frame frame;
-      std::vector<int> fds;
-      Status s = RecvFrame(fd_, &frame, &fds);
-      for (int fd : fds) ::close(fd);  // the daemon sends none
-      if (!s.ok()) {
-        failure = s;
-        break;
+  Status Receive(Frame* frame) {
+    std::vector<int> fds;
+    Status s = RecvFrame(fd_, frame, &fds);
+    for (int fd : fds) ::close(fd);  // the daemon sends none
+    return s;
+  }
+
+  // One frame from the daemon: an event push or a reply.
+  void Route(Frame frame) {
+    if (frame.op == kEventReady && frame.call_id == 0) {
+      if (frame.ints.size() < 2) return;
+      std::shared_ptr<RemoteEvent> event;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = events_.find(frame.ints[0]);
+        if (it == events_.end()) return;
+        event = std::move(it->second);
+        events_.erase(it);
       }
-      if (frame.op == kEventReady && frame.call_id == 0) {
-        if (frame.ints.size() < 2) continue;
-        std::shared_ptr<RemoteEvent> event;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          auto it = events_.find(frame.ints[0]);
-          if (it == events_.end()) continue;
-          event = std::move(it->second);
-          events_.erase(it);
-        }
-        Status status = frame.ints[1] == 0
-                            ? Status::Ok()
-                            : Status(static_cast<Code>(frame.ints[1]), frame.text);
-        Complete(event, std::move(status), &frame);
-        continue;
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = pending_.find(frame.call_id);
-      if (it == pending_.end()) continue;  // the caller gave up (deadline)
-      it->second->reply = std::move(frame);
-      it->second->done = true;
-      cv_.notify_all();
+      Status status = frame.ints[1] == 0
+                          ? Status::Ok()
+                          : Status(static_cast<Code>(frame.ints[1]), frame.text);
+      Complete(event, std::move(status), &frame);
+      return;
     }
-    // Fail everything waiting, now and later: no call hangs on a dead daemon.
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(frame.call_id);
+    if (it == pending_.end()) return;  // the caller gave up (deadline)
+    it->second->reply = std::move(frame);
+    it->second->done = true;
+    cv_.notify_all();
+  }
+
+  // Fails everything waiting, now and later: no call hangs on a dead daemon.
+  void Fail(const Status& failure) {
     const Status dead(Code::kUnavailable,
                       "flexnpu daemon at " + path_ + ": connection lost (" +
                           (failure.message() == "closed" ? std::string("the daemon closed it")
@@ -283,6 +312,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::map<int64_t, std::shared_ptr<RemoteEvent>> events;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (!dead_.ok()) return;
       dead_ = dead;
       for (auto& [id, pending] : pending_) {
         pending->status = dead;
@@ -294,18 +324,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     for (auto& [id, event] : events) Complete(event, dead, nullptr);
   }
 
-  void CallbackLoop() {
+  void ReadLoop() {
+    t_reading = this;
     for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(cb_mu_);
-        cb_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
+      Frame frame;
+      Status s = Receive(&frame);
+      if (!s.ok()) {
+        Fail(s);
+        break;
       }
-      job();
+      Route(std::move(frame));
     }
+    t_reading = nullptr;
   }
 
   const int fd_;
@@ -318,12 +348,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Status dead_;
   std::map<uint64_t, std::shared_ptr<Pending>> pending_;
   std::map<int64_t, std::shared_ptr<RemoteEvent>> events_;
-  std::mutex cb_mu_;
-  std::condition_variable cb_cv_;
-  bool stopping_ = false;
-  std::deque<std::function<void()>> queue_;
-  std::thread reader_;
-  std::thread callbacks_thread_;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -502,6 +526,16 @@ PJRT_Error* Event_Error_(PJRT_Event_Error_Args* a) {
 }
 PJRT_Error* Event_Await_(PJRT_Event_Await_Args* a) {
   RemoteEvent& e = *From<EventHandle>(a->event)->event;
+  if (e.owner != nullptr && e.owner == t_reading) {
+    // Awaited in a callback on the reader thread that would deliver the push: read it here.
+    auto* connection = const_cast<Connection*>(e.owner);  // alive: this is its reader
+    (void)connection->ReadInline(
+        [&] {
+          std::lock_guard<std::mutex> lock(e.mu);
+          return e.ready;
+        },
+        std::chrono::steady_clock::time_point::max());
+  }
   std::unique_lock<std::mutex> lock(e.mu);
   e.cv.wait(lock, [&] { return e.ready; });
   return ToError(e.status);
@@ -538,6 +572,13 @@ PJRT_Error* Client_Create_(PJRT_Client_Create_Args* a) {
     }
     auto connection = Connection::Open(path);
     if (!connection.ok()) return connection.status();
+    // Until the client owns it: a failed handshake closes the session.
+    struct CloseUnlessKept {
+      Connection* c;
+      ~CloseUnlessKept() {
+        if (c != nullptr) c->Close();
+      }
+    } close_unless_kept{connection->get()};
     Frame hello;
     hello.op = kHello;
     hello.ints = {kProtocolVersion, 0};
@@ -603,12 +644,15 @@ PJRT_Error* Client_Create_(PJRT_Client_Create_Args* a) {
       client->devices.push_back(std::move(device));
     }
     a->client = To<PJRT_Client>(client.release());
+    close_unless_kept.c = nullptr;
     return Status::Ok();
   });
 }
 
 PJRT_Error* Client_Destroy_(PJRT_Client_Destroy_Args* a) {
-  delete From<RemoteClient>(a->client);  // closing the connection ends the session
+  RemoteClient* client = From<RemoteClient>(a->client);
+  client->connection->Close();  // ends the session; buffers outliving it are gone with it
+  delete client;
   return nullptr;
 }
 PJRT_Error* Client_PlatformName_(PJRT_Client_PlatformName_Args* a) {
