@@ -252,6 +252,19 @@ Status PhysicalBackend::EventError(PJRT_Event* event) const {
   return FLEXNPU_TYPED_CALL(PJRT_Event_Error, args);
 }
 
+bool PhysicalBackend::ErrorIfReady(PJRT_Event* event, const char* where, Status* error) const {
+  if (table_.PJRT_Event_IsReady == nullptr || table_.PJRT_Event_Error == nullptr) return false;
+  FLEXNPU_ARGS(PJRT_Event_IsReady, ready);
+  ready.event = event;
+  if (!Consume(table_.PJRT_Event_IsReady(&ready), "PJRT_Event_IsReady").ok() || !ready.is_ready) {
+    return false;
+  }
+  FLEXNPU_ARGS(PJRT_Event_Error, args);
+  args.event = event;
+  *error = Consume(table_.PJRT_Event_Error(&args), where);
+  return true;
+}
+
 Status PhysicalBackend::OnReady(PJRT_Event* event, PJRT_Event_OnReadyCallback callback,
                                 void* user_arg) const {
   FLEXNPU_ARGS(PJRT_Event_OnReady, args);

@@ -149,6 +149,10 @@ class PhysicalBackend {
   Status Await(PJRT_Event* event) const;
   StatusOr<bool> IsReady(PJRT_Event* event) const;
   Status EventError(PJRT_Event* event) const;
+  // True, with the event's error in `error` (converted naming `where`, as for the error an
+  // OnReady callback gets), when the event has completed; false when it has not, or when the
+  // backend cannot say so without OnReady (a slot missing or IsReady failing).
+  bool ErrorIfReady(PJRT_Event* event, const char* where, Status* error) const;
   Status OnReady(PJRT_Event* event, PJRT_Event_OnReadyCallback callback, void* user_arg) const;
   // Buffers.
   StatusOr<BufferMetadata> Metadata(PJRT_Buffer* buffer) const;

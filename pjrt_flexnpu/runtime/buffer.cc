@@ -9,7 +9,8 @@ namespace {
 
 std::shared_ptr<PhysicalBuffer> MakePhysical(InnerBuffer handle, int physical_device,
                                              bool from_move) {
-  auto physical = std::make_shared<PhysicalBuffer>();
+  // In the handle pool with its reference counts: no malloc per output or move.
+  auto physical = std::allocate_shared<PhysicalBuffer>(handle_pool::Allocator<PhysicalBuffer>());
   physical->handle = std::move(handle);
   physical->physical_device = physical_device;
   physical->from_move = from_move;
@@ -67,13 +68,18 @@ void VirtualBuffer::StopCounting() {
 }
 
 std::shared_ptr<PhysicalBuffer> VirtualBuffer::physical() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(physical_mu_);
   return physical_;
 }
 
 StatusOr<std::shared_ptr<PhysicalBuffer>> VirtualBuffer::OnDevice(int physical_device) {
+  {
+    // Already there (every execution under passthrough, most under the other policies).
+    std::lock_guard<SpinLock> lock(physical_mu_);
+    if (physical_->physical_device == physical_device) return physical_;
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  if (physical_->physical_device == physical_device) return physical_;
+  if (physical_->physical_device == physical_device) return physical_;  // moved meanwhile
   const PhysicalBackend& b = client_->backend();
   PJRT_Memory* target = client_->PhysicalMemory(physical_device, memory_->kind_index());
   if (target == nullptr) {
@@ -97,7 +103,12 @@ StatusOr<std::shared_ptr<PhysicalBuffer>> VirtualBuffer::OnDevice(int physical_d
   }
   // Publish the copy; the previous physical buffer lives on in whoever still holds it
   // (executions in flight, external references, handed-out addresses).
-  physical_ = MakePhysical(std::move(*copy), physical_device, true);
+  std::shared_ptr<PhysicalBuffer> moved = MakePhysical(std::move(*copy), physical_device, true);
+  {
+    std::lock_guard<SpinLock> publish(physical_mu_);
+    physical_.swap(moved);
+  }
+  moved.reset();  // the previous one, outside the spin lock (its last holder may be us)
   physical_device_.store(physical_device, std::memory_order_relaxed);
   client_->counters().migrations.fetch_add(1, std::memory_order_relaxed);
   client_->counters().bytes_migrated.fetch_add(on_device_size_, std::memory_order_relaxed);

@@ -13,6 +13,7 @@
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
 #include "pjrt_flexnpu/runtime/handles.h"
+#include "pjrt_flexnpu/runtime/spin_lock.h"
 #include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
@@ -127,7 +128,11 @@ class VirtualBuffer : public Tagged {
   // Keeps `physical` alive until destruction: an address inside it was handed out.
   void RetainAddressed(const std::shared_ptr<PhysicalBuffer>& physical);
 
+  // mu_ orders moves, external references and the metadata copies; physical_ is written
+  // under mu_ and physical_mu_ both, so it is read under either: executions and readers that
+  // only want the buffer as it is take the spin lock alone.
   mutable std::mutex mu_;
+  mutable SpinLock physical_mu_;
   std::shared_ptr<PhysicalBuffer> physical_;
   std::atomic<int> physical_device_;  // physical_->physical_device, readable without mu_
   // What external references pin (null when there are none) and how many there are.

@@ -10,6 +10,9 @@
 namespace flexnpu {
 namespace {
 
+// How an inner event's error is named, whichever way it reaches the callback.
+constexpr char kInnerEventWhere[] = "PJRT_Event";
+
 struct OnReadyContext {
   const PhysicalBackend* backend;
   PJRT_Event_OnReadyCallback callback;
@@ -22,10 +25,11 @@ struct OnReadyContext {
 // exits or is cancelled inside the caller's callback) must pass.
 FLEXNPU_RETHROWS_FORCED_UNWIND void InnerOnReady(PJRT_Error* inner_error, void* arg) {
   FLEXNPU_TSAN_ACQUIRE(arg);
-  std::unique_ptr<OnReadyContext> context(static_cast<OnReadyContext*>(arg));
+  std::unique_ptr<OnReadyContext, handle_pool::Deleter> context(
+      static_cast<OnReadyContext*>(arg));
   PJRT_Error* error = nullptr;
   try {
-    error = ToPjrtError(context->backend->Consume(inner_error, "PJRT_Event"));
+    error = ToPjrtError(context->backend->Consume(inner_error, kInnerEventWhere));
   } catch (abi::__forced_unwind&) {
     throw;
   } catch (...) {
@@ -68,10 +72,18 @@ Status Event::OnReady(PJRT_Event_OnReadyCallback callback, void* user_arg) const
     callback(ToPjrtError(status_), user_arg);
     return Status::Ok();
   }
-  auto* context = new OnReadyContext{backend_, callback, user_arg};
+  // Complete already (small programs on a CPU backend usually are when JAX asks): the callback
+  // runs here, as the backend would run it inline, with the error InnerOnReady would pass, and
+  // nothing is registered with the backend.
+  Status done;
+  if (backend_->ErrorIfReady(inner_.get(), kInnerEventWhere, &done)) {
+    callback(ToPjrtError(std::move(done)), user_arg);  // may destroy this event
+    return Status::Ok();
+  }
+  auto* context = handle_pool::New<OnReadyContext>(OnReadyContext{backend_, callback, user_arg});
   FLEXNPU_TSAN_RELEASE(context);
   Status status = backend_->OnReady(inner_.get(), InnerOnReady, context);
-  if (!status.ok()) delete context;
+  if (!status.ok()) handle_pool::Delete(context);
   return status;
 }
 

@@ -40,12 +40,14 @@ struct FinishContext {
   std::shared_ptr<Trace> trace;  // set once BeginExecution was called on it
   TraceEvent event;
 };
+// In the handle pool: one per tracked execution, made and freed without malloc's locks.
+using FinishContextPtr = std::unique_ptr<FinishContext, handle_pool::Deleter>;
 
 // Runs on a backend thread: no exception may escape (an exception there is std::terminate).
 // Not noexcept: a forced unwind (the thread exits or is cancelled) must pass.
 FLEXNPU_RETHROWS_FORCED_UNWIND void OnExecutionDone(PJRT_Error* error, void* arg) {
   FLEXNPU_TSAN_ACQUIRE(arg);
-  std::unique_ptr<FinishContext> context(static_cast<FinishContext*>(arg));
+  FinishContextPtr context(static_cast<FinishContext*>(arg));
   const bool ok = error == nullptr;
   try {
     if (!ok) (void)context->backend->Consume(error, "execution");
@@ -74,7 +76,7 @@ FLEXNPU_RETHROWS_FORCED_UNWIND void OnExecutionDone(PJRT_Error* error, void* arg
 
 // Runs OnExecutionDone when `inner_event` (an inner completion event) fires. The event itself
 // stays with the caller.
-void TrackCompletion(const PhysicalBackend& b, std::unique_ptr<FinishContext> context,
+void TrackCompletion(const PhysicalBackend& b, FinishContextPtr context,
                      PJRT_Event* inner_event) {
   FLEXNPU_TSAN_RELEASE(context.get());
   if (b.OnReady(inner_event, OnExecutionDone, context.get()).ok()) {
@@ -569,7 +571,7 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
   client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
   if (tracked) {
     for (size_t d = 0; d < n; ++d) {
-      auto context = std::make_unique<FinishContext>();
+      FinishContextPtr context(handle_pool::New<FinishContext>());
       context->backend = &b;
       context->core = placer.core();
       context->ticket = tickets[d];

@@ -2,110 +2,107 @@
 
 #include <sys/mman.h>
 
-#include <atomic>
-#include <cstdint>
-#include <cstring>
 #include <mutex>
-#include <new>
 
 namespace flexnpu::handle_pool {
+
+// Constant-initialized, never destroyed in any way that matters (all members are trivially
+// destructible): handles may be released during static destruction.
+Range range;
+
 namespace {
 
-constexpr size_t kSlotAlign = 64;
-constexpr size_t kChunkBytes = size_t{1} << 20;
-constexpr size_t kMaxChunks = 16384;  // 16 GiB of address space, committed a chunk at a time
-constexpr size_t kMaxClasses = 64;    // slots up to 4 KiB
+// Free slots of one size class: a Treiber stack whose head packs the top slot's number (offset /
+// 64, plus one; 0 when empty) with a counter bumped by every push and pop, so a pop that raced
+// with a pop and a push of the same slot (ABA) fails its compare-exchange instead of linking a
+// slot that is in use. 16 GiB / 64 B = 2^28 slots, numbered from 1; the other 35 bits count.
+constexpr int kSlotBits = 29;
+constexpr uint64_t kSlotMask = (uint64_t{1} << kSlotBits) - 1;
+static_assert(kChunkBytes * kMaxChunks / kSlotAlign <= kSlotMask);
+
+struct alignas(64) FreeStack {
+  std::atomic<uint64_t> head{0};
+};
 
 struct Pool {
-  char* base = nullptr;
-  std::atomic<size_t> committed{0};                 // chunks usable
-  std::atomic<uint16_t> chunk_class[kMaxChunks]{};  // slot size / 64 of each chunk
-  std::mutex mu;                                    // allocation, free lists, new chunks
-  void* free_list[kMaxClasses] = {};
+  FreeStack free[kMaxClasses];
+  std::mutex grow_mu;  // bump allocation and new chunks (a free stack ran empty)
   char* bump[kMaxClasses] = {};
   char* bump_end[kMaxClasses] = {};
 };
+Pool pool;
 
-Pool* TheP() {
-  // Never destroyed: handles may be released during static destruction.
-  static Pool* pool = [] {
-    auto* p = new Pool();
-    void* range = mmap(nullptr, kChunkBytes * kMaxChunks, PROT_NONE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    p->base = range == MAP_FAILED ? nullptr : static_cast<char*>(range);
-    return p;
+char* Base() {
+  char* base = range.base.load(std::memory_order_acquire);
+  if (base != nullptr) return base;
+  static char* reserved = [] {
+    void* mapped = mmap(nullptr, kChunkBytes * kMaxChunks, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char* start = mapped == MAP_FAILED ? nullptr : static_cast<char*>(mapped);
+    range.base.store(start, std::memory_order_release);
+    return start;
   }();
-  return pool;
+  return reserved;
 }
 
-// Slot index within a chunk by multiplication instead of a division (a 64-bit division costs
-// tens of cycles, and every handle JAX passes is resolved here): with d = slot bytes <= 4 KiB and
-// offsets below 1 MiB, n * d < 2^32, so floor(n * (floor(2^32 / d) + 1) / 2^32) == n / d.
-struct Reciprocals {
-  uint64_t of_class[kMaxClasses] = {};
-  size_t slots_per_chunk[kMaxClasses] = {};
-  constexpr Reciprocals() {
-    for (size_t cls = 1; cls < kMaxClasses; ++cls) {
-      of_class[cls] = (uint64_t{1} << 32) / (cls * kSlotAlign) + 1;
-      slots_per_chunk[cls] = kChunkBytes / (cls * kSlotAlign);
-    }
-  }
-};
-constexpr Reciprocals kReciprocals;
-static_assert(kChunkBytes * kMaxClasses * kSlotAlign <= (uint64_t{1} << 32));
+// Where a free slot keeps the number of the next free slot: after the tag, which stays
+// readable. Read and written atomically: a pop may read a slot that another thread has just
+// popped and is constructing an object in; the value it reads then is discarded (its
+// compare-exchange fails), and the memory is the pool's either way (never unmapped).
+uint64_t* NextOf(void* slot) {
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(slot) + 8);
+}
 
-// Where a free slot keeps the next free slot: after the tag, which stays readable.
-void*& NextOf(void* slot) { return *reinterpret_cast<void**>(static_cast<char*>(slot) + 8); }
+uint64_t NumberOf(const char* base, const void* slot) {
+  return static_cast<uint64_t>(static_cast<const char*>(slot) - base) / kSlotAlign + 1;
+}
 
 }  // namespace
 
 void* Allocate(size_t size) {
   const size_t cls = (size + kSlotAlign - 1) / kSlotAlign;
-  Pool* pool = TheP();
-  if (pool->base == nullptr || cls == 0 || cls >= kMaxClasses) throw std::bad_alloc();
-  std::lock_guard<std::mutex> lock(pool->mu);
-  if (void* slot = pool->free_list[cls]) {
-    pool->free_list[cls] = NextOf(slot);
-    return slot;
+  char* base = Base();
+  if (base == nullptr || cls == 0 || cls >= kMaxClasses) throw std::bad_alloc();
+  std::atomic<uint64_t>& head = pool.free[cls].head;
+  uint64_t top = head.load(std::memory_order_acquire);
+  while ((top & kSlotMask) != 0) {
+    char* slot = base + ((top & kSlotMask) - 1) * kSlotAlign;
+    const uint64_t next = __atomic_load_n(NextOf(slot), __ATOMIC_RELAXED);
+    const uint64_t popped = (((top >> kSlotBits) + 1) << kSlotBits) | (next & kSlotMask);
+    if (head.compare_exchange_weak(top, popped, std::memory_order_acquire,
+                                   std::memory_order_acquire)) {
+      return slot;
+    }
   }
+  std::lock_guard<std::mutex> lock(pool.grow_mu);
   const size_t slot_bytes = cls * kSlotAlign;
-  if (pool->bump[cls] == nullptr || pool->bump[cls] + slot_bytes > pool->bump_end[cls]) {
-    const size_t chunk = pool->committed.load(std::memory_order_relaxed);
+  if (pool.bump[cls] == nullptr || pool.bump[cls] + slot_bytes > pool.bump_end[cls]) {
+    const size_t chunk = range.committed.load(std::memory_order_relaxed);
     if (chunk >= kMaxChunks) throw std::bad_alloc();
-    char* start = pool->base + chunk * kChunkBytes;
+    char* start = base + chunk * kChunkBytes;
     if (mprotect(start, kChunkBytes, PROT_READ | PROT_WRITE) != 0) throw std::bad_alloc();
-    pool->chunk_class[chunk].store(static_cast<uint16_t>(cls), std::memory_order_relaxed);
-    pool->committed.store(chunk + 1, std::memory_order_release);  // publishes the class too
-    pool->bump[cls] = start;
-    pool->bump_end[cls] = start + (kChunkBytes / slot_bytes) * slot_bytes;
+    range.chunk_class[chunk].store(static_cast<uint16_t>(cls), std::memory_order_relaxed);
+    range.committed.store(chunk + 1, std::memory_order_release);  // publishes the class too
+    pool.bump[cls] = start;
+    pool.bump_end[cls] = start + (kChunkBytes / slot_bytes) * slot_bytes;
   }
-  void* slot = pool->bump[cls];
-  pool->bump[cls] += slot_bytes;
+  void* slot = pool.bump[cls];
+  pool.bump[cls] += slot_bytes;
   return slot;
 }
 
 void Free(void* slot, size_t size) {
   const size_t cls = (size + kSlotAlign - 1) / kSlotAlign;
-  Pool* pool = TheP();
-  std::lock_guard<std::mutex> lock(pool->mu);
-  NextOf(slot) = pool->free_list[cls];
-  pool->free_list[cls] = slot;
-}
-
-bool Owns(const void* p) {
-  Pool* pool = TheP();
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  const auto base = reinterpret_cast<uintptr_t>(pool->base);
-  if (pool->base == nullptr || address < base) return false;
-  const size_t offset = address - base;
-  const size_t chunks = pool->committed.load(std::memory_order_acquire);
-  if (offset >= chunks * kChunkBytes) return false;
-  const size_t cls = pool->chunk_class[offset / kChunkBytes].load(std::memory_order_relaxed);
-  if (cls == 0) return false;
-  const size_t slot_bytes = cls * kSlotAlign;
-  const size_t in_chunk = offset & (kChunkBytes - 1);
-  const size_t index = (in_chunk * kReciprocals.of_class[cls]) >> 32;
-  return index * slot_bytes == in_chunk && index < kReciprocals.slots_per_chunk[cls];
+  char* base = range.base.load(std::memory_order_relaxed);  // set: the slot came from it
+  const uint64_t number = NumberOf(base, slot);
+  std::atomic<uint64_t>& head = pool.free[cls].head;
+  uint64_t top = head.load(std::memory_order_relaxed);
+  uint64_t pushed;
+  do {
+    __atomic_store_n(NextOf(slot), top & kSlotMask, __ATOMIC_RELAXED);
+    pushed = (((top >> kSlotBits) + 1) << kSlotBits) | number;
+  } while (!head.compare_exchange_weak(top, pushed, std::memory_order_release,
+                                       std::memory_order_relaxed));
 }
 
 }  // namespace flexnpu::handle_pool

@@ -4,29 +4,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <thread>
 #include <vector>
+
+#include "pjrt_flexnpu/runtime/spin_lock.h"
 
 namespace flexnpu::live_handles {
 namespace {
-
-// A spin lock: every FlexNPU entry point resolves its handles here, and the critical sections
-// are a few probes (std::mutex costs about twice as much on the dispatch path).
-class SpinLock {
- public:
-  void lock() {
-    while (locked_.exchange(true, std::memory_order_acquire)) {
-      // A preempted holder (2 cores, many threads) is waited out by yielding, not spinning.
-      for (int spins = 0; locked_.load(std::memory_order_relaxed); ++spins) {
-        if (spins >= 64) std::this_thread::yield();
-      }
-    }
-  }
-  void unlock() { locked_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> locked_{false};
-};
 
 // Open addressing with linear probing: inserting a handle allocates nothing unless the shard
 // grows, so creating an output buffer stays one allocation.

@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <memory>
 #include <new>
-#include <vector>
 
 namespace flexnpu {
 
@@ -17,8 +16,8 @@ class SmallVector {
  public:
   explicit SmallVector(size_t size) : size_(size) {
     if (size > N) {
-      heap_.resize(size);
-      data_ = heap_.data();
+      heap_.reset(new T[size]());
+      data_ = heap_.get();
     } else {
       data_ = std::launder(reinterpret_cast<T*>(inline_));
       std::uninitialized_value_construct_n(data_, size);
@@ -37,7 +36,7 @@ class SmallVector {
  private:
   size_t size_;
   alignas(T) unsigned char inline_[N * sizeof(T)];
-  std::vector<T> heap_;
+  std::unique_ptr<T[]> heap_;  // beyond N (a unique_ptr: cheaper to construct than a vector)
   T* data_;
 };
 

@@ -587,6 +587,47 @@ TEST_F(CApiVirtualizationTest, OffHomeExecutionsRunAVariantPinnedPerDevice) {
   EXPECT_EQ(StatOfFirstClient("migrations"), 0) << "executions followed their data";
 }
 
+// single_device_compile=auto under a placing policy, over a backend that fails to compile the
+// variant pinned to the first device an execution is placed on off home: that execution runs
+// the portable compile on the device it was placed on instead (the fallback), with the right
+// result; the next device off home gets its pinned variant as usual.
+TEST_F(CApiVirtualizationTest, AFailedPinnedCompileFallsBackToThePortableOne) {
+  const std::string fake = Backend("fake_backend_second_compile_fails.so");
+  if (fake.empty()) GTEST_SKIP() << "FLEXNPU_TEST_FAKE_BACKEND_DIR not set";
+  setenv("FLEXNPU_FAKE_INNER_PLUGIN", Env("FLEXNPU_CPU_PLUGIN_PATH").c_str(), 1);
+  PJRT_Client* client = CreateClientWith(
+      {StringOption("backend", fake), IntOption("num_virtual_devices", 4),
+       StringOption("policy", "dynamic"), StringOption("single_device_compile", "auto")});
+  ASSERT_NE(client, nullptr);
+  PJRT_LoadedExecutable* exe = nullptr;
+  // The backend's first compile: the initial variant, pinned to device 0's home.
+  ASSERT_EQ(TryCompile(client, kAddProgram, CompileOptionsFor(0), &exe).code, PJRT_Error_Code_OK);
+  const int64_t compiles = StatOfFirstClient("backend_compiles");
+  ASSERT_GE(compiles, 1) << "no 'backend_compiles' in the stats";
+  auto run_on = [&](int k, float x) {
+    PJRT_Buffer* input = Upload(client, Device(client, k), {x, x + 1, x + 2, x + 3});
+    std::vector<PJRT_Buffer*> outputs;
+    ErrorInfo info = ExecuteOnDevices(exe, {{input, input}}, 1, &outputs, /*await=*/true,
+                                      Device(client, k));
+    ASSERT_EQ(info.code, PJRT_Error_Code_OK) << "on device " << k << ": " << info.message;
+    EXPECT_EQ(Download(outputs[0], 4),
+              (std::vector<float>{2 * x * x, 2 * (x + 1) * (x + 1), 2 * (x + 2) * (x + 2),
+                                  2 * (x + 3) * (x + 3)}))
+        << "on device " << k;
+    DestroyBuffer(outputs[0]);
+  };
+  // Device 1: the pinned compile (the backend's second) fails, the portable one runs there.
+  run_on(1, 1.0f);
+  EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles + 1) << "the portable compile";
+  EXPECT_EQ(StatOfFirstClient("migrations"), 0) << "it ran where its data was";
+  // Device 2: its pinned variant compiles.
+  run_on(2, 5.0f);
+  EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles + 2) << "device 2's pinned variant";
+  // Device 1 again: right again, whichever variant it takes.
+  run_on(1, 9.0f);
+  EXPECT_EQ(StatOfFirstClient("migrations"), 0);
+}
+
 // A program run on more physical devices than the compiled-variants cache keeps (16 mappings
 // besides the initial one, least recently used evicted): evicted variants are compiled again
 // when needed, cached ones are not, and every execution computes the right result.

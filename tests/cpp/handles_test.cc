@@ -2,7 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "pjrt_c_api.h"
@@ -76,6 +81,63 @@ TEST(HandlesTest, LiveSetSurvivesChurn) {
   }
 }
 
+// Events made and destroyed on several threads at once (as executions create them and backend
+// threads free them): no live handle is handed out twice, and each stays resolvable while it
+// lives. Exercises the pool's lock-free free stacks (plain new/delete in sanitizer builds).
+TEST(HandlesTest, ConcurrentChurnNeverHandsOutALiveSlotTwice) {
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 2000;
+  constexpr int kBatch = 16;
+  std::mutex mu;
+  std::set<const void*> live;
+  std::atomic<int> duplicates{0}, unresolved{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int round = 0; round < kRounds; ++round) {
+        Event* batch[kBatch];
+        for (Event*& event : batch) {
+          event = Event::Ready(Status::Ok());
+          std::lock_guard<std::mutex> lock(mu);
+          if (!live.insert(event).second) ++duplicates;
+        }
+        for (Event* event : batch) {
+          if (FromHandle<Event>(ToHandle<PJRT_Event>(event)) != event) ++unresolved;
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            live.erase(event);
+          }
+          delete event;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(duplicates.load(), 0);
+  EXPECT_EQ(unresolved.load(), 0);
+}
+
+// Per-execution records share the pool with handles: a stale handle whose slot now holds a
+// record is still rejected (the record's slot starts with a word no tag equals).
+TEST(HandlesTest, ARecordInAFormerHandleSlotIsNotAHandle) {
+  if (!handle_pool::kEnabled) GTEST_SKIP() << "sanitizer build: no handle pool";
+  // A record as large as an event, filled with the event tag: in an event-sized slot.
+  struct LooksLikeAnEvent {
+    uint32_t words[(sizeof(Event) - handle_pool::kRecordHeader) / 4];
+  };
+  std::vector<LooksLikeAnEvent*> records;
+  for (int i = 0; i < 64; ++i) {
+    auto* record = handle_pool::New<LooksLikeAnEvent>();
+    for (uint32_t& word : record->words) word = static_cast<uint32_t>(Tag::kEvent);
+    records.push_back(record);
+    auto* slot = reinterpret_cast<PJRT_Event*>(reinterpret_cast<char*>(record) -
+                                               handle_pool::kRecordHeader);
+    EXPECT_EQ(FromHandle<Event>(slot), nullptr);
+    EXPECT_EQ(FromHandle<Event>(reinterpret_cast<PJRT_Event*>(record)), nullptr);
+  }
+  for (auto* record : records) handle_pool::Delete(record);
+}
+
 TEST(HandlesTest, DescriptionSaysVirtualAndNamesItsPhysicalDevice) {
   DeviceDescription description(5, 1, "cpu");
   EXPECT_EQ(description.id(), 5);
@@ -126,6 +188,79 @@ TEST(EventTest, ReadyEventsReportTheirStatus) {
                   .ok());
   EXPECT_TRUE(seen.called);
   EXPECT_EQ(seen.code, PJRT_Error_Code_INTERNAL);
+}
+
+// A backend whose events fail with "boom" (DATA_LOSS), complete or not when OnReady is asked.
+namespace failing_events {
+struct FakeEvent {
+  bool ready;
+};
+int on_ready_calls = 0;
+PJRT_Error* const kBoom = reinterpret_cast<PJRT_Error*>(&on_ready_calls);  // never read
+PJRT_Error* IsReady(PJRT_Event_IsReady_Args* args) {
+  args->is_ready = reinterpret_cast<FakeEvent*>(args->event)->ready;
+  return nullptr;
+}
+PJRT_Error* Error(PJRT_Event_Error_Args*) { return kBoom; }
+PJRT_Error* OnReady(PJRT_Event_OnReady_Args* args) {
+  ++on_ready_calls;
+  args->callback(kBoom, args->user_arg);  // as if it completed later, on a backend thread
+  return nullptr;
+}
+PJRT_Error* Destroy(PJRT_Event_Destroy_Args*) { return nullptr; }
+void ErrorDestroy(PJRT_Error_Destroy_Args*) {}
+void ErrorMessage(PJRT_Error_Message_Args* args) {
+  args->message = "boom";
+  args->message_size = 4;
+}
+PJRT_Error* ErrorGetCode(PJRT_Error_GetCode_Args* args) {
+  args->code = PJRT_Error_Code_DATA_LOSS;
+  return nullptr;
+}
+PJRT_Api MakeApi() {
+  PJRT_Api api{};
+  api.struct_size = sizeof(PJRT_Api);
+  api.PJRT_Event_IsReady = IsReady;
+  api.PJRT_Event_Error = Error;
+  api.PJRT_Event_OnReady = OnReady;
+  api.PJRT_Event_Destroy = Destroy;
+  api.PJRT_Error_Destroy = ErrorDestroy;
+  api.PJRT_Error_Message = ErrorMessage;
+  api.PJRT_Error_GetCode = ErrorGetCode;
+  return api;
+}
+}  // namespace failing_events
+
+// An inner event that already failed reaches the OnReady callback inline, without registering
+// with the backend, with the same code and message as one that fails after OnReady.
+TEST(EventTest, OnReadyPassesTheInnerErrorAlikeWhetherOrNotTheEventIsComplete) {
+  static const PJRT_Api api = failing_events::MakeApi();
+  auto backend = PhysicalBackend::FromApi(&api, "fake");
+  struct Seen {
+    int calls = 0;
+    PJRT_Error_Code code = PJRT_Error_Code_OK;
+    std::string message;
+  };
+  auto on_ready = [](PJRT_Error* error, void* arg) {
+    auto* seen = static_cast<Seen*>(arg);
+    ++seen->calls;
+    ASSERT_NE(error, nullptr);
+    seen->code = static_cast<PJRT_Error_Code>(error->status.code());
+    seen->message = error->status.message();
+    delete error;
+  };
+  for (bool ready : {true, false}) {
+    failing_events::FakeEvent inner{ready};
+    failing_events::on_ready_calls = 0;
+    std::unique_ptr<Event> event(
+        Event::Wrap(*backend, reinterpret_cast<PJRT_Event*>(&inner)));
+    Seen seen;
+    ASSERT_TRUE(event->OnReady(on_ready, &seen).ok());
+    EXPECT_EQ(seen.calls, 1) << "ready " << ready;
+    EXPECT_EQ(seen.code, PJRT_Error_Code_DATA_LOSS) << "ready " << ready;
+    EXPECT_EQ(seen.message, "physical backend: PJRT_Event: boom") << "ready " << ready;
+    EXPECT_EQ(failing_events::on_ready_calls, ready ? 0 : 1) << "ready " << ready;
+  }
 }
 
 }  // namespace

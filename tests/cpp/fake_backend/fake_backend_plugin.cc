@@ -4,8 +4,11 @@
 //   FLEXNPU_FAKE_NEWER_MINOR    a minor version one above the header FlexNPU is built with;
 //   FLEXNPU_FAKE_FAILING_SIZE   PJRT_Buffer_OnDeviceSizeInBytes fails (after transfers and
 //                               executions succeeded), with an error of the fake's own.
+//   FLEXNPU_FAKE_SECOND_COMPILE_FAILS  the process's second PJRT_Client_Compile fails (with the
+//                               error of the fake's own), every other one is the real plugin's.
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,15 +20,25 @@ namespace {
 PJRT_Api fake_api;
 const PJRT_Api* real_api = nullptr;
 
-#ifdef FLEXNPU_FAKE_FAILING_SIZE
+#if defined(FLEXNPU_FAKE_FAILING_SIZE) || defined(FLEXNPU_FAKE_SECOND_COMPILE_FAILS)
 // The fake's own error: one static object, recognised by address; the rest go to the real API.
 struct FakeError {
 } fake_error;
+#ifdef FLEXNPU_FAKE_FAILING_SIZE
 constexpr char kFakeMessage[] = "fake backend: on-device size unavailable";
 
 PJRT_Error* FailingSize(PJRT_Buffer_OnDeviceSizeInBytes_Args*) {
   return reinterpret_cast<PJRT_Error*>(&fake_error);
 }
+#else
+constexpr char kFakeMessage[] = "fake backend: this compile fails";
+
+std::atomic<int> compiles{0};
+PJRT_Error* SecondCompileFails(PJRT_Client_Compile_Args* args) {
+  if (compiles.fetch_add(1) == 1) return reinterpret_cast<PJRT_Error*>(&fake_error);
+  return real_api->PJRT_Client_Compile(args);
+}
+#endif
 bool IsFake(const PJRT_Error* error) {
   return error == reinterpret_cast<const PJRT_Error*>(&fake_error);
 }
@@ -64,8 +77,13 @@ const PJRT_Api* MakeFakeApi() {
   fake_api.PJRT_Executable_Fingerprint = nullptr;
   fake_api.PJRT_LoadedExecutable_Fingerprint = nullptr;
 #endif
+#ifdef FLEXNPU_FAKE_SECOND_COMPILE_FAILS
+  fake_api.PJRT_Client_Compile = SecondCompileFails;
+#endif
+#if defined(FLEXNPU_FAKE_FAILING_SIZE) || defined(FLEXNPU_FAKE_SECOND_COMPILE_FAILS)
 #ifdef FLEXNPU_FAKE_FAILING_SIZE
   fake_api.PJRT_Buffer_OnDeviceSizeInBytes = FailingSize;
+#endif
   fake_api.PJRT_Error_Destroy = ErrorDestroy;
   fake_api.PJRT_Error_Message = ErrorMessage;
   fake_api.PJRT_Error_GetCode = ErrorGetCode;
