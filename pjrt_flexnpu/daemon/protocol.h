@@ -14,7 +14,8 @@ namespace flexnpu::daemon {
 // Bumped on any change of a message layout; Hello refuses a mismatch.
 // 2: executable replies carry the name. 3: Execute replies list the donated arguments (the
 // client answers IsDeleted locally); BufferToHost is one-way (a failure fails its event).
-inline constexpr int64_t kProtocolVersion = 3;
+// 4: one-way Execute (client-named outputs), Hello says whether it is offered.
+inline constexpr int64_t kProtocolVersion = 4;
 // Payloads up to this size travel inside the frame; larger ones in a memfd segment.
 inline constexpr size_t kInlinePayloadBytes = 64 * 1024;
 // A frame longer than this is refused as malformed.
@@ -24,7 +25,8 @@ inline constexpr uint32_t kMaxFrameBytes = 1u << 30;
 // see remote_api.cc and server.cc which share the helpers in this header).
 enum Op : uint32_t {
   kHello = 1,              // ints [version, role (0 client, 1 observer)], text tenant
-                           // -> ints [session] + topology, blobs [platform, version, kinds...]
+                           // -> ints [session] + topology + [one-way execute offered],
+                           // blobs [platform, version, kinds...]
   kBufferFromHost = 2,     // ints [type, ndims, dims.., nstrides, strides.., device, memory,
                            // inline] blobs [data] | fd -> buffer meta
   kBufferToHostSize = 3,   // ints [buffer, host layout] -> ints [size]
@@ -42,7 +44,8 @@ enum Op : uint32_t {
   kExecutableDelete = 14,  // ints [exe]
   kExecutableDestroy = 15, // one-way: ints [exe]
   kExecute = 16,           // see Execute in server.cc -> buffer metas, donated argument list
-                           // (positions device * num_args + arg)
+                           // (positions device * num_args + arg); one-way when the request
+                           // names the output ids (a failure fails its events and outputs)
   kStats = 17,             // -> text (JSON)
   kEventReady = 100,       // push: ints [event, code], text message, blobs [payload]?
 };

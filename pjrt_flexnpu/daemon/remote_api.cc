@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -378,6 +379,8 @@ struct RemoteDevice {
 struct RemoteClient {
   std::shared_ptr<Connection> connection;
   int64_t session = 0;
+  bool one_way_execute = false;  // the daemon offers it (a tenant without a quota)
+  std::atomic<int64_t> next_output_id{-1};  // one-way executions' outputs: negative ids
   std::string platform_name;
   std::string platform_version;
   std::vector<std::unique_ptr<RemoteDevice>> devices;
@@ -410,11 +413,20 @@ struct RemoteBuffer {
   std::vector<size_t> tile_dim_sizes;
 };
 
+// What an execution of a static-shaped executable makes, learnt from its first (synchronous)
+// execution with the same devices and donation options: later ones are one-way.
+struct ExecuteTemplate {
+  std::vector<BufferMeta> outputs;  // device-major; ids unused
+  std::vector<int64_t> donated;     // argument positions consumed
+};
+
 struct RemoteExecutableState {
   RemoteClient* client = nullptr;
   std::shared_ptr<Connection> connection;
   ExecutableMeta meta;
   std::vector<PJRT_Device*> devices;
+  std::mutex templates_mu;
+  std::map<std::vector<int64_t>, ExecuteTemplate> templates;  // by ExecuteKey
   std::mutex mu;
   bool have_program = false;
   std::string program_code;
@@ -643,6 +655,8 @@ PJRT_Error* Client_Create_(PJRT_Client_Create_Args* a) {
       client->device_handles.push_back(To<PJRT_Device>(device.get()));
       client->devices.push_back(std::move(device));
     }
+    int64_t one_way = 0;
+    client->one_way_execute = c.Next(&one_way) && one_way == 1;
     a->client = To<PJRT_Client>(client.release());
     close_unless_kept.c = nullptr;
     return Status::Ok();
@@ -1140,6 +1154,18 @@ PJRT_Error* LoadedExecutable_IsDeleted_(PJRT_LoadedExecutable_IsDeleted_Args* a)
   return nullptr;
 }
 
+// Marks the arguments an execution consumed (positions device * num_args + arg) deleted.
+void MarkDonated(const PJRT_LoadedExecutable_Execute_Args* a,
+                 const std::vector<int64_t>& donated) {
+  const size_t num_args = std::max<size_t>(a->num_args, 1);
+  for (int64_t position : donated) {
+    const auto d = static_cast<size_t>(position) / num_args;
+    const auto i = static_cast<size_t>(position) % num_args;
+    if (position < 0 || d >= a->num_devices) continue;
+    From<RemoteBuffer>(a->argument_lists[d][i])->deleted = true;
+  }
+}
+
 PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
   return Run([&]() -> Status {
     auto& state = *From<RemoteLoadedExecutable>(a->executable)->state;
@@ -1151,7 +1177,7 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
                            "callbacks are not supported");
     }
     // ints: [exe, num_devices, num_args, launch_id, execute_device, non-donatable list,
-    //        argument ids (device-major), event ids list]
+    //        argument ids (device-major), event ids list, output ids list (one-way)]
     Frame request;
     request.op = kExecute;
     request.ints = {state.meta.id, static_cast<int64_t>(a->num_devices),
@@ -1159,6 +1185,9 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
                     a->execute_device ? From<RemoteDevice>(a->execute_device)->index : -1};
     AppendList(&request.ints, options ? options->non_donatable_input_indices : nullptr,
                options ? options->num_non_donatable_input_indices : 0);
+    // What decides the outputs' descriptions and the donation: devices and donation options.
+    std::vector<int64_t> key(request.ints.begin() + 1, request.ints.end());
+    key.erase(key.begin() + 2);  // not the launch id
     for (size_t d = 0; d < a->num_devices; ++d) {
       for (size_t i = 0; i < a->num_args; ++i) {
         request.ints.push_back(From<RemoteBuffer>(a->argument_lists[d][i])->meta.id);
@@ -1169,35 +1198,70 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
     for (size_t d = 0; d < a->num_devices; ++d) events.push_back(c.NewEvent());
     request.ints.push_back(static_cast<int64_t>(events.size()));
     for (const auto& e : events) request.ints.push_back(e.first);
-    auto reply = c.Call(std::move(request));
-    if (!reply.ok()) {
-      for (const auto& e : events) c.DropEvent(e.first);
-      return reply.status();
+    const size_t num_outputs = static_cast<size_t>(state.meta.num_outputs);
+
+    std::optional<ExecuteTemplate> known;
+    if (client->one_way_execute) {
+      std::lock_guard<std::mutex> lock(state.templates_mu);
+      auto it = state.templates.find(key);
+      if (it != state.templates.end()) known = it->second;
     }
-    IntCursor cursor(reply->ints);
-    std::vector<RemoteBuffer*> outputs;
-    for (size_t d = 0; d < a->num_devices; ++d) {
-      for (int64_t o = 0; o < state.meta.num_outputs; ++o) {
-        auto buffer = NewBuffer(client, &cursor);
-        if (!buffer.ok()) {
-          for (RemoteBuffer* b : outputs) delete b;
-          return buffer.status();
-        }
-        (*buffer)->ready = events[d].second;
-        outputs.push_back(*buffer);
-        a->output_lists[d][o] = To<PJRT_Buffer>(*buffer);
+    if (known) {
+      // One-way: this process names the outputs; no round trip before returning.
+      std::vector<int64_t> ids(a->num_devices * num_outputs);
+      for (int64_t& id : ids) id = client->next_output_id.fetch_sub(1);
+      AppendList(&request.ints, ids.data(), ids.size());
+      Status sent = c.Post(std::move(request));
+      if (!sent.ok()) {
+        for (const auto& e : events) c.DropEvent(e.first);
+        return sent;
       }
-    }
-    std::vector<int64_t> donated;
-    if (!cursor.List(&donated)) {
-      for (RemoteBuffer* b : outputs) delete b;
-      return BadReply(client, "Execute (donated arguments)");
-    }
-    for (int64_t position : donated) {
-      const auto d = static_cast<size_t>(position) / std::max<size_t>(a->num_args, 1);
-      const auto i = static_cast<size_t>(position) % std::max<size_t>(a->num_args, 1);
-      if (position < 0 || d >= a->num_devices) continue;
-      From<RemoteBuffer>(a->argument_lists[d][i])->deleted = true;
+      for (size_t d = 0; d < a->num_devices; ++d) {
+        for (size_t o = 0; o < num_outputs; ++o) {
+          auto* buffer = new RemoteBuffer();
+          buffer->client = client;
+          buffer->connection = client->connection;
+          buffer->meta = known->outputs[d * num_outputs + o];
+          buffer->meta.id = ids[d * num_outputs + o];
+          buffer->ready = events[d].second;
+          a->output_lists[d][o] = To<PJRT_Buffer>(buffer);
+        }
+      }
+      MarkDonated(a, known->donated);
+    } else {
+      request.ints.push_back(0);  // no output ids: the reply describes the outputs
+      auto reply = c.Call(std::move(request));
+      if (!reply.ok()) {
+        for (const auto& e : events) c.DropEvent(e.first);
+        return reply.status();
+      }
+      IntCursor cursor(reply->ints);
+      std::vector<RemoteBuffer*> outputs;
+      ExecuteTemplate learnt;
+      bool static_shapes = true;
+      for (size_t d = 0; d < a->num_devices; ++d) {
+        for (size_t o = 0; o < num_outputs; ++o) {
+          auto buffer = NewBuffer(client, &cursor);
+          if (!buffer.ok()) {
+            for (RemoteBuffer* b : outputs) delete b;
+            return buffer.status();
+          }
+          (*buffer)->ready = events[d].second;
+          outputs.push_back(*buffer);
+          static_shapes = static_shapes && (*buffer)->meta.dynamic_dims.empty();
+          learnt.outputs.push_back((*buffer)->meta);
+          a->output_lists[d][o] = To<PJRT_Buffer>(*buffer);
+        }
+      }
+      if (!cursor.List(&learnt.donated)) {
+        for (RemoteBuffer* b : outputs) delete b;
+        return BadReply(client, "Execute (donated arguments)");
+      }
+      MarkDonated(a, learnt.donated);
+      if (client->one_way_execute && static_shapes) {
+        std::lock_guard<std::mutex> lock(state.templates_mu);
+        state.templates.emplace(key, std::move(learnt));
+      }
     }
     if (a->device_complete_events != nullptr) {
       for (size_t d = 0; d < events.size(); ++d) {

@@ -189,8 +189,9 @@ struct Channel {
 class ServerImpl;
 
 struct BufferEntry {
-  PJRT_Buffer* handle = nullptr;
+  PJRT_Buffer* handle = nullptr;  // null: an output of a one-way execution that failed
   int64_t counted_bytes = 0;
+  Status error;                   // why, when `handle` is null
 };
 struct ExecutableEntry {
   PJRT_LoadedExecutable* handle = nullptr;
@@ -319,7 +320,11 @@ class ServerImpl final : public Server {
   Status Charge(Session& s, int64_t bytes, const char* what);
   void Release(Session& s, int64_t bytes);
   // Registers buffer `handle` in `s` and appends its description to `ints`.
-  Status AddBuffer(Session& s, PJRT_Buffer* handle, std::vector<int64_t>* ints, int64_t* bytes);
+  // `id` 0: a new daemon id; else the client's (outputs of a one-way execution).
+  Status AddBuffer(Session& s, PJRT_Buffer* handle, std::vector<int64_t>* ints, int64_t* bytes,
+                   int64_t id = 0);
+  // A one-way execution failed: its events carry the error, its output ids name it.
+  void FailOneWayExecute(Session& s, const Frame& r, const Status& status);
   Status AddExecutable(Session& s, PJRT_LoadedExecutable* loaded, Frame* out);
   void WatchEvent(Session& s, PJRT_Event* inner, int64_t event_id,
                   std::function<void(Frame*)> fill, std::shared_ptr<void> keep_alive,
@@ -604,6 +609,9 @@ void ServerImpl::Serve(std::shared_ptr<Session> session) {
     for (int fd : fds) {
       if (fd >= 0) ::close(fd);
     }
+    if (!status.ok() && request.call_id == 0 && request.op == kExecute) {
+      FailOneWayExecute(s, request, status);
+    }
     if (!status.ok() && request.call_id == 0 && request.op == kBufferToHost &&
         request.ints.size() > 1) {
       // A one-way transfer's failure is its event's.
@@ -693,6 +701,9 @@ Status ServerImpl::Hello(Session& s, const Frame& request, Frame* reply) {
     AppendList(&reply->ints, device.memories.data(), device.memories.size());
     reply->blobs.push_back(device.kind);
   }
+  // One-way executions are offered to tenants without a quota: a quota refusal of an
+  // execution's outputs stays synchronous (RESOURCE_EXHAUSTED at dispatch).
+  reply->ints.push_back(tenant == nullptr || tenant->memory_quota_bytes < 0 ? 1 : 0);
   if (!s.observer) {
     Log("session " + std::to_string(s.id) + " (tenant '" + s.tenant + "') connected, " +
         std::to_string(s.devices.size()) + " devices");
@@ -708,6 +719,7 @@ StatusOr<BufferEntry*> ServerImpl::FindBuffer(Session& s, const std::vector<int6
     return NotFound("buffer " + std::to_string(ints[at]) + " is not one of session " +
                     std::to_string(s.id) + "'s buffers");
   }
+  if (it->second.handle == nullptr) return it->second.error;
   return &it->second;
 }
 
@@ -784,9 +796,9 @@ void ServerImpl::Release(Session& s, int64_t bytes) {
 }
 
 Status ServerImpl::AddBuffer(Session& s, PJRT_Buffer* handle, std::vector<int64_t>* ints,
-                             int64_t* bytes) {
+                             int64_t* bytes, int64_t id) {
   BufferMeta meta;
-  const int64_t id = next_id_++;
+  if (id == 0) id = next_id_++;
   Status st = Describe(handle, id, &meta);
   if (!st.ok()) {
     InnerDeleter<PJRT_Buffer>{&b()}(handle);
@@ -1109,6 +1121,7 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
         return NotFound("buffer " + std::to_string(id) + " is not one of session " +
                         std::to_string(s.id) + "'s buffers");
       }
+      if (it->second.handle == nullptr) return it->second.error;
       arguments[d].push_back(it->second.handle);
     }
   }
@@ -1116,6 +1129,20 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
   if (!c.List(&event_ids) ||
       (!event_ids.empty() && static_cast<int64_t>(event_ids.size()) != num_devices)) {
     return InvalidArgument("malformed Execute request (events)");
+  }
+  const int64_t num_outputs = (*entry)->num_outputs;
+  // One-way (no reply): the client names the outputs (negative ids, new to the session).
+  std::vector<int64_t> output_ids;
+  if (!c.List(&output_ids) || (r.call_id == 0) != !output_ids.empty() ||
+      (!output_ids.empty() &&
+       static_cast<int64_t>(output_ids.size()) != num_devices * num_outputs)) {
+    return InvalidArgument("malformed Execute request (output ids)");
+  }
+  for (int64_t id : output_ids) {
+    if (id >= 0 || s.buffers.count(id) > 0) {
+      return InvalidArgument("Execute: output id " + std::to_string(id) +
+                             " is not a new client id");
+    }
   }
   // The devices this execution occupies, in the order of its per-device completion events.
   std::vector<int64_t> on_devices;
@@ -1145,7 +1172,6 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
   if (!s.latency && gate_->AwaitBatchTurn(on_devices, stopping_) && s.tenant_state != nullptr) {
     ++s.tenant_state->held_for_latency;
   }
-  const int64_t num_outputs = (*entry)->num_outputs;
   std::vector<std::vector<PJRT_Buffer*>> outputs(num_devices,
                                                  std::vector<PJRT_Buffer*>(num_outputs));
   std::vector<PJRT_Buffer* const*> argument_lists;
@@ -1200,7 +1226,8 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
         continue;
       }
       const size_t before = out->ints.size();
-      st = AddBuffer(s, outputs[d][o], &out->ints, &bytes);
+      st = AddBuffer(s, outputs[d][o], &out->ints, &bytes,
+                     output_ids.empty() ? 0 : output_ids[d * num_outputs + o]);
       if (st.ok()) created.push_back(out->ints[before]);
     }
   }
@@ -1222,6 +1249,30 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
   }
   AppendList(&out->ints, donated.data(), donated.size());
   return Status::Ok();
+}
+
+void ServerImpl::FailOneWayExecute(Session& s, const Frame& r, const Status& status) {
+  IntCursor c(r.ints, 5);
+  std::vector<int64_t> skip, event_ids, output_ids;
+  int64_t id;
+  const int64_t num_arguments = r.ints.size() > 2 ? r.ints[1] * r.ints[2] : 0;
+  if (!c.List(&skip)) return;
+  for (int64_t i = 0; i < num_arguments; ++i) {
+    if (!c.Next(&id)) return;
+  }
+  if (!c.List(&event_ids) || !c.List(&output_ids)) return;
+  const Status failed(status.code(), "the execution that made this buffer failed: " +
+                                         std::string(status.message()));
+  for (int64_t output : output_ids) {
+    if (output < 0 && s.buffers.count(output) == 0) s.buffers[output] = BufferEntry{nullptr, 0, failed};
+  }
+  for (int64_t event : event_ids) {
+    Frame push;
+    push.op = kEventReady;
+    push.ints = {event, static_cast<int64_t>(status.code())};
+    push.text = status.message();
+    s.channel->Send(push);
+  }
 }
 
 Status ServerImpl::Handle(Session& s, const Frame& r, std::vector<int>& fds, Frame* out) {
@@ -1273,6 +1324,11 @@ Status ServerImpl::Handle(Session& s, const Frame& r, std::vector<int>& fds, Fra
       return Status::Ok();
     }
     case kBufferDestroy: {
+      auto failed = s.buffers.find(r.ints.empty() ? 0 : r.ints[0]);
+      if (failed != s.buffers.end() && failed->second.handle == nullptr) {
+        s.buffers.erase(failed);  // a failed one-way execution's output: nothing to destroy
+        return Status::Ok();
+      }
       auto buffer = FindBuffer(s, r.ints);
       if (!buffer.ok()) return buffer.status();
       Release(s, (*buffer)->counted_bytes);
@@ -1326,7 +1382,7 @@ void ServerImpl::EndSession(Session& s) {
   int64_t bytes = 0;
   for (auto& [id, entry] : s.buffers) {
     bytes += entry.counted_bytes;
-    InnerDeleter<PJRT_Buffer>{&b()}(entry.handle);
+    if (entry.handle != nullptr) InnerDeleter<PJRT_Buffer>{&b()}(entry.handle);
   }
   s.buffers.clear();
   for (auto& [id, entry] : s.executables) InnerDeleter<PJRT_LoadedExecutable>{&b()}(entry.handle);

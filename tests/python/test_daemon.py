@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from flexnpu._daemon_wire import (
+    OP_BUFFER_DESTROY,
     OP_BUFFER_FROM_HOST,
     OP_BUFFER_TO_HOST,
     OP_BUFFER_TO_HOST_SIZE,
@@ -424,9 +425,48 @@ def test_device_set_filters_the_devices_a_session_sees(tenant_daemon: Daemon) ->
 def _execute(c: Connection, exe: int, arguments: list[int], execute_device: int = -1,
              num_devices: int = 1):
     # ints: exe, num_devices, num_args, launch_id, execute_device, non-donatable list,
-    # arguments (device-major), event list.
+    # arguments (device-major), event list, output ids list (empty: a reply names them).
     return c.call(OP_EXECUTE, [exe, num_devices, len(arguments) // num_devices, 0,
-                               execute_device, 0, *arguments, 0])
+                               execute_device, 0, *arguments, 0, 0])
+
+
+def _compile_doubling(c: Connection) -> int:
+    code = jax.jit(lambda v: v * 2).lower(np.zeros(4, np.float32)).as_text().encode()
+    from jax._src.lib import xla_client
+
+    compiled = c.call(OP_COMPILE, blobs=[b"mlir", code,
+                                         xla_client.CompileOptions().SerializeAsString()])
+    assert compiled.code == OK, compiled.text
+    return compiled.ints[0]
+
+
+def test_a_failed_one_way_execution_fails_its_event_and_outputs(daemon: Daemon) -> None:
+    with Connection(str(daemon.socket)) as c:
+        hello = c.hello("oneway")
+        assert hello.code == OK
+        assert hello.ints[-1] == 1  # one-way executions offered: the tenant has no quota
+        exe = _compile_doubling(c)
+        # One-way (no call id, the client names output -5): argument 4242 does not exist.
+        c.send(Frame(op=OP_EXECUTE, ints=[exe, 1, 1, 0, -1, 0, 4242, 1, 77, 1, -5]))
+        push = c.receive()
+        assert push.op == OP_EVENT_READY and push.ints == [77, NOT_FOUND]
+        assert "buffer 4242 is not one of session" in push.text
+        # The output names the failure; reading it fails its own event with that error.
+        c.send(Frame(op=OP_BUFFER_TO_HOST, ints=[-5, 78, 16, 1, *NO_LAYOUT]))
+        read = c.receive()
+        assert read.op == OP_EVENT_READY and read.ints == [78, NOT_FOUND]
+        assert "the execution that made this buffer failed" in read.text
+        assert "buffer 4242 is not one of session" in read.text
+        # Destroyed like any buffer; then it is gone.
+        c.send(Frame(op=OP_BUFFER_DESTROY, ints=[-5]))
+        gone = c.call(OP_BUFFER_TO_HOST_SIZE, [-5, *NO_LAYOUT])
+        assert gone.code == NOT_FOUND and "buffer -5 is not one of session" in gone.text
+        # A daemon-side id as an output name is refused.
+        put = _put(c, _device_indices(hello)[0][0], np.arange(4))
+        c.send(Frame(op=OP_EXECUTE, ints=[exe, 1, 1, 0, -1, 0, put.ints[0], 1, 79, 1, 3]))
+        bad = c.receive()
+        assert bad.ints == [79, INVALID_ARGUMENT]
+        assert "output id 3 is not a new client id" in bad.text
 
 
 def test_an_execution_outside_the_device_set_is_refused(tenant_daemon: Daemon) -> None:
@@ -460,6 +500,13 @@ def test_an_execution_outside_the_device_set_is_refused(tenant_daemon: Daemon) -
         assert "a portable executable needs an execute device" in unplaced.text
         ran = _execute(c, one.ints[0], [arg], execute_device=1)
         assert ran.code == OK, ran.text
+
+
+def test_one_way_executions_are_not_offered_to_a_tenant_with_a_quota(
+        tenant_daemon: Daemon) -> None:
+    with Connection(str(tenant_daemon.socket)) as c:
+        hello = c.hello("small")
+    assert hello.code == OK and hello.ints[-1] == 0
 
 
 def test_stats_cli_lists_sessions_and_tenants(tenant_daemon: Daemon) -> None:
