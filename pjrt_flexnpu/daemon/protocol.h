@@ -14,8 +14,9 @@ namespace flexnpu::daemon {
 // Bumped on any change of a message layout; Hello refuses a mismatch.
 // 2: executable replies carry the name. 3: Execute replies list the donated arguments (the
 // client answers IsDeleted locally); BufferToHost is one-way (a failure fails its event).
-// 4: one-way Execute (client-named outputs), Hello says whether it is offered.
-inline constexpr int64_t kProtocolVersion = 4;
+// 4: one-way Execute (client-named outputs), Hello says whether it is offered. 5: one-way
+// BufferFromHost (a client-named buffer).
+inline constexpr int64_t kProtocolVersion = 5;
 // Payloads up to this size travel inside the frame; larger ones in a memfd segment.
 inline constexpr size_t kInlinePayloadBytes = 64 * 1024;
 // A frame longer than this is refused as malformed.
@@ -28,7 +29,8 @@ enum Op : uint32_t {
                            // -> ints [session] + topology + [one-way execute offered],
                            // blobs [platform, version, kinds...]
   kBufferFromHost = 2,     // ints [type, ndims, dims.., nstrides, strides.., device, memory,
-                           // inline] blobs [data] | fd -> buffer meta
+                           // inline, size, client id (0: -> buffer meta; < 0: one-way)]
+                           // blobs [data] | fd
   kBufferToHostSize = 3,   // ints [buffer, host layout] -> ints [size]
   kBufferToHost = 4,       // one-way: ints [buffer, event, size, inline, host layout] | fd; the
                            // push carries the bytes when inline, or the error

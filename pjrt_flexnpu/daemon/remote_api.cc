@@ -379,8 +379,12 @@ struct RemoteDevice {
 struct RemoteClient {
   std::shared_ptr<Connection> connection;
   int64_t session = 0;
-  bool one_way_execute = false;  // the daemon offers it (a tenant without a quota)
-  std::atomic<int64_t> next_output_id{-1};  // one-way executions' outputs: negative ids
+  bool one_way = false;  // the daemon offers one-way Execute/BufferFromHost (no quota)
+  std::atomic<int64_t> next_output_id{-1};  // buffers named by this process: negative ids
+  // Descriptions of transferred buffers by (type, dims, strides, device, memory), learnt from
+  // the first synchronous transfer of each: later ones are one-way.
+  std::mutex transfers_mu;
+  std::map<std::vector<int64_t>, BufferMeta> transfers;
   std::string platform_name;
   std::string platform_version;
   std::vector<std::unique_ptr<RemoteDevice>> devices;
@@ -656,7 +660,7 @@ PJRT_Error* Client_Create_(PJRT_Client_Create_Args* a) {
       client->devices.push_back(std::move(device));
     }
     int64_t one_way = 0;
-    client->one_way_execute = c.Next(&one_way) && one_way == 1;
+    client->one_way = c.Next(&one_way) && one_way == 1;
     a->client = To<PJRT_Client>(client.release());
     close_unless_kept.c = nullptr;
     return Status::Ok();
@@ -842,6 +846,13 @@ PJRT_Error* Client_BufferFromHostBuffer_(PJRT_Client_BufferFromHostBuffer_Args* 
     const bool inline_payload = *bytes <= kInlinePayloadBytes;
     request.ints.push_back(inline_payload ? 1 : 0);
     request.ints.push_back(static_cast<int64_t>(*bytes));
+    const std::vector<int64_t> key(request.ints.begin(), request.ints.end() - 2);
+    std::optional<BufferMeta> known;
+    if (client->one_way) {
+      std::lock_guard<std::mutex> lock(client->transfers_mu);
+      auto it = client->transfers.find(key);
+      if (it != client->transfers.end()) known = it->second;
+    }
     std::vector<int> fds;
     SharedSegment segment;
     if (inline_payload) {
@@ -853,13 +864,32 @@ PJRT_Error* Client_BufferFromHostBuffer_(PJRT_Client_BufferFromHostBuffer_Args* 
       std::memcpy(segment.data(), a->data, *bytes);
       fds.push_back(segment.fd());
     }
+    // The bytes are copied (into the frame or the segment) before this returns.
+    a->done_with_host_buffer = nullptr;
+    if (known) {
+      // One-way: this process names the buffer; a failure makes the id name the error.
+      known->id = client->next_output_id.fetch_sub(1);
+      request.ints.push_back(known->id);
+      FLEXNPU_RETURN_IF_ERROR(client->connection->Post(std::move(request), fds));
+      auto* buffer = new RemoteBuffer();
+      buffer->client = client;
+      buffer->connection = client->connection;
+      buffer->meta = std::move(*known);
+      a->buffer = To<PJRT_Buffer>(buffer);
+      a->done_with_host_buffer = ReadyEvent();
+      return Status::Ok();
+    }
+    request.ints.push_back(0);  // the daemon names it in the reply
     auto reply = client->connection->Call(std::move(request), fds);
     if (!reply.ok()) return reply.status();
     IntCursor cursor(reply->ints);
     auto buffer = NewBuffer(client, &cursor);
     if (!buffer.ok()) return buffer.status();
+    if (client->one_way && (*buffer)->meta.dynamic_dims.empty()) {
+      std::lock_guard<std::mutex> lock(client->transfers_mu);
+      if (client->transfers.size() < 4096) client->transfers.emplace(key, (*buffer)->meta);
+    }
     a->buffer = To<PJRT_Buffer>(*buffer);
-    // The bytes were copied before the call returned.
     a->done_with_host_buffer = ReadyEvent();
     return Status::Ok();
   });
@@ -1201,7 +1231,7 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
     const size_t num_outputs = static_cast<size_t>(state.meta.num_outputs);
 
     std::optional<ExecuteTemplate> known;
-    if (client->one_way_execute) {
+    if (client->one_way) {
       std::lock_guard<std::mutex> lock(state.templates_mu);
       auto it = state.templates.find(key);
       if (it != state.templates.end()) known = it->second;
@@ -1258,7 +1288,7 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
         return BadReply(client, "Execute (donated arguments)");
       }
       MarkDonated(a, learnt.donated);
-      if (client->one_way_execute && static_shapes) {
+      if (client->one_way && static_shapes) {
         std::lock_guard<std::mutex> lock(state.templates_mu);
         state.templates.emplace(key, std::move(learnt));
       }

@@ -612,6 +612,14 @@ void ServerImpl::Serve(std::shared_ptr<Session> session) {
     if (!status.ok() && request.call_id == 0 && request.op == kExecute) {
       FailOneWayExecute(s, request, status);
     }
+    if (!status.ok() && request.call_id == 0 && request.op == kBufferFromHost &&
+        !request.ints.empty() && request.ints.back() < 0 &&
+        s.buffers.count(request.ints.back()) == 0) {
+      // A one-way transfer's id names its failure.
+      s.buffers[request.ints.back()] =
+          BufferEntry{nullptr, 0, Status(status.code(), "the transfer that made this buffer "
+                                                        "failed: " + std::string(status.message()))};
+    }
     if (!status.ok() && request.call_id == 0 && request.op == kBufferToHost &&
         request.ints.size() > 1) {
       // A one-way transfer's failure is its event's.
@@ -701,8 +709,8 @@ Status ServerImpl::Hello(Session& s, const Frame& request, Frame* reply) {
     AppendList(&reply->ints, device.memories.data(), device.memories.size());
     reply->blobs.push_back(device.kind);
   }
-  // One-way executions are offered to tenants without a quota: a quota refusal of an
-  // execution's outputs stays synchronous (RESOURCE_EXHAUSTED at dispatch).
+  // One-way executions and transfers are offered to tenants without a quota: a quota refusal
+  // stays synchronous (RESOURCE_EXHAUSTED at dispatch).
   reply->ints.push_back(tenant == nullptr || tenant->memory_quota_bytes < 0 ? 1 : 0);
   if (!s.observer) {
     Log("session " + std::to_string(s.id) + " (tenant '" + s.tenant + "') connected, " +
@@ -845,11 +853,17 @@ void ServerImpl::DrainFired(Session& s) {
 Status ServerImpl::BufferFromHost(Session& s, const Frame& r, std::vector<int>& fds,
                                   Frame* out) {
   IntCursor c(r.ints);
-  int64_t type, device, memory, inline_payload, size;
+  int64_t type, device, memory, inline_payload, size, client_id;
   std::vector<int64_t> dims, strides;
   if (!c.Next(&type) || !c.List(&dims) || !c.List(&strides) || !c.Next(&device) ||
-      !c.Next(&memory) || !c.Next(&inline_payload) || !c.Next(&size) || size < 0) {
+      !c.Next(&memory) || !c.Next(&inline_payload) || !c.Next(&size) || size < 0 ||
+      !c.Next(&client_id)) {
     return InvalidArgument("malformed BufferFromHost request");
+  }
+  // One-way (no reply): the client names the buffer (a negative id, new to the session).
+  if ((r.call_id == 0) != (client_id != 0) || client_id > 0 || s.buffers.count(client_id) > 0) {
+    return InvalidArgument("BufferFromHost: buffer id " + std::to_string(client_id) +
+                           " is not a new client id");
   }
   if (device >= 0 && s.devices.count(device) == 0) {
     return PermissionDenied("device index " + std::to_string(device) +
@@ -900,7 +914,7 @@ Status ServerImpl::BufferFromHost(Session& s, const Frame& r, std::vector<int>& 
   }
   int64_t bytes = 0;
   std::vector<int64_t> ints;
-  FLEXNPU_RETURN_IF_ERROR(AddBuffer(s, args.buffer, &ints, &bytes));
+  FLEXNPU_RETURN_IF_ERROR(AddBuffer(s, args.buffer, &ints, &bytes, client_id));
   Status charged = Charge(s, bytes, "a host-to-device transfer");
   if (!charged.ok()) {
     InnerDeleter<PJRT_Buffer>{&b()}(s.buffers[ints[0]].handle);

@@ -306,7 +306,7 @@ def _device_indices(reply) -> list[tuple[int, int]]:
 def _put(c: Connection, device_index: int, values: np.ndarray):
     data = values.astype(np.float32).tobytes()
     return c.call(OP_BUFFER_FROM_HOST,
-                  [F32, 1, values.size, 0, device_index, -1, 1, len(data)], blobs=[data])
+                  [F32, 1, values.size, 0, device_index, -1, 1, len(data), 0], blobs=[data])
 
 
 def test_a_session_cannot_name_another_sessions_buffer(daemon: Daemon) -> None:
@@ -467,6 +467,26 @@ def test_a_failed_one_way_execution_fails_its_event_and_outputs(daemon: Daemon) 
         bad = c.receive()
         assert bad.ints == [79, INVALID_ARGUMENT]
         assert "output id 3 is not a new client id" in bad.text
+
+
+def test_a_failed_one_way_transfer_names_its_error(daemon: Daemon) -> None:
+    data = np.arange(4, dtype=np.float32).tobytes()
+    with Connection(str(daemon.socket)) as c:
+        hello = c.hello("oneway")
+        assert hello.code == OK
+        device = _device_indices(hello)[0][0]
+        # One-way (no call id, the client names buffer -9): memory index 999 does not exist.
+        c.send(Frame(op=OP_BUFFER_FROM_HOST,
+                     ints=[F32, 1, 4, 0, device, 999, 1, len(data), -9], blobs=[data]))
+        failed = c.call(OP_BUFFER_TO_HOST_SIZE, [-9, *NO_LAYOUT])
+        assert failed.code == PERMISSION_DENIED
+        assert "the transfer that made this buffer failed" in failed.text
+        assert "memory index 999 is outside the device set" in failed.text
+        # A request with a reply names no id of its own.
+        named = c.call(OP_BUFFER_FROM_HOST, [F32, 1, 4, 0, device, -1, 1, len(data), -10],
+                       blobs=[data])
+        assert named.code == INVALID_ARGUMENT
+        assert "buffer id -10 is not a new client id" in named.text
 
 
 def test_an_execution_outside_the_device_set_is_refused(tenant_daemon: Daemon) -> None:
