@@ -1345,8 +1345,16 @@ Status ServerImpl::Handle(Session& s, const Frame& r, std::vector<int>& fds, Fra
       }
       auto buffer = FindBuffer(s, r.ints);
       if (!buffer.ok()) return buffer.status();
-      Release(s, (*buffer)->counted_bytes);
-      reaper_.Destroy((*buffer)->handle);
+      if (s.tenant_state != nullptr && s.tenant_state->config.memory_quota_bytes >= 0) {
+        // A tenant with a quota gets its bytes back only once they are free, and its next
+        // request must not be refused for bytes it has already given back: destroy in line
+        // (the session's later requests wait, as they did before the reaper).
+        InnerDeleter<PJRT_Buffer>{&b()}((*buffer)->handle);
+        Release(s, (*buffer)->counted_bytes);
+      } else {
+        Release(s, (*buffer)->counted_bytes);
+        reaper_.Destroy((*buffer)->handle);
+      }
       s.buffers.erase(r.ints[0]);
       return Status::Ok();
     }
