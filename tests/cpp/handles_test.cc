@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -260,6 +261,42 @@ TEST(EventTest, OnReadyPassesTheInnerErrorAlikeWhetherOrNotTheEventIsComplete) {
     EXPECT_EQ(seen.code, PJRT_Error_Code_DATA_LOSS) << "ready " << ready;
     EXPECT_EQ(seen.message, "physical backend: PJRT_Event: boom") << "ready " << ready;
     EXPECT_EQ(failing_events::on_ready_calls, ready ? 0 : 1) << "ready " << ready;
+  }
+}
+
+// A callback that throws (issue 13 defect 11) runs exactly once and the throw stops in
+// FlexNPU on every path: the inline one of a complete inner event, the inner plugin's callback
+// (here inline inside the fake's OnReady, as on a backend thread), and a ready-made event.
+// OnReady still succeeds: an error after the callback ran would tell the caller that it was
+// never registered (JAX would free its state twice).
+TEST(EventTest, AThrowingOnReadyCallbackRunsOnceAndTheThrowStopsInFlexNpu) {
+  static const PJRT_Api api = failing_events::MakeApi();
+  auto backend = PhysicalBackend::FromApi(&api, "fake");
+  static int calls = 0;
+  auto throwing = [](PJRT_Error* error, void*) {
+    ++calls;
+    delete error;
+    throw std::runtime_error("callback threw");
+  };
+  for (bool ready : {true, false}) {
+    failing_events::FakeEvent inner{ready};
+    failing_events::on_ready_calls = 0;
+    calls = 0;
+    std::unique_ptr<Event> event(
+        Event::Wrap(*backend, reinterpret_cast<PJRT_Event*>(&inner)));
+    Status status = Status::Ok();
+    EXPECT_NO_THROW(status = event->OnReady(throwing, nullptr)) << "ready " << ready;
+    EXPECT_TRUE(status.ok()) << "ready " << ready << ": " << status.message();
+    EXPECT_EQ(calls, 1) << "ready " << ready;
+    EXPECT_EQ(failing_events::on_ready_calls, ready ? 0 : 1) << "ready " << ready;
+  }
+  for (Status made : {Status::Ok(), Internal("boom")}) {
+    calls = 0;
+    std::unique_ptr<Event> event(Event::Ready(made));
+    Status status = Status::Ok();
+    EXPECT_NO_THROW(status = event->OnReady(throwing, nullptr));
+    EXPECT_TRUE(status.ok()) << status.message();
+    EXPECT_EQ(calls, 1);
   }
 }
 
