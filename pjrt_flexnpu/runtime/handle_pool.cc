@@ -46,11 +46,12 @@ char* Base() {
 }
 
 // Where a free slot keeps the number of the next free slot: after the tag, which stays
-// readable. Read and written atomically: a pop may read a slot that another thread has just
-// popped and is constructing an object in; the value it reads then is discarded (its
-// compare-exchange fails), and the memory is the pool's either way (never unmapped).
+// readable, in the word no object writes (kLinkOffset). Read and written atomically: a pop may
+// read a slot that another thread has just popped and is constructing an object in; the value
+// it reads then is discarded (its compare-exchange fails), the memory is the pool's either way
+// (never unmapped), and the constructor does not write that word, so the two do not race.
 uint64_t* NextOf(void* slot) {
-  return reinterpret_cast<uint64_t*>(static_cast<char*>(slot) + 8);
+  return reinterpret_cast<uint64_t*>(static_cast<char*>(slot) + kLinkOffset);
 }
 
 uint64_t NumberOf(const char* base, const void* slot) {

@@ -5,7 +5,7 @@
 // reused, so resolving a stale handle reads FlexNPU's own memory, never freed memory. Free slots
 // sit on one lock-free stack per size class (no global lock on the dispatch path). Sanitizer
 // builds allocate normally instead (ASan must see every object's lifetime): there the live-handle
-// set answers for all handles.
+// set answers for all handles (unless FLEXNPU_FORCE_POOL, below).
 #ifndef FLEXNPU_RUNTIME_HANDLE_POOL_H_
 #define FLEXNPU_RUNTIME_HANDLE_POOL_H_
 
@@ -17,7 +17,12 @@
 
 namespace flexnpu::handle_pool {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// FLEXNPU_FORCE_POOL (defined for every translation unit of a binary, never for some): the pool
+// even in sanitizer builds, so that ThreadSanitizer checks its lock-free stacks
+// (tests/cpp/handle_pool_forced_test.cc builds the pool's sources so).
+#if defined(FLEXNPU_FORCE_POOL)
+inline constexpr bool kEnabled = true;
+#elif defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 inline constexpr bool kEnabled = false;
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
@@ -30,6 +35,10 @@ inline constexpr bool kEnabled = true;
 #endif
 
 inline constexpr size_t kSlotAlign = 64;
+// Where a free slot holds the number of the next free slot: a word that neither handles
+// (Tagged reserves it) nor records (their header) ever write, since a pop may read it while the
+// thread that popped the slot first constructs its new object.
+inline constexpr size_t kLinkOffset = 8;
 inline constexpr size_t kChunkBytes = size_t{1} << 20;
 inline constexpr size_t kMaxChunks = 16384;  // 16 GiB of address space, committed a chunk at a time
 inline constexpr size_t kMaxClasses = 64;    // slots up to 4 KiB
@@ -82,9 +91,10 @@ inline bool Owns(const void* p) {
 
 // A T in a slot of the pool (plain new/delete in sanitizer builds): for the records made per
 // execution (callback contexts) that would otherwise cost a malloc and a free each. The slot
-// starts with a word no handle tag equals and the record follows it, so a stale handle whose
-// slot now holds a record is still rejected by its tag.
+// starts with a word no handle tag equals, then the link word (kLinkOffset), and the record
+// follows them, so a stale handle whose slot now holds a record is still rejected by its tag.
 inline constexpr size_t kRecordHeader = 16;
+static_assert(kLinkOffset + 8 <= kRecordHeader);
 
 template <typename T, typename... Args>
 T* New(Args&&... args) {
