@@ -359,6 +359,20 @@ void VirtualLoadedExecutable::Remember(int physical_device,
   recent_ = compiled;
 }
 
+void VirtualLoadedExecutable::RememberFallback(int physical_device,
+                                               const std::shared_ptr<Compiled>& portable) {
+  {
+    std::promise<CompiledResult> ready;
+    ready.set_value(portable);
+    std::lock_guard<std::mutex> lock(mu_);
+    // Another execution may have filled the entry meanwhile (a retry that compiled): keep it.
+    by_mapping_.emplace(std::vector<int>{physical_device},
+                        CacheEntry{ready.get_future().share(), ++use_clock_});
+    EvictLocked();
+  }
+  Remember(physical_device, portable);
+}
+
 uint64_t VirtualLoadedExecutable::LastUse(const CacheEntry& entry) {
   const CompiledResult& result = entry.compiled.get();  // ready: only those are evicted
   if (!result.ok()) return entry.last_use;
@@ -515,7 +529,10 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
     // Off home: the variant pinned to the device it was placed on; portable only as the
     // fallback (single_device_compile=auto) when that variant cannot be compiled.
     auto found = CompiledFor(physical.data(), 1);
-    if (!found.ok() && portable_fallback_) found = CompiledFor(nullptr, 0);
+    if (!found.ok() && portable_fallback_) {
+      found = CompiledFor(nullptr, 0);
+      if (found.ok()) RememberFallback(physical[0], *found);
+    }
     if (!found.ok()) return found.status();
     other = std::move(*found);
     compiled = other.get();
@@ -702,7 +719,11 @@ Status VirtualLoadedExecutable::Delete() {
     for (auto& [mapping, entry] : by_mapping_) {
       if (entry.compiled.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
       const CompiledResult& result = entry.compiled.get();
-      if (result.ok() && *result != initial_) compiled.push_back(*result);
+      // A device's fallback entry holds the portable variant, which has its own entry too.
+      if (result.ok() && *result != initial_ &&
+          std::find(compiled.begin(), compiled.end(), *result) == compiled.end()) {
+        compiled.push_back(*result);
+      }
     }
   }
   {

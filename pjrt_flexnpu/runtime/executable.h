@@ -127,6 +127,9 @@ class VirtualLoadedExecutable : public Tagged {
   static uint64_t LastUse(const CacheEntry& entry);
   // Makes `compiled` (a variant pinned to `physical_device`) the recent one.
   void Remember(int physical_device, const std::shared_ptr<Compiled>& compiled);
+  // The pinned compile for `physical_device` failed and `portable` ran instead: cached as that
+  // device's variant, so later executions there take it without compiling (and failing) again.
+  void RememberFallback(int physical_device, const std::shared_ptr<Compiled>& portable);
   // One dispatcher for n >= 1 devices (single-device is n = 1): arguments resolved, placed
   // (the placer's tickets, SPMD shards included), moved, launched, tracked and wrapped.
   Status Dispatch(PJRT_LoadedExecutable_Execute_Args* args, VirtualDevice* const* devices,
