@@ -15,8 +15,11 @@ namespace flexnpu::daemon {
 // 2: executable replies carry the name. 3: Execute replies list the donated arguments (the
 // client answers IsDeleted locally); BufferToHost is one-way (a failure fails its event).
 // 4: one-way Execute (client-named outputs), Hello says whether it is offered. 5: one-way
-// BufferFromHost (a client-named buffer).
-inline constexpr int64_t kProtocolVersion = 5;
+// BufferFromHost (a client-named buffer). 6: a one-way execution's completion pushes list
+// the arguments it consumed (ints [event, code, donated list]), and so does a failed one's
+// reply or push when it ran before failing. Python's copy (_daemon_wire.PROTOCOL_VERSION) is
+// checked against this line by test_daemon.py.
+inline constexpr int64_t kProtocolVersion = 6;
 // Payloads up to this size travel inside the frame; larger ones in a memfd segment.
 inline constexpr size_t kInlinePayloadBytes = 64 * 1024;
 // A frame longer than this is refused as malformed.
@@ -49,7 +52,8 @@ enum Op : uint32_t {
                            // (positions device * num_args + arg); one-way when the request
                            // names the output ids (a failure fails its events and outputs)
   kStats = 17,             // -> text (JSON)
-  kEventReady = 100,       // push: ints [event, code], text message, blobs [payload]?
+  kEventReady = 100,       // push: ints [event, code, donated list (one-way executions)],
+                           // text message, blobs [payload]?
 };
 // Requests are ops 1..kLastRequestOp.
 inline constexpr uint32_t kLastRequestOp = kStats;

@@ -3,10 +3,14 @@
 // with each new object answers the query slots locally, so only data and work (transfers,
 // compile, execute, destroy) cross the socket.
 //
-// Threads: callers block on a reply (with a deadline); one reader thread per connection
-// routes replies and event pushes and runs OnReady callbacks itself (no hand-off on the way
-// from a push to the program); a callback that calls the daemon or awaits an event of the
-// same connection reads the socket inline meanwhile.
+// Threads: callers block on a reply (with a deadline). One thread at a time holds a
+// connection's reading role: it routes replies and event pushes and runs OnReady callbacks
+// itself (no hand-off on the way from a push to the program). The socket is always drained:
+// a callback that is about to wait (a call's reply, an event, the write lock another thread
+// holds) first hands the reading role to another reader thread, and a callback that runs
+// longer than kCallbackStallMs for any other reason (a lock of the program's) loses the role
+// to one (the watchdog). So a reply or push never waits behind a callback, the daemon's
+// queue for this process drains, and no callback reads the socket itself.
 #include "pjrt_flexnpu/daemon/remote_api.h"
 
 #include <poll.h>
@@ -73,17 +77,29 @@ struct RemoteEvent {
   // Runs (on the reader thread) with the push before the event turns ready: copies a
   // transfer's bytes to the caller's memory.
   std::function<void(const Frame&)> on_push;
-  // The connection whose push makes it ready (compared, never dereferenced, by Await: a
-  // callback awaiting on that connection's reader thread reads the push itself).
-  const Connection* owner = nullptr;
+  // The connection whose push makes it ready (compared by Await: a callback awaiting on that
+  // connection's reader thread hands the reading role over first).
+  Connection* owner = nullptr;
+  // Executions' completion pushes: the argument positions (device * num_args + arg) the
+  // execution consumed, set before the event turns ready.
+  std::vector<int64_t> donated;
 };
+
+using Callbacks = std::vector<std::pair<PJRT_Event_OnReadyCallback, std::pair<Status, void*>>>;
 
 struct EventHandle {
   std::shared_ptr<RemoteEvent> event;
 };
 
-// The connection whose reader thread this is (callbacks run there), else null.
-thread_local const Connection* t_reading = nullptr;
+// The connection whose reader thread this is (callbacks run there), else null, and the
+// epoch of the reading role it holds.
+thread_local Connection* t_reader_of = nullptr;
+thread_local uint64_t t_role_epoch = 0;
+
+// A callback running longer than this loses the reading role to another reader thread.
+constexpr int kCallbackStallMs = 20;
+
+void StartWatchdog(std::weak_ptr<Connection> connection);
 
 // ---------------------------------------------------------------------------------------
 // Connection: one per PJRT client = one daemon session.
@@ -108,9 +124,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                         " (is `python -m flexnpu daemon --socket " + path + "` running?)");
     }
     std::shared_ptr<Connection> c(new Connection(fd, path));
-    // The reader keeps the connection alive until the socket closes (Close, or the daemon):
-    // callbacks run on it, and one may drop the last other reference.
-    std::thread([self = c] { self->ReadLoop(); }).detach();
+    c->SpawnReader();
+    StartWatchdog(c);
     return c;
   }
 
@@ -123,6 +138,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Sends `request` and waits for its reply; a non-OK reply becomes the returned status.
   StatusOr<Frame> Call(Frame request, const std::vector<int>& fds = {}) {
+    auto reply = CallForReply(std::move(request), fds);
+    if (!reply.ok()) return reply.status();
+    if (reply->code != 0) {
+      return Status(static_cast<Code>(reply->code), "flexnpu daemon at " + path_ + ": " +
+                                                        reply->text);
+    }
+    return reply;
+  }
+
+  // Like Call, but a non-OK reply is returned as the frame (its code and text set): an
+  // Execute refused after it ran lists the arguments it consumed.
+  StatusOr<Frame> CallForReply(Frame request, const std::vector<int>& fds = {}) {
     auto pending = std::make_shared<Pending>();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -132,11 +159,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     const uint64_t id = request.call_id;
     const uint32_t op = request.op;
-    Status sent;
-    {
-      std::lock_guard<std::mutex> lock(write_mu_);
-      sent = SendFrame(fd_, request, fds);
-    }
+    Status sent = Send(request, fds);
     if (!sent.ok()) {
       Forget(id);
       return Status(Code::kUnavailable,
@@ -144,15 +167,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::seconds(CallTimeoutSeconds());
-    if (t_reading == this) {
-      // A callback calling the daemon: nobody else reads this socket, so read the reply here.
-      (void)ReadInline(
-          [&] {
-            std::lock_guard<std::mutex> lock(mu_);
-            return pending->done;
-          },
-          deadline);
-    }
+    ReleaseReading();  // a callback calling the daemon: another thread reads the reply
     std::unique_lock<std::mutex> lock(mu_);
     const bool done = cv_.wait_until(lock, deadline, [&] { return pending->done; });
     pending_.erase(id);
@@ -162,10 +177,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
                         " within " + std::to_string(CallTimeoutSeconds()) + " s");
     }
     if (!pending->status.ok()) return pending->status;
-    if (pending->reply.code != 0) {
-      return Status(static_cast<Code>(pending->reply.code),
-                    "flexnpu daemon at " + path_ + ": " + pending->reply.text);
-    }
     return std::move(pending->reply);
   }
 
@@ -176,11 +187,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       std::lock_guard<std::mutex> lock(mu_);
       if (!dead_.ok()) return dead_;
     }
-    Status sent;
-    {
-      std::lock_guard<std::mutex> lock(write_mu_);
-      sent = SendFrame(fd_, request, fds);
-    }
+    Status sent = Send(request, fds);
     if (!sent.ok()) {
       return Status(Code::kUnavailable,
                     "flexnpu daemon at " + path_ + ": send failed: " + sent.message());
@@ -208,34 +215,35 @@ class Connection : public std::enable_shared_from_this<Connection> {
     events_.erase(id);
   }
 
-  // On this connection's reader thread (in a callback): reads and routes frames until
-  // `done()`, the connection fails or `deadline` passes.
-  Status ReadInline(const std::function<bool()>& done,
-                    std::chrono::steady_clock::time_point deadline) {
-    while (!done()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!dead_.ok()) return dead_;
-      }
-      int timeout_ms = -1;  // no deadline
-      if (deadline != std::chrono::steady_clock::time_point::max()) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            deadline - std::chrono::steady_clock::now());
-        timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
-      }
-      pollfd p{fd_, POLLIN, 0};
-      const int r = ::poll(&p, 1, timeout_ms);
-      if (r == 0) return Status(Code::kDeadlineExceeded, "flexnpu daemon at " + path_);
-      if (r < 0 && errno == EINTR) continue;
-      Frame frame;
-      Status s = Receive(&frame);
-      if (!s.ok()) {
-        Fail(s);
-        return s;
-      }
-      Route(std::move(frame));
+  // Called by a thread about to wait: if it holds this connection's reading role (a callback
+  // on the reader thread), another reader thread takes the role, so the socket keeps being
+  // read (the reply or push it waits for included). A no-op on any other thread.
+  // (Static: `c` may be gone when this thread is not its reader; only compared then.)
+  static void ReleaseReading(Connection* c) {
+    if (c == nullptr || t_reader_of != c) return;
+    c->ReleaseReadingHeld();
+  }
+  void ReleaseReading() { ReleaseReading(this); }
+
+ private:
+  void ReleaseReadingHeld() {
+    std::lock_guard<std::mutex> lock(role_mu_);
+    if (role_taken_ && in_callbacks_ && role_epoch_ == t_role_epoch) ReleaseRoleLocked();
+  }
+
+ public:
+  // The watchdog: a callback that has run longer than kCallbackStallMs loses the role.
+  void CheckStalledCallbacks(std::chrono::steady_clock::time_point now) {
+    std::lock_guard<std::mutex> lock(role_mu_);
+    if (role_taken_ && in_callbacks_ &&
+        now - callbacks_since_ > std::chrono::milliseconds(kCallbackStallMs)) {
+      ReleaseRoleLocked();
     }
-    return Status::Ok();
+  }
+
+  bool dead() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !dead_.ok();
   }
 
  private:
@@ -247,27 +255,43 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   Connection(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
 
+  Status Send(const Frame& request, const std::vector<int>& fds) {
+    std::unique_lock<std::mutex> lock(write_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      ReleaseReading();  // another thread is sending: do not hold the socket unread meanwhile
+      lock.lock();
+    }
+    return SendFrame(fd_, request, fds);
+  }
+
   void Forget(uint64_t id) {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.erase(id);
   }
 
-  // Callbacks run here, on the reader thread: no hand-off to another thread on the path from
-  // the push to the program (a callback that calls the daemon or awaits reads inline).
+  // Marks `event` ready (after its push's on_push) and hands back its callbacks to run.
   static void Complete(const std::shared_ptr<RemoteEvent>& event, Status status,
-                       const Frame* push) {
-    std::vector<std::pair<PJRT_Event_OnReadyCallback, void*>> callbacks;
+                       const Frame* push, Callbacks* callbacks) {
+    std::vector<std::pair<PJRT_Event_OnReadyCallback, void*>> registered;
     {
       std::lock_guard<std::mutex> lock(event->mu);
       if (event->ready) return;
       if (push != nullptr && event->on_push && status.ok()) event->on_push(*push);
+      if (push != nullptr && push->ints.size() > 2) {
+        IntCursor cursor(push->ints, 2);
+        (void)cursor.List(&event->donated);
+      }
       event->on_push = nullptr;
       event->ready = true;
       event->status = status;
-      callbacks.swap(event->callbacks);
+      registered.swap(event->callbacks);
     }
     event->cv.notify_all();
-    for (auto& [cb, arg] : callbacks) cb(ToError(status), arg);
+    for (auto& [cb, arg] : registered) callbacks->push_back({cb, {status, arg}});
+  }
+
+  static void Run(Callbacks& callbacks) {
+    for (auto& [cb, arg] : callbacks) cb(ToError(arg.first), arg.second);
   }
 
   Status Receive(Frame* frame) {
@@ -278,7 +302,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // One frame from the daemon: an event push or a reply.
-  void Route(Frame frame) {
+  void Route(Frame frame, Callbacks* callbacks) {
     if (frame.op == kEventReady && frame.call_id == 0) {
       if (frame.ints.size() < 2) return;
       std::shared_ptr<RemoteEvent> event;
@@ -292,7 +316,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       Status status = frame.ints[1] == 0
                           ? Status::Ok()
                           : Status(static_cast<Code>(frame.ints[1]), frame.text);
-      Complete(event, std::move(status), &frame);
+      Complete(event, std::move(status), &frame, callbacks);
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -322,21 +346,73 @@ class Connection : public std::enable_shared_from_this<Connection> {
       events.swap(events_);
     }
     cv_.notify_all();
-    for (auto& [id, event] : events) Complete(event, dead, nullptr);
+    Callbacks callbacks;
+    for (auto& [id, event] : events) Complete(event, dead, nullptr, &callbacks);
+    Run(callbacks);
   }
 
-  void ReadLoop() {
-    t_reading = this;
-    for (;;) {
-      Frame frame;
-      Status s = Receive(&frame);
-      if (!s.ok()) {
-        Fail(s);
-        break;
-      }
-      Route(std::move(frame));
+  // Under role_mu_: frees the role and makes sure a reader thread will take it.
+  void ReleaseRoleLocked() {
+    role_taken_ = false;
+    if (idle_readers_ > 0) {
+      role_cv_.notify_one();
+    } else {
+      SpawnReaderLocked();
     }
-    t_reading = nullptr;
+  }
+  void SpawnReader() {
+    std::lock_guard<std::mutex> lock(role_mu_);
+    SpawnReaderLocked();
+  }
+  void SpawnReaderLocked() {
+    ++idle_readers_;  // counted before it runs, so no second one is spawned for the same need
+    // The reader keeps the connection alive until the socket closes (Close, or the daemon):
+    // callbacks run on it, and one may drop the last other reference.
+    std::thread([self = shared_from_this()] { self->ReadLoop(); }).detach();
+  }
+
+  // A reader thread: takes the role when it is free, reads and routes until the connection
+  // fails, and parks again when a callback it ran lost the role (at most one thread parks).
+  void ReadLoop() {
+    t_reader_of = this;
+    std::unique_lock<std::mutex> role(role_mu_);
+    for (;;) {
+      role_cv_.wait(role, [&] { return !role_taken_ || closed_ || idle_readers_ > 1; });
+      if (closed_ || role_taken_) break;  // the connection ended, or another one is parked
+      --idle_readers_;
+      role_taken_ = true;
+      t_role_epoch = ++role_epoch_;
+      role.unlock();
+      bool holds = true;
+      while (holds) {
+        Frame frame;
+        Status s = Receive(&frame);
+        if (!s.ok()) {
+          Fail(s);
+          role.lock();
+          closed_ = true;
+          role_taken_ = false;
+          role_cv_.notify_all();
+          t_reader_of = nullptr;
+          return;
+        }
+        Callbacks callbacks;
+        Route(std::move(frame), &callbacks);
+        if (callbacks.empty()) continue;
+        role.lock();
+        in_callbacks_ = true;
+        callbacks_since_ = std::chrono::steady_clock::now();
+        role.unlock();
+        Run(callbacks);
+        role.lock();
+        in_callbacks_ = false;
+        holds = role_taken_ && role_epoch_ == t_role_epoch;
+        if (holds) role.unlock();
+      }
+      ++idle_readers_;  // lost the role while running callbacks: park (role_mu_ held)
+    }
+    --idle_readers_;
+    t_reader_of = nullptr;
   }
 
   const int fd_;
@@ -349,7 +425,54 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Status dead_;
   std::map<uint64_t, std::shared_ptr<Pending>> pending_;
   std::map<int64_t, std::shared_ptr<RemoteEvent>> events_;
+  // The reading role (one reader at a time).
+  std::mutex role_mu_;
+  std::condition_variable role_cv_;
+  bool role_taken_ = false;
+  bool in_callbacks_ = false;  // its holder runs callbacks (not reading)
+  std::chrono::steady_clock::time_point callbacks_since_;
+  uint64_t role_epoch_ = 0;
+  int idle_readers_ = 0;  // reader threads parked (or starting) for the role
+  bool closed_ = false;   // the socket failed: readers exit
 };
+
+// One process-wide thread that takes the reading role from callbacks that run too long.
+// Ticks every kCallbackStallMs while a connection lives.
+void StartWatchdog(std::weak_ptr<Connection> connection) {
+  struct Watchdog {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::weak_ptr<Connection>> connections;
+    bool running = false;
+  };
+  static Watchdog* w = new Watchdog();  // never destroyed: its thread may outlive main
+  std::lock_guard<std::mutex> lock(w->mu);
+  w->connections.push_back(std::move(connection));
+  if (w->running) return;
+  w->running = true;
+  std::thread([] {
+    std::unique_lock<std::mutex> lock(w->mu);
+    while (!w->connections.empty()) {
+      w->cv.wait_for(lock, std::chrono::milliseconds(kCallbackStallMs));
+      std::vector<std::shared_ptr<Connection>> live;
+      for (auto it = w->connections.begin(); it != w->connections.end();) {
+        std::shared_ptr<Connection> c = it->lock();
+        if (c == nullptr || c->dead()) {
+          it = w->connections.erase(it);
+        } else {
+          live.push_back(std::move(c));
+          ++it;
+        }
+      }
+      lock.unlock();
+      const auto now = std::chrono::steady_clock::now();
+      for (const auto& c : live) c->CheckStalledCallbacks(now);
+      live.clear();  // may destroy a connection: outside the lock
+      lock.lock();
+    }
+    w->running = false;
+  }).detach();
+}
 
 // ---------------------------------------------------------------------------------------
 // Topology and handles
@@ -409,6 +532,14 @@ struct RemoteBuffer {
   std::shared_ptr<Connection> connection;  // outlives the client if the buffer does
   BufferMeta meta;
   std::atomic<bool> deleted{false};
+  // Made from a shared segment (the daemon's CPU backend may alias it zero-copy): part of the
+  // key of one-way executions, whose donation may differ with it.
+  bool zero_copy = false;
+  // One-way executions that should consume this buffer (as their first execution of the same
+  // key did): whether one did is known at its completion push (RemoteEvent::donated), which
+  // IsDeleted waits for. (execution event, argument position)
+  std::mutex pending_mu;
+  std::vector<std::pair<std::shared_ptr<RemoteEvent>, int64_t>> pending_donations;
   // For execution outputs: the execution's completion, which is also their readiness (asked
   // locally, without a round trip); null for other buffers.
   std::shared_ptr<RemoteEvent> ready;
@@ -540,20 +671,18 @@ PJRT_Error* Event_Error_(PJRT_Event_Error_Args* a) {
   if (!e.ready) return ToError(FailedPrecondition("PJRT_Event_Error: the event is not ready"));
   return ToError(e.status);
 }
-PJRT_Error* Event_Await_(PJRT_Event_Await_Args* a) {
-  RemoteEvent& e = *From<EventHandle>(a->event)->event;
-  if (e.owner != nullptr && e.owner == t_reading) {
-    // Awaited in a callback on the reader thread that would deliver the push: read it here.
-    auto* connection = const_cast<Connection*>(e.owner);  // alive: this is its reader
-    (void)connection->ReadInline(
-        [&] {
-          std::lock_guard<std::mutex> lock(e.mu);
-          return e.ready;
-        },
-        std::chrono::steady_clock::time_point::max());
-  }
+// Waits for `e`; on its connection's reader thread (a callback), another thread takes over
+// reading first, so the push it waits for is read.
+void AwaitEvent(RemoteEvent& e) {
+  Connection::ReleaseReading(e.owner);  // a no-op off its reader thread
   std::unique_lock<std::mutex> lock(e.mu);
   e.cv.wait(lock, [&] { return e.ready; });
+}
+
+PJRT_Error* Event_Await_(PJRT_Event_Await_Args* a) {
+  RemoteEvent& e = *From<EventHandle>(a->event)->event;
+  AwaitEvent(e);
+  std::lock_guard<std::mutex> lock(e.mu);
   return ToError(e.status);
 }
 
@@ -875,6 +1004,7 @@ PJRT_Error* Client_BufferFromHostBuffer_(PJRT_Client_BufferFromHostBuffer_Args* 
       buffer->client = client;
       buffer->connection = client->connection;
       buffer->meta = std::move(*known);
+      buffer->zero_copy = !inline_payload;
       a->buffer = To<PJRT_Buffer>(buffer);
       a->done_with_host_buffer = ReadyEvent();
       return Status::Ok();
@@ -889,6 +1019,7 @@ PJRT_Error* Client_BufferFromHostBuffer_(PJRT_Client_BufferFromHostBuffer_Args* 
       std::lock_guard<std::mutex> lock(client->transfers_mu);
       if (client->transfers.size() < 4096) client->transfers.emplace(key, (*buffer)->meta);
     }
+    (*buffer)->zero_copy = !inline_payload;
     a->buffer = To<PJRT_Buffer>(*buffer);
     a->done_with_host_buffer = ReadyEvent();
     return Status::Ok();
@@ -995,10 +1126,27 @@ PJRT_Error* Buffer_Delete_(PJRT_Buffer_Delete_Args* a) {
     return Status::Ok();
   });
 }
-// A buffer is deleted only by Buffer_Delete or by donation to an execution, whose reply
-// lists the donated arguments: both are known here without asking.
+// A buffer is deleted only by Buffer_Delete or by donation to an execution, whose reply (or,
+// one-way, its completion push) lists the donated arguments: known here without asking. A
+// buffer given to a one-way execution that should consume it waits for that push.
 PJRT_Error* Buffer_IsDeleted_(PJRT_Buffer_IsDeleted_Args* a) {
-  a->is_deleted = From<RemoteBuffer>(a->buffer)->deleted.load();
+  RemoteBuffer* b = From<RemoteBuffer>(a->buffer);
+  std::vector<std::pair<std::shared_ptr<RemoteEvent>, int64_t>> pending;
+  {
+    std::lock_guard<std::mutex> lock(b->pending_mu);
+    pending = b->pending_donations;
+  }
+  for (auto& [event, position] : pending) {
+    AwaitEvent(*event);
+    const std::vector<int64_t>& donated = event->donated;  // set before it turned ready
+    if (std::find(donated.begin(), donated.end(), position) != donated.end()) b->deleted = true;
+  }
+  if (!pending.empty()) {
+    std::lock_guard<std::mutex> lock(b->pending_mu);
+    auto& list = b->pending_donations;
+    list.erase(list.begin(), list.begin() + std::min(pending.size(), list.size()));
+  }
+  a->is_deleted = b->deleted.load();
   return nullptr;
 }
 
@@ -1196,6 +1344,22 @@ void MarkDonated(const PJRT_LoadedExecutable_Execute_Args* a,
   }
 }
 
+// A one-way execution: the arguments its key's first execution consumed are consumed by this
+// one only if the daemon ran it as that one; its completion push says (RemoteEvent::donated).
+void ExpectDonated(const PJRT_LoadedExecutable_Execute_Args* a,
+                   const std::vector<int64_t>& donated,
+                   const std::vector<std::pair<int64_t, std::shared_ptr<RemoteEvent>>>& events) {
+  const size_t num_args = std::max<size_t>(a->num_args, 1);
+  for (int64_t position : donated) {
+    const auto d = static_cast<size_t>(position) / num_args;
+    const auto i = static_cast<size_t>(position) % num_args;
+    if (position < 0 || d >= a->num_devices || d >= events.size()) continue;
+    RemoteBuffer* b = From<RemoteBuffer>(a->argument_lists[d][i]);
+    std::lock_guard<std::mutex> lock(b->pending_mu);
+    b->pending_donations.emplace_back(events[d].second, position);
+  }
+}
+
 PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
   return Run([&]() -> Status {
     auto& state = *From<RemoteLoadedExecutable>(a->executable)->state;
@@ -1220,7 +1384,11 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
     key.erase(key.begin() + 2);  // not the launch id
     for (size_t d = 0; d < a->num_devices; ++d) {
       for (size_t i = 0; i < a->num_args; ++i) {
-        request.ints.push_back(From<RemoteBuffer>(a->argument_lists[d][i])->meta.id);
+        const RemoteBuffer* argument = From<RemoteBuffer>(a->argument_lists[d][i]);
+        request.ints.push_back(argument->meta.id);
+        // Donation depends on an argument's provenance too (an aliased segment is not
+        // consumed like an execution's output).
+        key.push_back(argument->zero_copy ? 1 : 0);
       }
     }
     // Completion events are always asked for: they also make the outputs' ready events.
@@ -1257,13 +1425,23 @@ PJRT_Error* LoadedExecutable_Execute_(PJRT_LoadedExecutable_Execute_Args* a) {
           a->output_lists[d][o] = To<PJRT_Buffer>(buffer);
         }
       }
-      MarkDonated(a, known->donated);
+      ExpectDonated(a, known->donated, events);
     } else {
       request.ints.push_back(0);  // no output ids: the reply describes the outputs
-      auto reply = c.Call(std::move(request));
+      auto reply = c.CallForReply(std::move(request));
       if (!reply.ok()) {
         for (const auto& e : events) c.DropEvent(e.first);
         return reply.status();
+      }
+      if (reply->code != 0) {
+        // Refused after it ran (its outputs could not be kept): the reply lists what it
+        // consumed all the same.
+        for (const auto& e : events) c.DropEvent(e.first);
+        std::vector<int64_t> consumed;
+        IntCursor cursor(reply->ints);
+        if (cursor.List(&consumed)) MarkDonated(a, consumed);
+        return Status(static_cast<Code>(reply->code),
+                      "flexnpu daemon at " + c.path() + ": " + reply->text);
       }
       IntCursor cursor(reply->ints);
       std::vector<RemoteBuffer*> outputs;

@@ -11,8 +11,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <ctime>
 #include <deque>
 #include <functional>
@@ -162,13 +165,74 @@ class Reaper {
   std::thread thread_;
 };
 
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  return n > 0 ? n : fallback;
+}
+
 // The socket side of a session, shared with event callbacks that outlive a request.
+//
+// Send never blocks on the socket: it runs on the session thread (replies) and on the
+// backend's threads (readiness pushes, for every tenant), so a client that stops reading must
+// not stall either. What the socket does not take at once waits in this channel's queue, in
+// order, and the channel's writer thread (started at the first such frame) writes it when the
+// socket drains. A client that takes nothing for the send timeout (FLEXNPU_DAEMON_SEND_
+// TIMEOUT_S, default 60) or lets more than FLEXNPU_DAEMON_MAX_QUEUED_MB (default 1024) pile
+// up has its session ended: the socket is shut down, the session thread sees the end, and
+// Broken() says why.
 struct Channel {
-  explicit Channel(int fd) : fd(fd) {}
-  ~Channel() { ::close(fd); }
-  void Send(const Frame& frame, const std::vector<int>& fds = {}) {
+  explicit Channel(int fd)
+      : fd(fd),
+        send_timeout_ms(EnvInt("FLEXNPU_DAEMON_SEND_TIMEOUT_S", 60) * 1000),
+        max_queued_bytes(static_cast<size_t>(EnvInt("FLEXNPU_DAEMON_MAX_QUEUED_MB", 1024)) << 20) {}
+  ~Channel() {
+    {
+      std::lock_guard<std::mutex> lock(write_mu);
+      stop = true;
+    }
+    write_cv.notify_all();
+    if (writer.joinable()) writer.join();
+    ::close(fd);
+  }
+  void Send(const Frame& frame) {
+    const std::string body = Encode(frame);
+    if (body.size() > kMaxFrameBytes) return;  // never built: payloads are bounded
+    std::string data(4, '\0');
+    const uint32_t n = static_cast<uint32_t>(body.size());
+    for (int i = 0; i < 4; ++i) data[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+    data += body;
     std::lock_guard<std::mutex> lock(write_mu);
-    (void)SendFrame(fd, frame, fds);  // a dead peer is noticed by the session's reader
+    if (!broken.empty() || stop) return;  // the session is ending
+    size_t sent = 0;
+    if (queue.empty()) {
+      while (sent < data.size()) {
+        const ssize_t r =
+            ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+          if (errno == EINTR) continue;
+          if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+          return;  // a dead peer: the session's reader notices
+        }
+        sent += static_cast<size_t>(r);
+      }
+      if (sent == data.size()) return;
+    }
+    if (queued_bytes + data.size() - sent > max_queued_bytes) {
+      BreakLocked("the client did not read " + std::to_string(queued_bytes) +
+                  " bytes of replies and pushes queued for it (limit " +
+                  std::to_string(max_queued_bytes >> 20) + " MiB)");
+      return;
+    }
+    queued_bytes += data.size() - sent;
+    queue.push_back(sent == 0 ? std::move(data) : data.substr(sent));
+    if (!writer.joinable()) writer = std::thread([this] { WriteLoop(); });
+    write_cv.notify_one();
+  }
+  // Why the daemon ended this session's connection itself; empty if it did not.
+  std::string Broken() {
+    std::lock_guard<std::mutex> lock(write_mu);
+    return broken;
   }
   void Fired(PJRT_Event* event) {
     std::lock_guard<std::mutex> lock(fired_mu);
@@ -181,9 +245,72 @@ struct Channel {
   const int fd;
   // Set by the session thread at Hello, before any event is watched; null for observers.
   TenantState* tenant = nullptr;
-  std::mutex write_mu;
   std::mutex fired_mu;
   std::vector<PJRT_Event*> fired;
+
+ private:
+  void BreakLocked(std::string why) {
+    if (!broken.empty()) return;
+    broken = std::move(why);
+    queue.clear();
+    queued_bytes = 0;
+    ::shutdown(fd, SHUT_RDWR);
+    write_cv.notify_all();
+  }
+  // Writes the queue's front while Send appends behind it (Send writes directly only when the
+  // queue is empty, so the order holds).
+  void WriteLoop() {
+    std::unique_lock<std::mutex> lock(write_mu);
+    size_t offset = 0;
+    for (;;) {
+      write_cv.wait(lock, [&] { return stop || !broken.empty() || !queue.empty(); });
+      if (stop || !broken.empty()) return;
+      const std::string& front = queue.front();  // stays put while others push_back
+      lock.unlock();
+      pollfd p{fd, POLLOUT, 0};
+      int r = ::poll(&p, 1, send_timeout_ms);
+      ssize_t written = 0;
+      bool failed = false;
+      if (r > 0) {
+        written = ::send(fd, front.data() + offset, front.size() - offset,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        failed = written < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+      } else if (r < 0) {
+        failed = errno != EINTR;
+      }
+      lock.lock();
+      if (stop || !broken.empty()) return;
+      if (r == 0) {
+        BreakLocked("the client did not read what the daemon sent it for " +
+                    std::to_string(send_timeout_ms / 1000) + " s (" +
+                    std::to_string(queued_bytes) + " bytes of replies and pushes queued)");
+        return;
+      }
+      if (failed) {
+        queue.clear();  // a dead peer: the session's reader notices
+        queued_bytes = 0;
+        offset = 0;
+        continue;
+      }
+      if (written > 0) {
+        offset += static_cast<size_t>(written);
+        queued_bytes -= static_cast<size_t>(written);
+      }
+      if (offset == queue.front().size()) {
+        queue.pop_front();
+        offset = 0;
+      }
+    }
+  }
+  const int send_timeout_ms;
+  const size_t max_queued_bytes;
+  std::mutex write_mu;
+  std::condition_variable write_cv;
+  std::deque<std::string> queue;  // encoded frames the socket has not taken yet
+  size_t queued_bytes = 0;
+  std::string broken;
+  bool stop = false;
+  std::thread writer;
 };
 
 class ServerImpl;
@@ -214,6 +341,9 @@ struct Session {
   std::map<int64_t, BufferEntry> buffers;
   std::map<int64_t, ExecutableEntry> executables;
   std::set<PJRT_Event*> events;  // inner events with a pending readiness push
+  // An Execute that failed after the backend ran it (its outputs could not be kept): the
+  // arguments it consumed, for the failure's reply or pushes.
+  std::vector<int64_t> consumed_by_failed;
   std::thread thread;
   std::atomic<bool> greeted{false};
   std::atomic<bool> finished{false};
@@ -231,6 +361,9 @@ struct Watch {
   std::function<void(Frame*)> fill;
   std::shared_ptr<void> keep_alive;
   std::function<void()> done;  // runs when the event fires, whatever its status
+  // A one-way execution's completion: the arguments it consumed, pushed whatever its status
+  // (ints [event, code, donated list]); null for other events.
+  std::shared_ptr<const std::vector<int64_t>> donated;
 };
 
 void OnWatchReady(PJRT_Error* error, void* arg) {
@@ -242,6 +375,7 @@ void OnWatchReady(PJRT_Error* error, void* arg) {
     push.ints = {w->event_id, static_cast<int64_t>(status.code())};
     push.text = status.message();
     if (status.ok() && w->fill) w->fill(&push);
+    if (w->donated) AppendList(&push.ints, w->donated->data(), w->donated->size());
     w->channel->Send(push);
     if (TenantState* t = w->channel->tenant) {
       ++t->pushes;
@@ -328,7 +462,8 @@ class ServerImpl final : public Server {
   Status AddExecutable(Session& s, PJRT_LoadedExecutable* loaded, Frame* out);
   void WatchEvent(Session& s, PJRT_Event* inner, int64_t event_id,
                   std::function<void(Frame*)> fill, std::shared_ptr<void> keep_alive,
-                  std::function<void()> done = nullptr);
+                  std::function<void()> done = nullptr,
+                  std::shared_ptr<const std::vector<int64_t>> donated = nullptr);
   void DrainFired(Session& s);
   int64_t MemoryIndexOf(PJRT_Memory* memory) const {
     for (size_t i = 0; i < memories_.size(); ++i) {
@@ -634,6 +769,11 @@ void ServerImpl::Serve(std::shared_ptr<Session> session) {
       reply.text = status.message();
       reply.ints.clear();
       reply.blobs.clear();
+      if (request.op == kExecute) {
+        // ints [donated list]: what an execution refused after it ran consumed.
+        AppendList(&reply.ints, s.consumed_by_failed.data(), s.consumed_by_failed.size());
+        s.consumed_by_failed.clear();
+      }
     }
     if (request.call_id != 0) s.channel->Send(reply);
     if (!greeted) break;  // a refused handshake ends the session
@@ -641,10 +781,14 @@ void ServerImpl::Serve(std::shared_ptr<Session> session) {
     s.buffer_count = s.buffers.size();
     s.executable_count = s.executables.size();
   }
+  const std::string broken = s.channel->Broken();
   EndSession(s);
   if (greeted && !s.observer) {
     Log("session " + std::to_string(s.id) + " (tenant '" + s.tenant + "') ended: " +
-        (end.message() == "closed" ? "closed" : end.message()) + "; its handles were destroyed");
+        (!broken.empty()               ? "by the daemon: " + broken
+         : end.message() == "closed" ? std::string("closed")
+                                     : std::string(end.message())) +
+        "; its handles were destroyed");
   }
   s.finished = true;
 }
@@ -820,9 +964,10 @@ Status ServerImpl::AddBuffer(Session& s, PJRT_Buffer* handle, std::vector<int64_
 
 void ServerImpl::WatchEvent(Session& s, PJRT_Event* inner, int64_t event_id,
                             std::function<void(Frame*)> fill, std::shared_ptr<void> keep_alive,
-                            std::function<void()> done) {
+                            std::function<void()> done,
+                            std::shared_ptr<const std::vector<int64_t>> donated) {
   auto* w = new Watch{&b(), s.channel, inner, event_id, std::move(fill), std::move(keep_alive),
-                      std::move(done)};
+                      std::move(done), donated};
   s.events.insert(inner);
   PJRT_Event_OnReady_Args args{};
   args.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
@@ -837,6 +982,7 @@ void ServerImpl::WatchEvent(Session& s, PJRT_Event* inner, int64_t event_id,
       push.op = kEventReady;
       push.ints = {event_id, static_cast<int64_t>(st.code())};
       push.text = st.message();
+      if (donated) AppendList(&push.ints, donated->data(), donated->size());
       s.channel->Send(push);
     }
     if (w->done) w->done();
@@ -1220,14 +1366,14 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
     }
     return executed;
   }
+  // The arguments the execution consumed (donated), decided at dispatch: the client answers
+  // IsDeleted from this (a reply's list; one-way, the completion push's), also when what
+  // follows fails.
+  auto donated = std::make_shared<std::vector<int64_t>>();
   for (int64_t d = 0; d < num_devices; ++d) {
-    const int64_t event_id = d < static_cast<int64_t>(event_ids.size()) ? event_ids[d] : 0;
-    std::function<void()> done;
-    if (track) done = [gate = gate_, device = on_devices[d]] { gate->LatencyDone(device); };
-    if (events[d] != nullptr) {
-      WatchEvent(s, events[d], event_id, nullptr, nullptr, std::move(done));
-    } else if (done) {
-      done();
+    for (int64_t i = 0; i < num_args; ++i) {
+      auto deleted = b().IsDeleted(arguments[d][i]);
+      if (deleted.ok() && *deleted) donated->push_back(d * num_args + i);
     }
   }
   int64_t bytes = 0;
@@ -1251,40 +1397,90 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
       InnerDeleter<PJRT_Buffer>{&b()}(s.buffers[id].handle);
       s.buffers.erase(id);
     }
-    return st;
   }
-  // The arguments the execution consumed (donated): the client answers IsDeleted from this.
-  std::vector<int64_t> donated;
+  const bool one_way = !output_ids.empty();
   for (int64_t d = 0; d < num_devices; ++d) {
-    for (int64_t i = 0; i < num_args; ++i) {
-      auto deleted = b().IsDeleted(arguments[d][i]);
-      if (deleted.ok() && *deleted) donated.push_back(d * num_args + i);
+    // A failure here is answered at once (reply, or FailOneWayExecute's pushes): the watches
+    // then only free the events and the priority gate.
+    const int64_t event_id =
+        st.ok() && d < static_cast<int64_t>(event_ids.size()) ? event_ids[d] : 0;
+    std::function<void()> done;
+    if (track) done = [gate = gate_, device = on_devices[d]] { gate->LatencyDone(device); };
+    if (events[d] != nullptr) {
+      WatchEvent(s, events[d], event_id, nullptr, nullptr, std::move(done),
+                 one_way ? donated : nullptr);
+    } else if (done) {
+      done();
     }
   }
-  AppendList(&out->ints, donated.data(), donated.size());
+  if (!st.ok()) {
+    s.consumed_by_failed = *donated;
+    return st;
+  }
+  AppendList(&out->ints, donated->data(), donated->size());
   return Status::Ok();
 }
 
+// The error an output of a failed execution names. An execution fed a failed buffer fails
+// with that buffer's error: the root cause is kept once, with the number of executions it has
+// propagated through (a decode loop fed a failed buffer does not grow it per step).
+Status FailedOutputError(const Status& cause) {
+  static const std::string kFailed = "the execution that made this buffer failed";
+  static const std::string kThrough = " (propagated through ";
+  std::string_view message = cause.message();
+  int64_t steps = 0;
+  if (message.substr(0, kFailed.size()) == kFailed) {
+    std::string_view rest = message.substr(kFailed.size());
+    if (rest.substr(0, 2) == ": ") {
+      steps = 1;
+      message = rest.substr(2);
+    } else if (rest.substr(0, kThrough.size()) == kThrough) {
+      rest = rest.substr(kThrough.size());
+      const size_t close = rest.find(" executions): ");
+      if (close != std::string_view::npos) {
+        steps = std::atoll(std::string(rest.substr(0, close)).c_str());
+        message = rest.substr(close + std::strlen(" executions): "));
+      }
+    }
+  }
+  if (steps == 0) return Status(cause.code(), kFailed + ": " + std::string(message));
+  return Status(cause.code(), kFailed + kThrough + std::to_string(steps + 1) +
+                                  " executions): " + std::string(message));
+}
+
 void ServerImpl::FailOneWayExecute(Session& s, const Frame& r, const Status& status) {
+  // Fails what it can name: a malformed request still has its event ids failed when they
+  // can be found, so no client thread waits for them forever.
+  std::vector<int64_t> consumed;
+  consumed.swap(s.consumed_by_failed);
   IntCursor c(r.ints, 5);
   std::vector<int64_t> skip, event_ids, output_ids;
   int64_t id;
-  const int64_t num_arguments = r.ints.size() > 2 ? r.ints[1] * r.ints[2] : 0;
-  if (!c.List(&skip)) return;
-  for (int64_t i = 0; i < num_arguments; ++i) {
-    if (!c.Next(&id)) return;
+  const int64_t num_devices = r.ints.size() > 1 ? r.ints[1] : 0;
+  const int64_t num_args = r.ints.size() > 2 ? r.ints[2] : 0;
+  bool parsed = num_devices > 0 && num_devices <= 4096 && num_args >= 0 &&
+                num_args <= (1 << 20) && c.List(&skip);
+  for (int64_t i = 0; parsed && i < num_devices * num_args; ++i) parsed = c.Next(&id);
+  parsed = parsed && c.List(&event_ids);
+  if (parsed && c.List(&output_ids)) {
+    const Status failed = FailedOutputError(status);
+    for (int64_t output : output_ids) {
+      if (output < 0 && s.buffers.count(output) == 0) {
+        s.buffers[output] = BufferEntry{nullptr, 0, failed};
+      }
+    }
   }
-  if (!c.List(&event_ids) || !c.List(&output_ids)) return;
-  const Status failed(status.code(), "the execution that made this buffer failed: " +
-                                         std::string(status.message()));
-  for (int64_t output : output_ids) {
-    if (output < 0 && s.buffers.count(output) == 0) s.buffers[output] = BufferEntry{nullptr, 0, failed};
+  if (!parsed) {
+    Log("session " + std::to_string(s.id) + " (tenant '" + s.tenant +
+        "'): a malformed one-way Execute names no events to fail: " +
+        std::string(status.message()));
   }
   for (int64_t event : event_ids) {
     Frame push;
     push.op = kEventReady;
     push.ints = {event, static_cast<int64_t>(status.code())};
     push.text = status.message();
+    AppendList(&push.ints, consumed.data(), consumed.size());
     s.channel->Send(push);
   }
 }

@@ -7,7 +7,7 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6  # = kProtocolVersion in pjrt_flexnpu/daemon/protocol.h (a test checks)
 OP_HELLO = 1
 OP_BUFFER_FROM_HOST = 2
 OP_BUFFER_TO_HOST_SIZE = 3

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -41,15 +42,16 @@ RESOURCE_EXHAUSTED, FAILED_PRECONDITION = 8, 9
 
 class Daemon:
     def __init__(self, socket: Path, log: Path, tenants: Path | None = None,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.socket = socket
         self.log = log
         cmd = [sys.executable, "-m", "flexnpu", "daemon", "--socket", str(socket), *extra]
         if tenants is not None:
             cmd += ["--tenants", str(tenants)]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_"))}
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_"))}
+        clean.update(env or {})
         with open(log, "w") as out:
-            self.process = subprocess.Popen(cmd, stderr=out, stdout=out, env=env)
+            self.process = subprocess.Popen(cmd, stderr=out, stdout=out, env=clean)
         deadline = time.monotonic() + 60
         while "ready on" not in log.read_text():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -449,7 +451,8 @@ def test_a_failed_one_way_execution_fails_its_event_and_outputs(daemon: Daemon) 
         # One-way (no call id, the client names output -5): argument 4242 does not exist.
         c.send(Frame(op=OP_EXECUTE, ints=[exe, 1, 1, 0, -1, 0, 4242, 1, 77, 1, -5]))
         push = c.receive()
-        assert push.op == OP_EVENT_READY and push.ints == [77, NOT_FOUND]
+        # ints [event, code, donated list]: it consumed nothing.
+        assert push.op == OP_EVENT_READY and push.ints == [77, NOT_FOUND, 0]
         assert "buffer 4242 is not one of session" in push.text
         # The output names the failure; reading it fails its own event with that error.
         c.send(Frame(op=OP_BUFFER_TO_HOST, ints=[-5, 78, 16, 1, *NO_LAYOUT]))
@@ -465,7 +468,7 @@ def test_a_failed_one_way_execution_fails_its_event_and_outputs(daemon: Daemon) 
         put = _put(c, _device_indices(hello)[0][0], np.arange(4))
         c.send(Frame(op=OP_EXECUTE, ints=[exe, 1, 1, 0, -1, 0, put.ints[0], 1, 79, 1, 3]))
         bad = c.receive()
-        assert bad.ints == [79, INVALID_ARGUMENT]
+        assert bad.ints == [79, INVALID_ARGUMENT, 0]
         assert "output id 3 is not a new client id" in bad.text
 
 
@@ -541,3 +544,229 @@ def test_stats_cli_lists_sessions_and_tenants(tenant_daemon: Daemon) -> None:
     assert state["tenants"]["small"]["memory_quota_bytes"] == 1000
     assert state["tenants"]["pinned"]["priority"] == "latency"
     assert state["tenants"]["pinned"]["devices"] == [1, 3]
+
+
+def _compile(c: Connection, fn, *args) -> int:
+    from jax._src.lib import xla_client
+
+    code = jax.jit(fn).lower(*args).as_text().encode()
+    compiled = c.call(OP_COMPILE, blobs=[b"mlir", code,
+                                         xla_client.CompileOptions().SerializeAsString()])
+    assert compiled.code == OK, compiled.text
+    return compiled.ints[0]
+
+
+def test_a_client_that_stops_reading_stalls_no_other_tenant(tmp_path: Path) -> None:
+    # The daemon's pushes never block on a client's socket: what it does not read waits in
+    # that session's queue, and a session that takes nothing for the send timeout is ended.
+    d = Daemon(tmp_path / "bp.sock", tmp_path / "bp.log",
+               env={"FLEXNPU_DAEMON_SEND_TIMEOUT_S": "3"})
+    try:
+        x = np.ones((128, 128), np.float32)  # 64 KiB: read back inline, in the push
+        stalled = Connection(str(d.socket), timeout_s=2.0)
+        hello = stalled.hello("stalled")
+        assert hello.code == OK and hello.ints[-1] == 1
+        device = _device_indices(hello)[0][0]
+        data = x.tobytes()
+        put = stalled.call(OP_BUFFER_FROM_HOST,
+                           [F32, 2, 128, 128, 0, device, -1, 1, len(data), 0], blobs=[data])
+        assert put.code == OK, put.text
+        exe = _compile(stalled, lambda v: jnp.tanh(v @ v) @ v, x)
+        # A burst of one-way steps, each read back (64 KiB pushed from the backend's threads
+        # when the step completes), and never a read: megabytes the socket cannot hold.
+        sent = 0
+        try:
+            for i in range(1, 400):
+                stalled.send(Frame(op=OP_EXECUTE,
+                                   ints=[exe, 1, 1, 0, -1, 0, put.ints[0], 1, 2 * i, 1, -i]))
+                stalled.send(Frame(op=OP_BUFFER_TO_HOST,
+                                   ints=[-i, 2 * i + 1, len(data), 1, *NO_LAYOUT]))
+                sent = i
+        except OSError:
+            pass  # the daemon stopped taking this client's requests: fine either way
+        assert sent >= 40, sent  # > 2.5 MB of pushes asked for
+        # Another tenant computes and reads back meanwhile.
+        with Connection(str(d.socket), timeout_s=60.0) as other:
+            hello = other.hello("bystander")
+            assert hello.code == OK
+            small = _put(other, _device_indices(hello)[0][0], np.arange(4))
+            assert small.code == OK, small.text
+            doubling = _compile_doubling(other)
+            for step in range(5):
+                ran = other.call(OP_EXECUTE, [doubling, 1, 1, 0, -1, 0, small.ints[0],
+                                              1, 1000 + step, 0])
+                assert ran.code == OK, ran.text
+                out = ran.ints[0]
+                other.send(Frame(op=OP_BUFFER_TO_HOST, ints=[out, 2000 + step, 16, 1,
+                                                             *NO_LAYOUT]))
+                pushes = {}
+                while 2000 + step not in pushes:
+                    push = other.receive()  # the socket timeout bounds a stall
+                    assert push.op == OP_EVENT_READY
+                    pushes[push.ints[0]] = push
+                read = pushes[2000 + step]
+                assert read.ints[:2] == [2000 + step, OK], read.text
+                assert np.frombuffer(read.blobs[0], np.float32).tolist() == [0, 2, 4, 6]
+        # The stalled session is ended (it took nothing for 3 s), with the reason in the log.
+        assert _wait_for(lambda: "stalled" not in [s["tenant"] for s in d.stats()["sessions"]],
+                         60), d.stats()["sessions"]
+        stalled.close()
+        log = d.log.read_text()
+        assert "tenant 'stalled'" in log and "did not read" in log, log[-3000:]
+    finally:
+        d.stop()
+    assert d.process.returncode == 0
+
+
+def test_the_protocol_version_has_one_source() -> None:
+    # Python's copy is checked against protocol.h (the C++ side's, which the daemon speaks).
+    import re
+
+    header = (TESTS.parent.parent / "pjrt_flexnpu" / "daemon" / "protocol.h").read_text()
+    found = re.findall(r"inline constexpr int64_t kProtocolVersion = (\d+);", header)
+    assert found == [str(PROTOCOL_VERSION)], found
+
+
+def _one_way(c: Connection, exe: int, argument: int, event: int, output: int) -> None:
+    c.send(Frame(op=OP_EXECUTE, ints=[exe, 1, 1, 0, -1, 0, argument, 1, event, 1, output]))
+
+
+def test_a_malformed_one_way_execution_still_fails_its_events(daemon: Daemon) -> None:
+    with Connection(str(daemon.socket)) as c:
+        hello = c.hello("oneway")
+        assert hello.code == OK
+        exe = _compile_doubling(c)
+        put = _put(c, _device_indices(hello)[0][0], np.arange(4))
+        # The output id list claims 5 ids and holds none: the event id before it is failed.
+        c.send(Frame(op=OP_EXECUTE, ints=[exe, 1, 1, 0, -1, 0, put.ints[0], 1, 81, 5]))
+        push = c.receive()
+    assert push.op == OP_EVENT_READY and push.ints == [81, INVALID_ARGUMENT, 0]
+    assert "malformed Execute request (output ids)" in push.text
+
+
+def test_a_failed_buffer_fed_through_steps_keeps_its_root_cause_once(daemon: Daemon) -> None:
+    with Connection(str(daemon.socket)) as c:
+        assert c.hello("oneway").code == OK
+        exe = _compile_doubling(c)
+        # A decode loop fed a failed buffer: each step's output names the first failure.
+        _one_way(c, exe, 4242, 90, -20)
+        for step in range(1, 4):
+            _one_way(c, exe, -20 - step + 1, 90 + step, -20 - step)
+        for step in range(4):
+            assert c.receive().ints[:2] == [90 + step, NOT_FOUND]
+        c.send(Frame(op=OP_BUFFER_TO_HOST, ints=[-23, 99, 16, 1, *NO_LAYOUT]))
+        read = c.receive()
+    assert read.ints == [99, NOT_FOUND]
+    assert read.text.count("the execution that made this buffer failed") == 1, read.text
+    assert "(propagated through 4 executions)" in read.text, read.text
+    assert read.text.endswith("): buffer 4242 is not one of session " +
+                              read.text.split()[-2] + " buffers"), read.text
+
+
+def _compile_donating(c: Connection, fn, *args) -> int:
+    from jax._src.lib import xla_client
+
+    code = jax.jit(fn, donate_argnums=0).lower(*args).as_text().encode()
+    compiled = c.call(OP_COMPILE, blobs=[b"mlir", code,
+                                         xla_client.CompileOptions().SerializeAsString()])
+    assert compiled.code == OK, compiled.text
+    return compiled.ints[0]
+
+
+def test_one_way_donation_is_reported_by_the_completion_push(daemon: Daemon) -> None:
+    x = np.arange(4, dtype=np.float32)
+    with Connection(str(daemon.socket)) as c:
+        hello = c.hello("oneway")
+        assert hello.code == OK
+        device = _device_indices(hello)[0][0]
+        exe = _compile_donating(c, lambda v: v + 1, x)
+        put = _put(c, device, x)
+        # Synchronous: the reply lists the consumed argument (position 0) after the output.
+        first = _execute(c, exe, [put.ints[0]])
+        assert first.code == OK, first.text
+        assert first.ints[-2:] == [1, 0]
+        output = first.ints[0]
+        # One-way with the output as argument: the completion push lists it.
+        _one_way(c, exe, output, 301, -31)
+        done = c.receive()
+        assert done.ints == [301, OK, 1, 0], done
+        # One-way refused (the argument was consumed by the step before): nothing consumed.
+        _one_way(c, exe, output, 302, -32)
+        refused = c.receive()
+        assert refused.ints[:2] == [302, INVALID_ARGUMENT] or refused.ints[1] != OK, refused
+        assert refused.ints[2:] == [0], refused
+
+
+def test_an_execution_refused_after_it_ran_lists_what_it_consumed(
+        tenant_daemon: Daemon) -> None:
+    x = np.arange(100, dtype=np.float32)  # 400 bytes of the tenant's 1000
+    with Connection(str(tenant_daemon.socket)) as c:
+        hello = c.hello("small")
+        assert hello.code == OK
+        exe = _compile_donating(c, lambda v: (v + 1, v * 2), x)
+        put = _put(c, _device_indices(hello)[0][0], x)
+        assert put.code == OK, put.text
+        # Its outputs (800 bytes) would exceed the quota: refused once the backend has run it,
+        # and it consumed its donated argument all the same.
+        ran = _execute(c, exe, [put.ints[0]])
+        assert ran.code == RESOURCE_EXHAUSTED, ran.text
+        assert "the outputs of an execution" in ran.text
+        assert ran.ints == [1, 0]
+
+
+# Donation as JAX sees it, per step, for arguments of either provenance (a zero-copy upload
+# over 64 KiB, an execution's output), on the daemon and in-process alike.
+DONATION_PROVENANCE = """
+import json, jax, numpy as np
+step = jax.jit(lambda c: c + 1, donate_argnums=0)
+seen = []
+for size in (16, 1 << 15):
+    for source in ("upload", "output", "output", "upload", "output"):
+        arg = jax.device_put(np.zeros(size, np.float32))
+        if source == "output":
+            arg = step(arg)
+        out = step(arg)
+        seen.append([source, size, arg.is_deleted(), float(np.asarray(out)[0])])
+print(json.dumps(seen))
+"""
+
+
+def test_donation_follows_the_arguments_provenance(daemon: Daemon) -> None:
+    def run(env: dict[str, str]) -> list:
+        done = subprocess.run([sys.executable, "-c", DONATION_PROVENANCE], capture_output=True,
+                              text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    local = {k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_"))}
+    local.update(JAX_PLATFORMS="flexnpu")
+    assert run(_client_env(daemon.socket, "provenance")) == run(local)
+
+
+# Threads uploading (inline and shared-segment sizes) and reading back at once, each read
+# completed on the client's reader thread while the others send.
+BURST = """
+import threading, jax, numpy as np
+f = jax.jit(lambda v: v * 2 + 1)
+errors = []
+def work(seed):
+    try:
+        for i in range(25):
+            for n in (16 * 1024, 300 * 1024):
+                x = np.full(n // 4, seed + i, np.float32)
+                y = np.asarray(f(jax.device_put(x)))
+                assert y[0] == 2 * (seed + i) + 1 and y.shape == x.shape
+    except Exception as e:
+        errors.append(repr(e))
+threads = [threading.Thread(target=work, args=(k * 100,)) for k in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("errors", errors)
+"""
+
+
+def test_a_burst_of_transfers_from_several_threads_completes(daemon: Daemon) -> None:
+    done = subprocess.run([sys.executable, "-c", BURST], capture_output=True, text=True,
+                          timeout=300, env=_client_env(daemon.socket, "burst"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "errors []"
