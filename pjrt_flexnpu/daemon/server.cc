@@ -58,6 +58,9 @@ struct TenantState {
   // Counted by session threads without mu_ (entries of tenants_ never move).
   std::atomic<int64_t> executions{0};
   std::atomic<int64_t> held_for_latency{0};  // batch executions that waited for latency work
+  // Of those, the ones that went at the starvation bound, before that work had completed (the
+  // others went after its completion events fired: the daemon's own order).
+  std::atomic<int64_t> held_past_max_wait{0};
   // What the tenant's sessions asked for (by op) and how long the daemon spent handling it,
   // readiness pushes sent and payload bytes moved: the per-step cost of the protocol.
   struct Requests {
@@ -90,8 +93,10 @@ class PriorityGate {
     }
     cv_.notify_all();
   }
-  // Waits while latency work is in flight on any of `devices`; true when it waited.
-  bool AwaitBatchTurn(const std::vector<int64_t>& devices, const std::atomic<bool>& stopping) {
+  enum class Turn { kNotHeld, kAfterLatencyWork, kPastMaxWait };
+  // Waits while latency work is in flight on any of `devices` (at most max_wait): whether it
+  // waited, and whether that work completed (its completion events fired) before it went.
+  Turn AwaitBatchTurn(const std::vector<int64_t>& devices, const std::atomic<bool>& stopping) {
     std::unique_lock<std::mutex> lock(mu_);
     auto clear = [&] {
       if (stopping) return true;
@@ -100,9 +105,8 @@ class PriorityGate {
       }
       return true;
     };
-    if (clear()) return false;
-    cv_.wait_for(lock, max_wait_, clear);
-    return true;
+    if (clear()) return Turn::kNotHeld;
+    return cv_.wait_for(lock, max_wait_, clear) ? Turn::kAfterLatencyWork : Turn::kPastMaxWait;
   }
   std::vector<int64_t> InFlight() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -1329,8 +1333,12 @@ Status ServerImpl::Execute(Session& s, const Frame& r, Frame* out) {
     }
   }
   if (s.tenant_state != nullptr) ++s.tenant_state->executions;
-  if (!s.latency && gate_->AwaitBatchTurn(on_devices, stopping_) && s.tenant_state != nullptr) {
-    ++s.tenant_state->held_for_latency;
+  if (!s.latency) {
+    const PriorityGate::Turn turn = gate_->AwaitBatchTurn(on_devices, stopping_);
+    if (turn != PriorityGate::Turn::kNotHeld && s.tenant_state != nullptr) {
+      ++s.tenant_state->held_for_latency;
+      if (turn == PriorityGate::Turn::kPastMaxWait) ++s.tenant_state->held_past_max_wait;
+    }
   }
   std::vector<std::vector<PJRT_Buffer*>> outputs(num_devices,
                                                  std::vector<PJRT_Buffer*>(num_outputs));
@@ -1667,7 +1675,8 @@ std::string ServerImpl::StatsJson() const {
         << ", \"memory_quota_bytes\": " << t.config.memory_quota_bytes
         << ", \"priority\": " << JsonString(t.config.priority)
         << ", \"executions\": " << t.executions.load()
-        << ", \"held_for_latency\": " << t.held_for_latency.load() << ", \"devices\": [";
+        << ", \"held_for_latency\": " << t.held_for_latency.load()
+        << ", \"held_past_max_wait\": " << t.held_past_max_wait.load() << ", \"devices\": [";
     for (size_t i = 0; i < t.config.devices.size(); ++i) {
       out << (i ? ", " : "") << t.config.devices[i];
     }

@@ -111,9 +111,9 @@ def test_two_clients_are_placed_by_the_daemons_one_placer(placing_daemon: Daemon
 
 
 # argv: tenant role. Compiles, says "ready", waits for "go", then dispatches its work and
-# prints the CLOCK_MONOTONIC time (system-wide) at which its result was ready.
+# says "done" once its results are checked.
 PRIORITY_CLIENT = """
-import sys, time
+import sys
 import jax, jax.numpy as jnp, numpy as np
 from jax import lax
 device = jax.devices()[0]
@@ -127,10 +127,8 @@ if role == "latency":
     out = step(x, 150)
     print("dispatched", flush=True)
     out.block_until_ready()
-    print("done", time.monotonic(), flush=True)
+    print("done", flush=True)
 else:
-    # Each item takes a while (~tens of ms): the burst's first result cannot beat the latency
-    # client's own wake-up after the step it waited for (both are told at about the same time).
     burst = jax.jit(lambda x: jnp.sin(x) * 2)
     base = np.linspace(-3.0, 3.0, 1 << 22, dtype=np.float32)
     x = jax.device_put(base, device)
@@ -139,11 +137,9 @@ else:
     print("ready", flush=True)
     sys.stdin.readline()
     outs = [burst(x) for _ in range(5)]
-    outs[0].block_until_ready()
-    first = time.monotonic()
     for o in outs:
         np.testing.assert_allclose(np.asarray(o), want, rtol=1e-6, atol=1e-6)
-    print("done", first, flush=True)
+    print("done", flush=True)
 """
 
 
@@ -175,12 +171,13 @@ def test_batch_burst_waits_for_the_latency_tenants_step(placing_daemon: Daemon) 
                 p.kill()
     assert latency.returncode == 0, latency_err[-3000:]
     assert batch.returncode == 0, batch_err[-3000:]
-    latency_done = float(latency_out.split()[-1])
-    batch_first = float(batch_out.split()[-1])
-    # Ordering, not a duration: the burst's first result came after the latency step's.
-    assert batch_first > latency_done, (latency_done, batch_first)
+    assert latency_out.split()[-1] == "done" and batch_out.split()[-1] == "done"
+    # Ordering from the daemon's own sequence (not clocks of two processes): the burst's first
+    # execution was held while the latency step was in flight, and went only once that
+    # step's completion events had fired (not at the starvation bound).
     after = placing_daemon.stats()["tenants"]
     assert after["bulk"]["held_for_latency"] - before["bulk"]["held_for_latency"] >= 1
+    assert after["bulk"]["held_past_max_wait"] == before["bulk"]["held_past_max_wait"]
     assert after["interactive"]["held_for_latency"] == 0
     assert after["bulk"]["executions"] - before["bulk"]["executions"] >= 5
     assert placing_daemon.stats()["latency_in_flight"] == [0] * placing_daemon.stats()["devices"]
