@@ -1,14 +1,21 @@
 // The daemon protocol: frames round-trip, malformed input is refused with a message, file
 // descriptors travel with a frame, and description readers never read past the frame.
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "pjrt_c_api.h"
 #include "pjrt_flexnpu/daemon/protocol.h"
+#include "pjrt_flexnpu/daemon/remote_api.h"
 
 namespace flexnpu::daemon {
 namespace {
@@ -104,6 +111,234 @@ TEST(DaemonProtocol, DescriptionsRoundTripAndTruncationIsDetected) {
   std::vector<int64_t> lying = {1, 11, 4, 0, 1000000};
   IntCursor lying_cursor(lying);
   EXPECT_FALSE(ReadBufferMeta(&lying_cursor, &back));
+}
+
+// A scripted daemon on a Unix socket: answers Hello with one device and one memory, a
+// synchronous BufferFromHost with a 16-byte F32 buffer, BufferToHostSize with 16, and pushes
+// each one-way BufferToHost's event when the test says so.
+class FakeDaemon {
+ public:
+  FakeDaemon() {
+    path_ = "/tmp/flexnpu_fake_daemon_" + std::to_string(::getpid()) + ".sock";
+    ::unlink(path_.c_str());
+    listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    EXPECT_EQ(::listen(listen_fd_, 4), 0);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~FakeDaemon() {
+    ::shutdown(listen_fd_, SHUT_RDWR);
+    if (thread_.joinable()) thread_.join();
+    ::close(listen_fd_);
+    ::unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  // Pushes the readiness (with 16 bytes of `value`) of the n-th BufferToHost asked for.
+  void PushToHost(size_t n, float value) {
+    for (int i = 0; i < 5000 && to_host_events_seen_.load() <= n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    Frame push;
+    push.op = kEventReady;
+    push.ints = {to_host_events_[n], 0};
+    float values[4] = {value, value, value, value};
+    push.blobs = {std::string(reinterpret_cast<const char*>(values), sizeof(values))};
+    std::lock_guard<std::mutex> lock(write_mu_);
+    EXPECT_TRUE(SendFrame(fd_, push).ok());
+  }
+
+ private:
+  void Serve() {
+    fd_ = ::accept(listen_fd_, nullptr, nullptr);
+    if (fd_ < 0) return;
+    for (;;) {
+      Frame request;
+      std::vector<int> fds;
+      if (!RecvFrame(fd_, &request, &fds).ok()) break;
+      Frame reply;
+      reply.call_id = request.call_id;
+      reply.op = request.op;
+      if (request.op == kHello) {
+        reply.ints = {1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1};
+        reply.blobs = {"cpu", "fake", "device", "fake device"};
+      } else if (request.op == kBufferFromHost) {
+        BufferMeta meta;
+        meta.id = 7;
+        meta.type = PJRT_Buffer_Type_F32;
+        meta.on_device_size = 16;
+        meta.memory = 0;
+        meta.dims = {4};
+        AppendBufferMeta(&reply.ints, meta);
+      } else if (request.op == kBufferToHostSize) {
+        reply.ints = {16};
+      } else if (request.op == kBufferToHost) {
+        to_host_events_[to_host_events_seen_.load()] = request.ints[1];
+        ++to_host_events_seen_;
+      }
+      if (request.call_id != 0) {
+        std::lock_guard<std::mutex> lock(write_mu_);
+        if (!SendFrame(fd_, reply).ok()) break;
+      }
+    }
+    ::close(fd_);
+  }
+  std::string path_;
+  int listen_fd_ = -1;
+  int fd_ = -1;
+  std::mutex write_mu_;
+  int64_t to_host_events_[8] = {};
+  std::atomic<size_t> to_host_events_seen_{0};
+  std::thread thread_;
+};
+
+// The client's reader thread runs OnReady callbacks; the socket must still be read while one
+// runs: a callback blocked on a lock of the program's (held by a thread waiting for a reply)
+// loses the reading role to another reader thread (before: the reply was never read and the
+// call failed at its deadline), and a callback that calls the daemon hands the role over.
+TEST(DaemonClient, TheSocketIsReadWhileACallbackWaits) {
+  ::setenv("FLEXNPU_DAEMON_TIMEOUT_S", "10", 1);
+  FakeDaemon daemon;
+  auto backend = RemoteBackend(std::string(kBackendPrefix) + daemon.path());
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  const PJRT_Api* api = (*backend)->api();
+  auto check = [&](PJRT_Error* error) {
+    if (error == nullptr) return std::string();
+    PJRT_Error_Message_Args m{};
+    m.struct_size = PJRT_Error_Message_Args_STRUCT_SIZE;
+    m.error = error;
+    api->PJRT_Error_Message(&m);
+    std::string message(m.message, m.message_size);
+    PJRT_Error_Destroy_Args d{};
+    d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
+    d.error = error;
+    api->PJRT_Error_Destroy(&d);
+    return message;
+  };
+  PJRT_Client_Create_Args create{};
+  create.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
+  ASSERT_EQ(check(api->PJRT_Client_Create(&create)), "");
+  PJRT_Client_AddressableDevices_Args devices{};
+  devices.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
+  devices.client = create.client;
+  ASSERT_EQ(check(api->PJRT_Client_AddressableDevices(&devices)), "");
+  ASSERT_EQ(devices.num_addressable_devices, 1u);
+
+  float host[4] = {1, 2, 3, 4};
+  int64_t dims[1] = {4};
+  PJRT_Client_BufferFromHostBuffer_Args put{};
+  put.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
+  put.client = create.client;
+  put.data = host;
+  put.type = PJRT_Buffer_Type_F32;
+  put.dims = dims;
+  put.num_dims = 1;
+  put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  put.device = devices.addressable_devices[0];
+  ASSERT_EQ(check(api->PJRT_Client_BufferFromHostBuffer(&put)), "");
+  PJRT_Event_Destroy_Args done{};
+  done.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+  done.event = put.done_with_host_buffer;
+  api->PJRT_Event_Destroy(&done);
+
+  auto to_host = [&](float* dst) {
+    PJRT_Buffer_ToHostBuffer_Args args{};
+    args.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
+    args.src = put.buffer;
+    args.dst = dst;
+    args.dst_size = dst != nullptr ? 16 : 0;
+    EXPECT_EQ(check(api->PJRT_Buffer_ToHostBuffer(&args)), "");
+    return args;
+  };
+  struct Context {
+    const PJRT_Api* api;
+    PJRT_Buffer* buffer;
+    std::mutex* program_lock;
+    std::atomic<int> ran{0};
+    size_t size_in_callback = 0;
+    std::string error_in_callback;
+  } context{api, put.buffer, nullptr};
+
+  // 1. A callback blocked on the program's lock while the program waits for a reply.
+  std::mutex program_lock;
+  context.program_lock = &program_lock;
+  float first[4] = {};
+  std::unique_lock<std::mutex> held(program_lock);
+  PJRT_Event* read = to_host(first).event;
+  PJRT_Event_OnReady_Args on_ready{};
+  on_ready.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
+  on_ready.event = read;
+  on_ready.user_arg = &context;
+  on_ready.callback = [](PJRT_Error* error, void* arg) {
+    auto* c = static_cast<Context*>(arg);
+    if (error != nullptr) c->error_in_callback = "error";
+    std::lock_guard<std::mutex> wait_for_the_program(*c->program_lock);
+    ++c->ran;
+  };
+  ASSERT_EQ(check(api->PJRT_Event_OnReady(&on_ready)), "");
+  daemon.PushToHost(0, 5.0f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the callback is running
+  const auto start = std::chrono::steady_clock::now();
+  PJRT_Buffer_ToHostBuffer_Args size = to_host(nullptr);  // a call: its reply must be read
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(size.dst_size, 16u);
+  EXPECT_LT(waited, std::chrono::seconds(5));  // a bound far above the watchdog's 20 ms
+  EXPECT_EQ(context.ran.load(), 0);
+  held.unlock();
+  PJRT_Event_Await_Args await{};
+  await.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+  await.event = read;
+  EXPECT_EQ(check(api->PJRT_Event_Await(&await)), "");
+  EXPECT_EQ(first[0], 5.0f);
+  for (int i = 0; i < 5000 && context.ran.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(context.ran.load(), 1);
+  EXPECT_EQ(context.error_in_callback, "");
+  done.event = read;
+  api->PJRT_Event_Destroy(&done);
+
+  // 2. A callback that calls the daemon (its reply is read by another reader thread).
+  float second[4] = {};
+  PJRT_Event* read2 = to_host(second).event;
+  on_ready.event = read2;
+  on_ready.callback = [](PJRT_Error*, void* arg) {
+    auto* c = static_cast<Context*>(arg);
+    PJRT_Buffer_ToHostBuffer_Args args{};
+    args.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
+    args.src = c->buffer;
+    if (PJRT_Error* e = c->api->PJRT_Buffer_ToHostBuffer(&args)) {
+      c->error_in_callback = "size query failed";
+      PJRT_Error_Destroy_Args d{};
+      d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
+      d.error = e;
+      c->api->PJRT_Error_Destroy(&d);
+    }
+    c->size_in_callback = args.dst_size;
+    ++c->ran;
+  };
+  ASSERT_EQ(check(api->PJRT_Event_OnReady(&on_ready)), "");
+  daemon.PushToHost(1, 6.0f);
+  for (int i = 0; i < 5000 && context.ran.load() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(context.ran.load(), 2);
+  EXPECT_EQ(context.size_in_callback, 16u);
+  EXPECT_EQ(context.error_in_callback, "");
+  EXPECT_EQ(second[0], 6.0f);
+  done.event = read2;
+  api->PJRT_Event_Destroy(&done);
+
+  PJRT_Buffer_Destroy_Args destroy{};
+  destroy.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
+  destroy.buffer = put.buffer;
+  api->PJRT_Buffer_Destroy(&destroy);
+  PJRT_Client_Destroy_Args client_destroy{};
+  client_destroy.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
+  client_destroy.client = create.client;
+  api->PJRT_Client_Destroy(&client_destroy);
 }
 
 }  // namespace
