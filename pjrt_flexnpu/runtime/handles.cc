@@ -102,14 +102,42 @@ void Insert(const void* object) {
   ShardOf(key).Insert(key);
 }
 
+// Bumped after every Erase: a thread's cache of handles it found live is valid only while
+// this has not moved. Handles in this set (clients, devices, memories, executables; all of
+// them in sanitizer builds) are resolved several times per execution and destroyed rarely, so
+// the cache answers most lookups without the shard's lock.
+std::atomic<uint64_t> erase_epoch{0};
+
+struct LookupCache {
+  static constexpr unsigned kEntries = 8;
+  uint64_t epoch = ~uint64_t{0};
+  uintptr_t keys[kEntries] = {};
+  unsigned next = 0;
+};
+
 void Erase(const void* object) {
   const auto key = reinterpret_cast<uintptr_t>(object);
   ShardOf(key).Erase(key);
+  // After the erase: a thread that learns of the destruction (any happens-before) sees the
+  // new epoch in its next lookup, drops its cache and asks the shard.
+  erase_epoch.fetch_add(1, std::memory_order_acq_rel);
 }
 
 bool Contains(const void* object) {
   const auto key = reinterpret_cast<uintptr_t>(object);
-  return ShardOf(key).Contains(key);
+  static thread_local LookupCache cache;
+  const uint64_t epoch = erase_epoch.load(std::memory_order_acquire);
+  if (cache.epoch == epoch) {
+    for (uintptr_t cached : cache.keys) {
+      if (cached == key) return true;
+    }
+  } else {
+    cache = LookupCache();
+    cache.epoch = epoch;
+  }
+  if (!ShardOf(key).Contains(key)) return false;
+  cache.keys[cache.next++ % LookupCache::kEntries] = key;
+  return true;
 }
 
 }  // namespace flexnpu::live_handles

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -42,6 +43,39 @@ TEST(HandlesTest, DestroyedHandlesAreRejectedWithoutBeingRead) {
   EXPECT_EQ(FromHandle<DeviceDescription>(handle), description);
   delete description;
   // Under AddressSanitizer, reading the freed object's tag would be a heap-use-after-free.
+  EXPECT_EQ(FromHandle<DeviceDescription>(handle), nullptr);
+}
+
+// A handle resolved on one thread (so in that thread's lookup cache) and then destroyed on
+// another is rejected on the first one afterwards, and a new object at the same address is
+// found again.
+TEST(HandlesTest, AHandleDestroyedOnAnotherThreadIsRejectedWhereItWasResolvedBefore) {
+  // Storage of the test's own, so that the same address can hold a new object afterwards.
+  alignas(DeviceDescription) unsigned char storage[sizeof(DeviceDescription)];
+  auto* description = new (storage) DeviceDescription(1, 0, "cpu");
+  PJRT_DeviceDescription* handle = ToHandle<PJRT_DeviceDescription>(description);
+  std::mutex mu;
+  std::condition_variable cv;
+  int step = 0;
+  std::thread destroyer([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return step == 1; });
+    description->~DeviceDescription();
+    step = 2;
+    cv.notify_all();
+  });
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(FromHandle<DeviceDescription>(handle), description);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    step = 1;
+    cv.notify_all();
+    cv.wait(lock, [&] { return step == 2; });
+  }
+  destroyer.join();
+  EXPECT_EQ(FromHandle<DeviceDescription>(handle), nullptr);
+  auto* again = new (storage) DeviceDescription(2, 0, "cpu");
+  EXPECT_EQ(FromHandle<DeviceDescription>(handle), again);
+  again->~DeviceDescription();
   EXPECT_EQ(FromHandle<DeviceDescription>(handle), nullptr);
 }
 
