@@ -18,6 +18,17 @@ glibc.malloc.mxfast=0) in every configuration unless --glibc-fastbins is given.
 commit) to the table, measured in the same run.
 
 Needs valgrind and a build with -DFLEXNPU_BUILD_TESTS=ON (target dispatch_capi).
+
+`--jax` measures a real JAX loop instead of the C-level model: one CPython process with both
+platforms (FlexNPU from --build-dir's plugin, or the installed one without --build-dir, and the
+physical CPU plugin registered directly), a jitted tiny op (x + 1, f32[8]) with
+block_until_ready, blocks of --calls calls alternating flexnpu / direct twice; callgrind counts
+each block alone (all threads, toggled from outside at marks the child sets), with its cache
+and branch simulation, so besides instructions per call it prints simulated L1 instruction
+misses, L1 data misses and mispredicted branches per call: the load-independent view of what
+the wall-clock ratio of bench/dispatch.py also pays for (code footprint, not just instructions).
+
+    python bench/dispatch_capi.py --jax [--build-dir DIR] [--policy dynamic] [--calls 1000]
 """
 
 from __future__ import annotations
@@ -90,9 +101,161 @@ def _wall(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     return float(match.group(1)), float(match.group(2))
 
 
+# Simulated events per call that --jax prints (callgrind --cache-sim=yes --branch-sim=yes).
+_JAX_EVENTS = {
+    "Ir": "instr",
+    "I1mr": "L1i miss",
+    "D1mr": "L1d rd miss",
+    "D1mw": "L1d wr miss",
+    "Bcm": "br mispred",
+    "Bim": "ind mispred",
+}
+
+
+def _jax_child(args: argparse.Namespace) -> int:
+    """The measured process of --jax: marks phases in args.sync, waits for the parent's ack."""
+    import time
+
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _side_by_side  # noqa: PLC0415
+    import jax
+    from jax._src import xla_bridge
+
+    import flexnpu
+
+    if args.plugin:
+        cpu = str(flexnpu.cpu_plugin_path())
+        options = {
+            "cpu_plugin_path": cpu,
+            "backend_options": "cpu_device_count=4",
+            "policy": args.policy,
+            "num_virtual_devices": 8 if args.policy == "dynamic" else 4,
+        }
+        xla_bridge.register_plugin("flexnpubench", library_path=args.plugin, options=options)
+        xla_bridge.register_plugin(
+            _side_by_side.DIRECT_PLATFORM, library_path=cpu, options={"cpu_device_count": 4}
+        )
+        jax.config.update("jax_platforms", f"flexnpubench,{_side_by_side.DIRECT_PLATFORM}")
+        npu, direct = jax.devices("flexnpubench")[0], jax.devices(_side_by_side.DIRECT_PLATFORM)[0]
+    else:
+        os.environ["FLEXNPU_POLICY"] = args.policy
+        if args.policy == "dynamic":
+            os.environ["FLEXNPU_NUM_VIRTUAL_DEVICES"] = "8"
+        npu_devices, direct_devices = _side_by_side.setup()
+        npu, direct = npu_devices[0], direct_devices[0]
+    jitted = jax.jit(lambda x: x + 1)
+    x_npu = jax.device_put(np.ones(8, np.float32), npu)
+    x_direct = jax.device_put(np.ones(8, np.float32), direct)
+    for _ in range(args.warmup):
+        jitted(x_npu).block_until_ready()
+        jitted(x_direct).block_until_ready()
+    mark = 0
+
+    def phase() -> None:
+        nonlocal mark
+        (args.sync / f"phase.{mark}").write_text("")
+        while not (args.sync / f"ack.{mark}").exists():
+            time.sleep(0.05)
+        mark += 1
+
+    phase()  # instrumentation on
+    for _ in range(2):
+        for x in (x_npu, x_direct):
+            for _ in range(args.calls):
+                jitted(x).block_until_ready()
+            phase()  # dump this block
+    return 0
+
+
+def _jax_main(args: argparse.Namespace, env: dict[str, str]) -> int:
+    import time
+
+    plugin = ""
+    if args.build_dir is not None:
+        plugin = str((args.build_dir / "pjrt_flexnpu" / "pjrt_plugin_flexnpu.so").resolve())
+    with tempfile.TemporaryDirectory() as tmp:
+        sync = Path(tmp)
+        child = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--jax-child",
+            "--sync",
+            tmp,
+            "--policy",
+            args.policy,
+            "--calls",
+            str(args.calls),
+            "--warmup",
+            str(min(args.warmup, 500)),
+            "--plugin",
+            plugin,
+        ]
+        process = subprocess.Popen(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                "--cache-sim=yes",
+                "--branch-sim=yes",
+                f"--callgrind-out-file={tmp}/cg.%p",
+                *child,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for mark in range(5):
+            while not (sync / f"phase.{mark}").exists():
+                if process.poll() is not None:
+                    print(process.stderr.read() if process.stderr else "", file=sys.stderr)
+                    raise RuntimeError("the measured JAX process ended early")
+                time.sleep(0.1)
+            control = ["-i", "on"] if mark == 0 else ["-d", f"block{mark}"]
+            subprocess.run(
+                ["callgrind_control", *control, str(process.pid)], check=True, capture_output=True
+            )
+            (sync / f"ack.{mark}").write_text("")
+        subprocess.run(["callgrind_control", "-i", "off", str(process.pid)], capture_output=True)
+        process.wait()
+        blocks: list[dict[str, float]] = []
+        for mark in range(1, 5):
+            dump = next(sync.glob(f"cg.{process.pid}.{mark}"))
+            text = dump.read_text(errors="replace")
+            names = re.search(r"^events:\s+(.+)$", text, re.M).group(1).split()
+            values = re.search(r"^summary:\s+(.+)$", text, re.M).group(1).split()
+            counts = dict(zip(names, (int(v) for v in values), strict=False))
+            blocks.append({k: counts.get(k, 0) / args.calls for k in _JAX_EVENTS})
+    rows = {
+        "flexnpu": {k: (blocks[0][k] + blocks[2][k]) / 2 for k in _JAX_EVENTS},
+        "direct": {k: (blocks[1][k] + blocks[3][k]) / 2 for k in _JAX_EVENTS},
+    }
+    print(
+        f"real JAX loop, jitted x + 1 on f32[8], policy {args.policy}, per call "
+        f"(mean of 2 blocks of {args.calls}):"
+    )
+    print(f"{'':<9}" + "".join(f"{label:>13}" for label in _JAX_EVENTS.values()))
+    for name, row in rows.items():
+        print(f"{name:<9}" + "".join(f"{row[k]:>13.0f}" for k in _JAX_EVENTS))
+    print(
+        f"{'extra':<9}"
+        + "".join(f"{rows['flexnpu'][k] - rows['direct'][k]:>13.0f}" for k in _JAX_EVENTS)
+    )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--build-dir", type=Path, required=True)
+    parser.add_argument("--build-dir", type=Path)
+    parser.add_argument("--jax", action="store_true", help="measure a real JAX loop (see above)")
+    parser.add_argument("--policy", default="passthrough", help="--jax: FlexNPU's policy")
+    parser.add_argument("--jax-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sync", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--plugin", default="", help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=2000)
     # Long enough that dynamic placement has compiled its pinned variant on every device.
     parser.add_argument("--warmup", type=int, default=2000)
@@ -105,6 +268,8 @@ def main() -> int:
         help="leave glibc's fastbins on (counts then vary by heap layout)",
     )
     args = parser.parse_args()
+    if args.jax_child:
+        return _jax_child(args)
     env = dict(os.environ)
     if not args.glibc_fastbins:
         tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
@@ -112,6 +277,10 @@ def main() -> int:
     if shutil.which("valgrind") is None:
         print("valgrind is not installed", file=sys.stderr)
         return 1
+    if args.jax:
+        return _jax_main(args, env)
+    if args.build_dir is None:
+        parser.error("--build-dir is required (except with --jax)")
     if not (args.build_dir / "dispatch_capi").exists():
         print(
             f"{args.build_dir}/dispatch_capi is missing: build target dispatch_capi "
