@@ -127,6 +127,9 @@ def _jax_child(args: argparse.Namespace) -> int:
 
     if args.plugin:
         cpu = str(flexnpu.cpu_plugin_path())
+        # As flexnpu's jax_plugin does: the plugin offers the backend's PJRT extensions (FFI:
+        # JAX then makes an execute context per call) only when it knows the backend at load.
+        os.environ.setdefault("FLEXNPU_CPU_PLUGIN_PATH", cpu)
         options = {
             "cpu_plugin_path": cpu,
             "backend_options": "cpu_device_count=4",
