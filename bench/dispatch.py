@@ -11,7 +11,10 @@ min/median/max of each ratio over the runs.
                              [--matmul-size 256] [--json OUT]
 
 The placement policy is FlexNPU's default (passthrough) unless FLEXNPU_POLICY says otherwise,
-e.g. `FLEXNPU_POLICY=dynamic python bench/dispatch.py --matmul-size 256`.
+e.g. `FLEXNPU_POLICY=dynamic FLEXNPU_NUM_VIRTUAL_DEVICES=8 python bench/dispatch.py`.
+`--plugin PATH` measures another build of the plugin (e.g. build/<dir>/pjrt_flexnpu/
+pjrt_plugin_flexnpu.so, or a copy of the previous commit's) instead of the installed one, with
+the same policy and number of virtual devices, to compare builds under the same conditions.
 """
 
 from __future__ import annotations
@@ -81,6 +84,31 @@ def _percentile(samples: list[float], q: int) -> float:
     return statistics.quantiles(samples, n=100)[q - 1]
 
 
+def _setup_plugin(plugin: Path, num_physical: int = 4) -> tuple[list, list]:
+    """As _side_by_side.setup, with FlexNPU loaded from `plugin` (platform flexnpubench)."""
+    import os
+
+    import jax
+    from jax._src import xla_bridge
+
+    import flexnpu
+
+    cpu = str(flexnpu.cpu_plugin_path())
+    os.environ.setdefault("FLEXNPU_CPU_PLUGIN_PATH", cpu)  # as flexnpu's jax_plugin does
+    options: dict[str, str | int] = {
+        "cpu_plugin_path": cpu,
+        "backend_options": f"cpu_device_count={num_physical}",
+        "policy": os.environ.get("FLEXNPU_POLICY", "passthrough"),
+        "num_virtual_devices": int(os.environ.get("FLEXNPU_NUM_VIRTUAL_DEVICES", num_physical)),
+    }
+    xla_bridge.register_plugin("flexnpubench", library_path=str(plugin), options=options)
+    xla_bridge.register_plugin(
+        _side_by_side.DIRECT_PLATFORM, library_path=cpu, options={"cpu_device_count": num_physical}
+    )
+    jax.config.update("jax_platforms", f"flexnpubench,{_side_by_side.DIRECT_PLATFORM}")
+    return jax.devices("flexnpubench"), jax.devices(_side_by_side.DIRECT_PLATFORM)
+
+
 def _spread(values: list[float]) -> str:
     return f"{min(values):.3f} / {statistics.median(values):.3f} / {max(values):.3f}"
 
@@ -93,9 +121,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="blocks per platform and run")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plugin", type=Path, help="a FlexNPU plugin .so instead of the installed")
     args = parser.parse_args()
 
-    npu_devices, direct_devices = _side_by_side.setup()
+    if args.plugin is None:
+        npu_devices, direct_devices = _side_by_side.setup()
+    else:
+        npu_devices, direct_devices = _setup_plugin(args.plugin.resolve())
     import jax.numpy as jnp
     import numpy as np
 
