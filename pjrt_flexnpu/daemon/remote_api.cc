@@ -18,6 +18,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -33,6 +35,7 @@
 #include <vector>
 
 #include "pjrt_flexnpu/daemon/protocol.h"
+#include "pjrt_flexnpu/runtime/error.h"  // FLEXNPU_RETHROWS_FORCED_UNWIND
 
 namespace flexnpu::daemon {
 namespace {
@@ -100,6 +103,10 @@ thread_local uint64_t t_role_epoch = 0;
 constexpr int kCallbackStallMs = 20;
 
 void StartWatchdog(std::weak_ptr<Connection> connection);
+// Reader threads running callbacks now, over all connections (the watchdog sleeps while 0),
+// and a wake-up for the watchdog when it sleeps so.
+std::atomic<int> g_callbacks_running{0};
+void WakeWatchdog();
 
 // ---------------------------------------------------------------------------------------
 // Connection: one per PJRT client = one daemon session.
@@ -290,8 +297,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     for (auto& [cb, arg] : registered) callbacks->push_back({cb, {status, arg}});
   }
 
-  static void Run(Callbacks& callbacks) {
-    for (auto& [cb, arg] : callbacks) cb(ToError(arg.first), arg.second);
+  // Each callback once; a throw (a C callback that throws anyway, or a failed error
+  // allocation) stops here: the reader thread must live on and run the rest.
+  static FLEXNPU_RETHROWS_FORCED_UNWIND void Run(Callbacks& callbacks) {
+    for (auto& [cb, arg] : callbacks) {
+      try {
+        cb(ToError(arg.first), arg.second);
+      } catch (abi::__forced_unwind&) {
+        throw;
+      } catch (...) {
+      }
+    }
   }
 
   Status Receive(Frame* frame) {
@@ -354,6 +370,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Under role_mu_: frees the role and makes sure a reader thread will take it.
   void ReleaseRoleLocked() {
     role_taken_ = false;
+    in_callbacks_ = false;  // the next holder starts by reading; the old one's callbacks are its own
     if (idle_readers_ > 0) {
       role_cv_.notify_one();
     } else {
@@ -403,11 +420,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
         in_callbacks_ = true;
         callbacks_since_ = std::chrono::steady_clock::now();
         role.unlock();
+        if (g_callbacks_running++ == 0) WakeWatchdog();
         Run(callbacks);
         role.lock();
-        in_callbacks_ = false;
+        --g_callbacks_running;
+        // Only the holder's flag: a thread that lost the role must not clear its successor's.
         holds = role_taken_ && role_epoch_ == t_role_epoch;
-        if (holds) role.unlock();
+        if (holds) {
+          in_callbacks_ = false;
+          role.unlock();
+        }
       }
       ++idle_readers_;  // lost the role while running callbacks: park (role_mu_ held)
     }
@@ -437,22 +459,40 @@ class Connection : public std::enable_shared_from_this<Connection> {
 };
 
 // One process-wide thread that takes the reading role from callbacks that run too long.
-// Ticks every kCallbackStallMs while a connection lives.
-void StartWatchdog(std::weak_ptr<Connection> connection) {
-  struct Watchdog {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<std::weak_ptr<Connection>> connections;
-    bool running = false;
-  };
+// Ticks every kCallbackStallMs while some reader runs callbacks; sleeps (no ticks) otherwise.
+struct Watchdog {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::weak_ptr<Connection>> connections;
+  bool running = false;
+  std::atomic<bool> idle{false};  // asleep until a reader runs callbacks
+};
+Watchdog& TheWatchdog() {
   static Watchdog* w = new Watchdog();  // never destroyed: its thread may outlive main
+  return *w;
+}
+
+// Called by a reader after it counted itself in g_callbacks_running (seq_cst, like `idle`:
+// either this sees the watchdog idle and wakes it, or the watchdog sees the count).
+void WakeWatchdog() {
+  Watchdog& w = TheWatchdog();
+  if (!w.idle.load()) return;
+  std::lock_guard<std::mutex> lock(w.mu);
+  w.cv.notify_all();
+}
+
+void StartWatchdog(std::weak_ptr<Connection> connection) {
+  Watchdog* w = &TheWatchdog();
   std::lock_guard<std::mutex> lock(w->mu);
   w->connections.push_back(std::move(connection));
   if (w->running) return;
   w->running = true;
-  std::thread([] {
+  std::thread([w] {
     std::unique_lock<std::mutex> lock(w->mu);
     while (!w->connections.empty()) {
+      w->idle = true;
+      w->cv.wait(lock, [] { return g_callbacks_running.load() > 0; });
+      w->idle = false;
       w->cv.wait_for(lock, std::chrono::milliseconds(kCallbackStallMs));
       std::vector<std::shared_ptr<Connection>> live;
       for (auto it = w->connections.begin(); it != w->connections.end();) {
@@ -1142,9 +1182,14 @@ PJRT_Error* Buffer_IsDeleted_(PJRT_Buffer_IsDeleted_Args* a) {
     if (std::find(donated.begin(), donated.end(), position) != donated.end()) b->deleted = true;
   }
   if (!pending.empty()) {
+    // Exactly the entries checked here: another thread may have checked (and erased) some of
+    // them meanwhile, and an execution may have added new ones behind them.
     std::lock_guard<std::mutex> lock(b->pending_mu);
     auto& list = b->pending_donations;
-    list.erase(list.begin(), list.begin() + std::min(pending.size(), list.size()));
+    for (const auto& checked : pending) {
+      auto it = std::find(list.begin(), list.end(), checked);
+      if (it != list.end()) list.erase(it);
+    }
   }
   a->is_deleted = b->deleted.load();
   return nullptr;

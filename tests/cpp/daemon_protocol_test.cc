@@ -1,5 +1,6 @@
 // The daemon protocol: frames round-trip, malformed input is refused with a message, file
 // descriptors travel with a frame, and description readers never read past the frame.
+#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -339,6 +340,111 @@ TEST(DaemonClient, TheSocketIsReadWhileACallbackWaits) {
   client_destroy.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
   client_destroy.client = create.client;
   api->PJRT_Client_Destroy(&client_destroy);
+}
+
+int ThreadsOfThisProcess() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+// A callback that stays blocked (on a lock of the program's) loses the reading role once: the
+// watchdog must not take it again from each next reader (one new thread per tick, several
+// threads reading one socket, replies lost), and calls meanwhile are answered.
+TEST(DaemonClient, AStuckCallbackCostsOneReaderAndCallsAreAnswered) {
+  // A lost reply fails its call in 3 s instead of the default 300 (the bug this guards hung).
+  ::setenv("FLEXNPU_DAEMON_TIMEOUT_S", "3", 1);
+  FakeDaemon daemon;
+  auto backend = RemoteBackend(std::string(kBackendPrefix) + daemon.path());
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  const PJRT_Api* api = (*backend)->api();
+  auto failed = [&](PJRT_Error* e) {
+    if (e == nullptr) return false;
+    PJRT_Error_Destroy_Args d{};
+    d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
+    d.error = e;
+    api->PJRT_Error_Destroy(&d);
+    return true;
+  };
+  PJRT_Client_Create_Args create{};
+  create.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
+  ASSERT_FALSE(failed(api->PJRT_Client_Create(&create)));
+  PJRT_Client_AddressableDevices_Args devices{};
+  devices.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
+  devices.client = create.client;
+  ASSERT_FALSE(failed(api->PJRT_Client_AddressableDevices(&devices)));
+  float host[4] = {1, 2, 3, 4};
+  int64_t dims[1] = {4};
+  PJRT_Client_BufferFromHostBuffer_Args put{};
+  put.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
+  put.client = create.client;
+  put.data = host;
+  put.type = PJRT_Buffer_Type_F32;
+  put.dims = dims;
+  put.num_dims = 1;
+  put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  put.device = devices.addressable_devices[0];
+  ASSERT_FALSE(failed(api->PJRT_Client_BufferFromHostBuffer(&put)));
+
+  static std::mutex program_lock;
+  std::unique_lock<std::mutex> held(program_lock);
+  float first[4] = {};
+  PJRT_Buffer_ToHostBuffer_Args read{};
+  read.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
+  read.src = put.buffer;
+  read.dst = first;
+  read.dst_size = sizeof(first);
+  ASSERT_FALSE(failed(api->PJRT_Buffer_ToHostBuffer(&read)));
+  static std::atomic<int> ran{0};
+  PJRT_Event_OnReady_Args on_ready{};
+  on_ready.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
+  on_ready.event = read.event;
+  on_ready.callback = [](PJRT_Error* e, void*) {
+    std::lock_guard<std::mutex> lock(program_lock);
+    if (e != nullptr) ran = -1000;  // (not expected; the check below then fails)
+    ++ran;
+  };
+  ASSERT_FALSE(failed(api->PJRT_Event_OnReady(&on_ready)));
+  const int before = ThreadsOfThisProcess();
+  daemon.PushToHost(0, 5.0f);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // ~15 watchdog ticks
+  const int stuck = ThreadsOfThisProcess();
+  int unanswered = 0;
+  for (int i = 0; i < 10; ++i) {
+    PJRT_Buffer_ToHostBuffer_Args size{};
+    size.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
+    size.src = put.buffer;
+    if (failed(api->PJRT_Buffer_ToHostBuffer(&size)) || size.dst_size != sizeof(first)) {
+      ++unanswered;
+    }
+  }
+  EXPECT_EQ(unanswered, 0);
+  EXPECT_LE(stuck - before, 2) << "reader threads spawned while one callback was stuck";
+  held.unlock();
+  for (int i = 0; i < 5000 && ran.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_EQ(first[0], 5.0f);
+
+  PJRT_Event_Destroy_Args done{};
+  done.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+  done.event = read.event;
+  api->PJRT_Event_Destroy(&done);
+  PJRT_Buffer_Destroy_Args destroy{};
+  destroy.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
+  destroy.buffer = put.buffer;
+  api->PJRT_Buffer_Destroy(&destroy);
+  PJRT_Client_Destroy_Args client_destroy{};
+  client_destroy.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
+  client_destroy.client = create.client;
+  api->PJRT_Client_Destroy(&client_destroy);
+  ::unsetenv("FLEXNPU_DAEMON_TIMEOUT_S");
 }
 
 }  // namespace
