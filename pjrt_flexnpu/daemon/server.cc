@@ -196,6 +196,10 @@ struct Channel {
       stop = true;
     }
     write_cv.notify_all();
+    // Wakes a writer waiting in poll for a client that does not read (up to the send
+    // timeout otherwise, and this may run on a backend thread that carries every tenant's
+    // completions). What the socket took already still reaches the client.
+    if (writer.joinable()) ::shutdown(fd, SHUT_RDWR);
     if (writer.joinable()) writer.join();
     ::close(fd);
   }
@@ -209,7 +213,7 @@ struct Channel {
     std::lock_guard<std::mutex> lock(write_mu);
     if (!broken.empty() || stop) return;  // the session is ending
     size_t sent = 0;
-    if (queue.empty()) {
+    if (queue.empty() && !writing) {
       while (sent < data.size()) {
         const ssize_t r =
             ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -261,49 +265,54 @@ struct Channel {
     ::shutdown(fd, SHUT_RDWR);
     write_cv.notify_all();
   }
-  // Writes the queue's front while Send appends behind it (Send writes directly only when the
-  // queue is empty, so the order holds).
+  // Writes the queue in order while Send appends behind it. The frame being written is the
+  // writer's own (taken off the queue; `writing` keeps Send from writing past it), so
+  // BreakLocked may clear the queue meanwhile.
   void WriteLoop() {
     std::unique_lock<std::mutex> lock(write_mu);
-    size_t offset = 0;
     for (;;) {
       write_cv.wait(lock, [&] { return stop || !broken.empty() || !queue.empty(); });
       if (stop || !broken.empty()) return;
-      const std::string& front = queue.front();  // stays put while others push_back
-      lock.unlock();
-      pollfd p{fd, POLLOUT, 0};
-      int r = ::poll(&p, 1, send_timeout_ms);
-      ssize_t written = 0;
-      bool failed = false;
-      if (r > 0) {
-        written = ::send(fd, front.data() + offset, front.size() - offset,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
-        failed = written < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
-      } else if (r < 0) {
-        failed = errno != EINTR;
+      std::string current = std::move(queue.front());
+      queue.pop_front();
+      writing = true;
+      size_t offset = 0;
+      while (offset < current.size()) {
+        lock.unlock();
+        pollfd p{fd, POLLOUT, 0};
+        int r = ::poll(&p, 1, send_timeout_ms);
+        ssize_t written = 0;
+        bool failed = false;
+        if (r > 0) {
+          written = ::send(fd, current.data() + offset, current.size() - offset,
+                           MSG_NOSIGNAL | MSG_DONTWAIT);
+          failed = written < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+        } else if (r < 0) {
+          failed = errno != EINTR;
+        }
+        lock.lock();
+        if (stop || !broken.empty()) {
+          writing = false;
+          return;
+        }
+        if (r == 0) {
+          BreakLocked("the client did not read what the daemon sent it for " +
+                      std::to_string(send_timeout_ms / 1000) + " s (" +
+                      std::to_string(queued_bytes) + " bytes of replies and pushes queued)");
+          writing = false;
+          return;
+        }
+        if (failed) {
+          queue.clear();  // a dead peer: the session's reader notices
+          queued_bytes = 0;
+          break;
+        }
+        if (written > 0) {
+          offset += static_cast<size_t>(written);
+          queued_bytes -= std::min(queued_bytes, static_cast<size_t>(written));
+        }
       }
-      lock.lock();
-      if (stop || !broken.empty()) return;
-      if (r == 0) {
-        BreakLocked("the client did not read what the daemon sent it for " +
-                    std::to_string(send_timeout_ms / 1000) + " s (" +
-                    std::to_string(queued_bytes) + " bytes of replies and pushes queued)");
-        return;
-      }
-      if (failed) {
-        queue.clear();  // a dead peer: the session's reader notices
-        queued_bytes = 0;
-        offset = 0;
-        continue;
-      }
-      if (written > 0) {
-        offset += static_cast<size_t>(written);
-        queued_bytes -= static_cast<size_t>(written);
-      }
-      if (offset == queue.front().size()) {
-        queue.pop_front();
-        offset = 0;
-      }
+      writing = false;
     }
   }
   const int send_timeout_ms;
@@ -314,6 +323,7 @@ struct Channel {
   size_t queued_bytes = 0;
   std::string broken;
   bool stop = false;
+  bool writing = false;  // the writer holds a frame taken off the queue
   std::thread writer;
 };
 
