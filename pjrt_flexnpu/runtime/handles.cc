@@ -125,6 +125,7 @@ void Erase(const void* object) {
 
 bool Contains(const void* object) {
   const auto key = reinterpret_cast<uintptr_t>(object);
+  if (key == 0) return false;  // an empty cache entry is 0
   static thread_local LookupCache cache;
   const uint64_t epoch = erase_epoch.load(std::memory_order_acquire);
   if (cache.epoch == epoch) {
