@@ -390,6 +390,12 @@ TEST(DaemonClient, AStuckCallbackCostsOneReaderAndCallsAreAnswered) {
   put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
   put.device = devices.addressable_devices[0];
   ASSERT_FALSE(failed(api->PJRT_Client_BufferFromHostBuffer(&put)));
+  if (put.done_with_host_buffer != nullptr) {
+    PJRT_Event_Destroy_Args done_with_host{};
+    done_with_host.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+    done_with_host.event = put.done_with_host_buffer;
+    api->PJRT_Event_Destroy(&done_with_host);
+  }
 
   static std::mutex program_lock;
   std::unique_lock<std::mutex> held(program_lock);
