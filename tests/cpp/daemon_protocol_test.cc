@@ -195,17 +195,16 @@ class FakeDaemon {
   std::thread thread_;
 };
 
-// The client's reader thread runs OnReady callbacks; the socket must still be read while one
-// runs: a callback blocked on a lock of the program's (held by a thread waiting for a reply)
-// loses the reading role to another reader thread (before: the reply was never read and the
-// call failed at its deadline), and a callback that calls the daemon hands the role over.
-TEST(DaemonClient, TheSocketIsReadWhileACallbackWaits) {
-  ::setenv("FLEXNPU_DAEMON_TIMEOUT_S", "10", 1);
-  FakeDaemon daemon;
-  auto backend = RemoteBackend(std::string(kBackendPrefix) + daemon.path());
-  ASSERT_TRUE(backend.ok()) << backend.status().message();
-  const PJRT_Api* api = (*backend)->api();
-  auto check = [&](PJRT_Error* error) {
+// A client of a FakeDaemon with one f32[4] {1, 2, 3, 4} uploaded to its device: what both
+// client tests start from. Open() returns "" or the first error; the destructor releases all.
+struct RemoteSession {
+  const PJRT_Api* api = nullptr;
+  PJRT_Client* client = nullptr;
+  size_t num_devices = 0;
+  PJRT_Buffer* buffer = nullptr;
+
+  // The error's message ("" for none), the error destroyed.
+  std::string Check(PJRT_Error* error) const {
     if (error == nullptr) return std::string();
     PJRT_Error_Message_Args m{};
     m.struct_size = PJRT_Error_Message_Args_STRUCT_SIZE;
@@ -216,38 +215,80 @@ TEST(DaemonClient, TheSocketIsReadWhileACallbackWaits) {
     d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
     d.error = error;
     api->PJRT_Error_Destroy(&d);
-    return message;
-  };
-  PJRT_Client_Create_Args create{};
-  create.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
-  ASSERT_EQ(check(api->PJRT_Client_Create(&create)), "");
-  PJRT_Client_AddressableDevices_Args devices{};
-  devices.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
-  devices.client = create.client;
-  ASSERT_EQ(check(api->PJRT_Client_AddressableDevices(&devices)), "");
-  ASSERT_EQ(devices.num_addressable_devices, 1u);
+    return message.empty() ? "error without a message" : message;
+  }
 
-  float host[4] = {1, 2, 3, 4};
-  int64_t dims[1] = {4};
-  PJRT_Client_BufferFromHostBuffer_Args put{};
-  put.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
-  put.client = create.client;
-  put.data = host;
-  put.type = PJRT_Buffer_Type_F32;
-  put.dims = dims;
-  put.num_dims = 1;
-  put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-  put.device = devices.addressable_devices[0];
-  ASSERT_EQ(check(api->PJRT_Client_BufferFromHostBuffer(&put)), "");
+  std::string Open(const PJRT_Api* remote_api) {
+    api = remote_api;
+    PJRT_Client_Create_Args create{};
+    create.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
+    if (std::string e = Check(api->PJRT_Client_Create(&create)); !e.empty()) return e;
+    client = create.client;
+    PJRT_Client_AddressableDevices_Args devices{};
+    devices.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
+    devices.client = client;
+    if (std::string e = Check(api->PJRT_Client_AddressableDevices(&devices)); !e.empty()) return e;
+    num_devices = devices.num_addressable_devices;
+    if (num_devices == 0) return "no device";
+    float host[4] = {1, 2, 3, 4};
+    int64_t dims[1] = {4};
+    PJRT_Client_BufferFromHostBuffer_Args put{};
+    put.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
+    put.client = client;
+    put.data = host;
+    put.type = PJRT_Buffer_Type_F32;
+    put.dims = dims;
+    put.num_dims = 1;
+    put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+    put.device = devices.addressable_devices[0];
+    if (std::string e = Check(api->PJRT_Client_BufferFromHostBuffer(&put)); !e.empty()) return e;
+    buffer = put.buffer;
+    if (put.done_with_host_buffer != nullptr) {
+      PJRT_Event_Destroy_Args done{};
+      done.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+      done.event = put.done_with_host_buffer;
+      api->PJRT_Event_Destroy(&done);
+    }
+    return "";
+  }
+
+  ~RemoteSession() {
+    if (buffer != nullptr) {
+      PJRT_Buffer_Destroy_Args destroy{};
+      destroy.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
+      destroy.buffer = buffer;
+      api->PJRT_Buffer_Destroy(&destroy);
+    }
+    if (client != nullptr) {
+      PJRT_Client_Destroy_Args destroy{};
+      destroy.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
+      destroy.client = client;
+      api->PJRT_Client_Destroy(&destroy);
+    }
+  }
+};
+
+// The client's reader thread runs OnReady callbacks; the socket must still be read while one
+// runs: a callback blocked on a lock of the program's (held by a thread waiting for a reply)
+// loses the reading role to another reader thread (before: the reply was never read and the
+// call failed at its deadline), and a callback that calls the daemon hands the role over.
+TEST(DaemonClient, TheSocketIsReadWhileACallbackWaits) {
+  ::setenv("FLEXNPU_DAEMON_TIMEOUT_S", "10", 1);
+  FakeDaemon daemon;
+  auto backend = RemoteBackend(std::string(kBackendPrefix) + daemon.path());
+  ASSERT_TRUE(backend.ok()) << backend.status().message();
+  RemoteSession session;
+  ASSERT_EQ(session.Open((*backend)->api()), "");
+  ASSERT_EQ(session.num_devices, 1u);
+  const PJRT_Api* api = session.api;
+  auto check = [&](PJRT_Error* error) { return session.Check(error); };
   PJRT_Event_Destroy_Args done{};
   done.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
-  done.event = put.done_with_host_buffer;
-  api->PJRT_Event_Destroy(&done);
 
   auto to_host = [&](float* dst) {
     PJRT_Buffer_ToHostBuffer_Args args{};
     args.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
-    args.src = put.buffer;
+    args.src = session.buffer;
     args.dst = dst;
     args.dst_size = dst != nullptr ? 16 : 0;
     EXPECT_EQ(check(api->PJRT_Buffer_ToHostBuffer(&args)), "");
@@ -260,7 +301,7 @@ TEST(DaemonClient, TheSocketIsReadWhileACallbackWaits) {
     std::atomic<int> ran{0};
     size_t size_in_callback = 0;
     std::string error_in_callback;
-  } context{api, put.buffer, nullptr};
+  } context{api, session.buffer, nullptr};
 
   // 1. A callback blocked on the program's lock while the program waits for a reply.
   std::mutex program_lock;
@@ -332,14 +373,6 @@ TEST(DaemonClient, TheSocketIsReadWhileACallbackWaits) {
   done.event = read2;
   api->PJRT_Event_Destroy(&done);
 
-  PJRT_Buffer_Destroy_Args destroy{};
-  destroy.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
-  destroy.buffer = put.buffer;
-  api->PJRT_Buffer_Destroy(&destroy);
-  PJRT_Client_Destroy_Args client_destroy{};
-  client_destroy.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
-  client_destroy.client = create.client;
-  api->PJRT_Client_Destroy(&client_destroy);
 }
 
 int ThreadsOfThisProcess() {
@@ -362,47 +395,17 @@ TEST(DaemonClient, AStuckCallbackCostsOneReaderAndCallsAreAnswered) {
   FakeDaemon daemon;
   auto backend = RemoteBackend(std::string(kBackendPrefix) + daemon.path());
   ASSERT_TRUE(backend.ok()) << backend.status().message();
-  const PJRT_Api* api = (*backend)->api();
-  auto failed = [&](PJRT_Error* e) {
-    if (e == nullptr) return false;
-    PJRT_Error_Destroy_Args d{};
-    d.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE;
-    d.error = e;
-    api->PJRT_Error_Destroy(&d);
-    return true;
-  };
-  PJRT_Client_Create_Args create{};
-  create.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE;
-  ASSERT_FALSE(failed(api->PJRT_Client_Create(&create)));
-  PJRT_Client_AddressableDevices_Args devices{};
-  devices.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
-  devices.client = create.client;
-  ASSERT_FALSE(failed(api->PJRT_Client_AddressableDevices(&devices)));
-  float host[4] = {1, 2, 3, 4};
-  int64_t dims[1] = {4};
-  PJRT_Client_BufferFromHostBuffer_Args put{};
-  put.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
-  put.client = create.client;
-  put.data = host;
-  put.type = PJRT_Buffer_Type_F32;
-  put.dims = dims;
-  put.num_dims = 1;
-  put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-  put.device = devices.addressable_devices[0];
-  ASSERT_FALSE(failed(api->PJRT_Client_BufferFromHostBuffer(&put)));
-  if (put.done_with_host_buffer != nullptr) {
-    PJRT_Event_Destroy_Args done_with_host{};
-    done_with_host.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
-    done_with_host.event = put.done_with_host_buffer;
-    api->PJRT_Event_Destroy(&done_with_host);
-  }
+  RemoteSession session;
+  ASSERT_EQ(session.Open((*backend)->api()), "");
+  const PJRT_Api* api = session.api;
+  auto failed = [&](PJRT_Error* e) { return !session.Check(e).empty(); };
 
   static std::mutex program_lock;
   std::unique_lock<std::mutex> held(program_lock);
   float first[4] = {};
   PJRT_Buffer_ToHostBuffer_Args read{};
   read.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
-  read.src = put.buffer;
+  read.src = session.buffer;
   read.dst = first;
   read.dst_size = sizeof(first);
   ASSERT_FALSE(failed(api->PJRT_Buffer_ToHostBuffer(&read)));
@@ -424,7 +427,7 @@ TEST(DaemonClient, AStuckCallbackCostsOneReaderAndCallsAreAnswered) {
   for (int i = 0; i < 10; ++i) {
     PJRT_Buffer_ToHostBuffer_Args size{};
     size.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
-    size.src = put.buffer;
+    size.src = session.buffer;
     if (failed(api->PJRT_Buffer_ToHostBuffer(&size)) || size.dst_size != sizeof(first)) {
       ++unanswered;
     }
@@ -442,14 +445,6 @@ TEST(DaemonClient, AStuckCallbackCostsOneReaderAndCallsAreAnswered) {
   done.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
   done.event = read.event;
   api->PJRT_Event_Destroy(&done);
-  PJRT_Buffer_Destroy_Args destroy{};
-  destroy.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
-  destroy.buffer = put.buffer;
-  api->PJRT_Buffer_Destroy(&destroy);
-  PJRT_Client_Destroy_Args client_destroy{};
-  client_destroy.struct_size = PJRT_Client_Destroy_Args_STRUCT_SIZE;
-  client_destroy.client = create.client;
-  api->PJRT_Client_Destroy(&client_destroy);
   ::unsetenv("FLEXNPU_DAEMON_TIMEOUT_S");
 }
 
