@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 
 #include "pjrt_flexnpu/backend/compile_options.h"
 #include "pjrt_flexnpu/runtime/buffer.h"
@@ -91,6 +92,15 @@ PJRT_ExecuteOptions TranslateOptions(const PJRT_ExecuteOptions* options) {
   PJRT_ExecuteOptions inner{};
   inner.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
   if (options == nullptr) return inner;
+  if (options->struct_size >= PJRT_ExecuteOptions_STRUCT_SIZE) {
+    // The caller knows every field FlexNPU does (JAX's case): one copy, then what is not the
+    // inner plugin's: FlexNPU's extensions and context.
+    std::memcpy(&inner, options, PJRT_ExecuteOptions_STRUCT_SIZE);
+    inner.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+    inner.extension_start = nullptr;
+    inner.context = nullptr;
+    return inner;
+  }
 #define FLEXNPU_COPY_IF_PRESENT(field)                                                    \
   if (options->struct_size >= offsetof(PJRT_ExecuteOptions, field) + sizeof(options->field)) \
     inner.field = options->field;
@@ -432,8 +442,9 @@ Status VirtualLoadedExecutable::Execute(PJRT_LoadedExecutable_Execute_Args* args
                              "] is null");
     }
   }
-  if (execute_device != nullptr) return Dispatch(args, &execute_device, 1);
-  return Dispatch(args, devices_.data(), devices_.size());
+  if (execute_device != nullptr) return Dispatch<true>(args, &execute_device, 1);
+  if (devices_.size() == 1) return Dispatch<true>(args, devices_.data(), 1);
+  return Dispatch<false>(args, devices_.data(), devices_.size());
 }
 
 namespace {
@@ -499,8 +510,58 @@ Status VirtualLoadedExecutable::Place(VirtualDevice* const* devices, size_t n,
   return Status::Ok();
 }
 
+void VirtualLoadedExecutable::TrackShards(const PhysicalBackend& b, VirtualDevice* const* devices,
+                                          size_t n, const int* physical, const uint64_t* tickets,
+                                          const size_t* positions, PJRT_Event** inner_events,
+                                          bool caller_wants_events, int64_t start_ns) {
+  const bool tracing = client_->trace()->enabled();
+  for (size_t d = 0; d < n; ++d) {
+    FinishContextPtr context(handle_pool::New<FinishContext>());
+    context->backend = &b;
+    context->core = client_->placer().core();
+    context->ticket = tickets[d];
+    if (tracing) {
+      context->trace = client_->trace();
+      context->trace->BeginExecution();
+      context->event.physical_device = physical[d];
+      context->event.virtual_device = devices[d]->index();
+      context->event.phase = placement::PhaseName(profile_.phase);
+      context->event.start_ns = start_ns;
+      context->event.executable_id = executable_id_;
+    }
+    PJRT_Event*& inner_event = inner_events[positions[d]];
+    if (inner_event != nullptr) {
+      TrackCompletion(b, std::move(context), inner_event);
+    } else {
+      OnExecutionDone(nullptr, context.release());
+    }
+    if (!caller_wants_events && inner_event != nullptr) {
+      Own(b, inner_event);  // the callback keeps what it needs
+      inner_event = nullptr;
+    }
+  }
+}
+
+void VirtualLoadedExecutable::NoteDonations(VirtualBuffer* const* buffers, size_t n,
+                                            size_t num_args) {
+  if (donatable_.known) {
+    for (size_t d = 0; d < n; ++d) {
+      for (int a : donatable_.arguments) {
+        if (static_cast<size_t>(a) < num_args) buffers[d * num_args + a]->NoteMaybeDonated();
+      }
+    }
+  } else {
+    for (size_t i = 0; i < n * num_args; ++i) buffers[i]->NoteMaybeDonated();
+  }
+}
+
+template <bool kSingle>
 Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* args,
                                          VirtualDevice* const* devices, size_t n) {
+  // kSingle: a single-device execution (n == 1), the common case, compiled without the SPMD
+  // loops and lists, so each execution touches less code; the source is the same.
+  constexpr size_t kDevices = kSingle ? 1 : kInlineDevices;
+  if constexpr (kSingle) n = 1;
   const size_t num_args = args->num_args;
   SmallVector<VirtualBuffer*, kInlineArgs> buffers(n * num_args);
   for (size_t d = 0; d < n; ++d) {
@@ -510,17 +571,21 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
       buffers[d * num_args + a] = *buffer;
     }
   }
-  SmallVector<int, kInlineDevices> physical(n);
-  SmallVector<uint64_t, kInlineDevices> tickets(n);  // zeroed: untracked
+  SmallVector<int, kDevices> physical(n);
+  SmallVector<uint64_t, kDevices> tickets(n);  // zeroed: untracked
   Placer& placer = client_->placer();
   UnlaunchedTickets cancel(placer, tickets.data(), n);
-  FLEXNPU_RETURN_IF_ERROR(
-      Place(devices, n, buffers.data(), num_args, physical.data(), tickets.data()));
+  if (kSingle && placer.passthrough()) {
+    physical[0] = devices[0]->home_physical();
+  } else {
+    FLEXNPU_RETURN_IF_ERROR(
+        Place(devices, n, buffers.data(), num_args, physical.data(), tickets.data()));
+  }
 
   // The compiled variant for this mapping.
   std::shared_ptr<Compiled> other;
   const Compiled* compiled = initial_.get();
-  if (n > 1) {
+  if (!kSingle) {
     auto found = CompiledFor(physical.data(), n);
     if (!found.ok()) return found.status();
     other = std::move(*found);
@@ -538,7 +603,10 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
     compiled = other.get();
   }
   // Where shard d sits in the inner executable's device list.
-  auto position = [&](size_t d) -> size_t { return n > 1 ? compiled->inner_position[d] : 0; };
+  SmallVector<size_t, kDevices> positions(n);
+  if constexpr (!kSingle) {
+    for (size_t d = 0; d < n; ++d) positions[d] = compiled->inner_position[d];
+  }
 
   // Arguments on their shard's physical device; the holds keep them alive through the launch.
   SmallVector<std::shared_ptr<PhysicalBuffer>, kInlineArgs> holds(n * num_args);
@@ -548,17 +616,16 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
       auto held = buffers[d * num_args + a]->OnDevice(physical[d]);
       if (!held.ok()) return held.status();
       holds[d * num_args + a] = std::move(*held);
-      inner_args[position(d) * num_args + a] = holds[d * num_args + a]->handle.get();
+      inner_args[positions[d] * num_args + a] = holds[d * num_args + a]->handle.get();
     }
   }
   SmallVector<PJRT_Buffer*, kInlineArgs> inner_outputs(n * num_outputs_);
-  SmallVector<PJRT_Buffer* const*, kInlineDevices> argument_lists(n);
-  SmallVector<PJRT_Buffer**, kInlineDevices> output_lists(n);
-  SmallVector<PJRT_Event*, kInlineDevices> inner_events(n);
+  SmallVector<PJRT_Buffer* const*, kDevices> argument_lists(n);
+  SmallVector<PJRT_Buffer**, kDevices> output_lists(n);
+  SmallVector<PJRT_Event*, kDevices> inner_events(n);  // null until the launch sets them
   for (size_t i = 0; i < n; ++i) {
     argument_lists[i] = inner_args.data() + i * num_args;
     output_lists[i] = inner_outputs.data() + i * num_outputs_;
-    inner_events[i] = nullptr;
   }
 
   const PhysicalBackend& b = client_->backend();
@@ -579,55 +646,24 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
   inner.device_complete_events =
       (args->device_complete_events != nullptr || tracked) ? inner_events.data() : nullptr;
   // A pinned executable runs where it was compiled for; a portable one where it is told.
-  inner.execute_device = n == 1 && compiled->physical.empty()
+  inner.execute_device = kSingle && compiled->physical.empty()
                              ? client_->physical(physical[0]).device
                              : nullptr;
   const int64_t start_ns = tracing ? Placer::NowNs() : 0;
   FLEXNPU_RETURN_IF_ERROR(b.Execute(inner));
   cancel.Launched();
-  client_->counters().executions.fetch_add(1, std::memory_order_relaxed);
+  client_->counters().executions.Add(1);
   if (tracked) {
-    for (size_t d = 0; d < n; ++d) {
-      FinishContextPtr context(handle_pool::New<FinishContext>());
-      context->backend = &b;
-      context->core = placer.core();
-      context->ticket = tickets[d];
-      if (tracing) {
-        context->trace = client_->trace();
-        context->trace->BeginExecution();
-        context->event.physical_device = physical[d];
-        context->event.virtual_device = devices[d]->index();
-        context->event.phase = placement::PhaseName(profile_.phase);
-        context->event.start_ns = start_ns;
-        context->event.executable_id = executable_id_;
-      }
-      PJRT_Event*& inner_event = inner_events[position(d)];
-      if (inner_event != nullptr) {
-        TrackCompletion(b, std::move(context), inner_event);
-      } else {
-        OnExecutionDone(nullptr, context.release());
-      }
-      if (args->device_complete_events == nullptr && inner_event != nullptr) {
-        Own(b, inner_event);  // the callback keeps what it needs
-        inner_event = nullptr;
-      }
-    }
+    TrackShards(b, devices, n, physical.data(), tickets.data(), positions.data(),
+                inner_events.data(), args->device_complete_events != nullptr, start_ns);
   }
-  if (may_donate_ && donatable_.known) {
-    for (size_t d = 0; d < n; ++d) {
-      for (int a : donatable_.arguments) {
-        if (static_cast<size_t>(a) < num_args) buffers[d * num_args + a]->NoteMaybeDonated();
-      }
-    }
-  } else if (may_donate_) {
-    for (size_t i = 0; i < n * num_args; ++i) buffers[i]->NoteMaybeDonated();
-  }
+  if (may_donate_) NoteDonations(buffers.data(), n, num_args);
 
-  SmallVector<InnerEvent, kInlineDevices> events(n);
+  SmallVector<InnerEvent, kDevices> events(n);
   for (size_t i = 0; i < n; ++i) events[i] = Own(b, inner_events[i]);
   Status status;
   for (size_t d = 0; d < n; ++d) {
-    PJRT_Buffer** shard_outputs = output_lists[position(d)];
+    PJRT_Buffer** shard_outputs = output_lists[positions[d]];
     if (!status.ok()) {
       for (size_t i = 0; i < num_outputs_; ++i) Own(b, shard_outputs[i]);
       continue;
@@ -646,7 +682,7 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
   // Events only with outputs: on failure the caller takes nothing, and they go with `events`.
   if (args->device_complete_events != nullptr) {
     for (size_t d = 0; d < n; ++d) {
-      InnerEvent& e = events[position(d)];
+      InnerEvent& e = events[positions[d]];
       args->device_complete_events[d] =
           status.ok() && e ? ToHandle<PJRT_Event>(Event::Wrap(b, e.release())) : nullptr;
     }

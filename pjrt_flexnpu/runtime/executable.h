@@ -132,8 +132,18 @@ class VirtualLoadedExecutable : public Tagged {
   void RememberFallback(int physical_device, const std::shared_ptr<Compiled>& portable);
   // One dispatcher for n >= 1 devices (single-device is n = 1): arguments resolved, placed
   // (the placer's tickets, SPMD shards included), moved, launched, tracked and wrapped.
+  // kSingle: compiled for n == 1 (the lean instance every single-device execution takes).
+  template <bool kSingle>
   Status Dispatch(PJRT_LoadedExecutable_Execute_Args* args, VirtualDevice* const* devices,
                   size_t n);
+  // After a tracked launch: the placer's feedback and the trace, per shard, when each shard's
+  // inner event fires. `positions`: shard d's place in `inner_events`; events the caller does
+  // not want are released here.
+  void TrackShards(const PhysicalBackend& b, VirtualDevice* const* devices, size_t n,
+                   const int* physical, const uint64_t* tickets, const size_t* positions,
+                   PJRT_Event** inner_events, bool caller_wants_events, int64_t start_ns);
+  // After a launch of a program that may donate: stops counting donated arguments' bytes.
+  void NoteDonations(VirtualBuffer* const* buffers, size_t n, size_t num_args);
   // The physical device per shard and the placer's tickets (0: untracked, passthrough).
   // `buffers` holds the n x num_args resolved arguments.
   Status Place(VirtualDevice* const* devices, size_t n, VirtualBuffer* const* buffers,
