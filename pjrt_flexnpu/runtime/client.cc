@@ -264,7 +264,7 @@ std::string VirtualClient::StatsJson() const {
   out << "{\"platform_version\":\"" << platform_version_ << "\",\"policy\":\""
       << placer_->policy() << "\",\"roofline\":\"" << roofline_.name
       << "\",\"num_physical_devices\":" << num_physical()
-      << ",\"executions\":" << counters_.executions.load()
+      << ",\"executions\":" << counters_.executions.Load()
       << ",\"migrations\":" << counters_.migrations.load()
       << ",\"bytes_migrated\":" << counters_.bytes_migrated.load()
       << ",\"compiles\":" << counters_.compiles.load()

@@ -17,6 +17,7 @@
 #include "pjrt_flexnpu/runtime/handles.h"
 #include "pjrt_flexnpu/runtime/options.h"
 #include "pjrt_flexnpu/runtime/placer.h"
+#include "pjrt_flexnpu/runtime/sharded_counter.h"
 #include "pjrt_flexnpu/runtime/telemetry.h"
 #include "xla_passes/roofline.h"
 #include "pjrt_flexnpu/runtime/status.h"
@@ -36,7 +37,7 @@ struct PhysicalDevice {
 
 // Counters of what FlexNPU did, for observability (lock-free).
 struct ClientCounters {
-  std::atomic<int64_t> executions{0};
+  ShardedCounter executions;  // bumped by every execution, on every thread
   std::atomic<int64_t> migrations{0};
   std::atomic<int64_t> bytes_migrated{0};
   std::atomic<int64_t> compiles{0};
