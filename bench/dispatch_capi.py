@@ -29,6 +29,7 @@ misses, L1 data misses and mispredicted branches per call: the load-independent 
 the wall-clock ratio of bench/dispatch.py also pays for (code footprint, not just instructions).
 
     python bench/dispatch_capi.py --jax [--build-dir DIR] [--policy dynamic] [--calls 1000]
+        [--keep-dumps DIR]   # per-block dumps, e.g. callgrind_annotate DIR/block1.flexnpu.callgrind
 """
 
 from __future__ import annotations
@@ -231,6 +232,11 @@ def _jax_main(args: argparse.Namespace, env: dict[str, str]) -> int:
             values = re.search(r"^summary:\s+(.+)$", text, re.M).group(1).split()
             counts = dict(zip(names, (int(v) for v in values), strict=False))
             blocks.append({k: counts.get(k, 0) / args.calls for k in _JAX_EVENTS})
+        if args.keep_dumps is not None:
+            args.keep_dumps.mkdir(parents=True, exist_ok=True)
+            for mark, label in enumerate(("flexnpu", "direct", "flexnpu", "direct"), start=1):
+                dump = next(sync.glob(f"cg.{process.pid}.{mark}"))
+                shutil.copy(dump, args.keep_dumps / f"block{mark}.{label}.callgrind")
     rows = {
         "flexnpu": {k: (blocks[0][k] + blocks[2][k]) / 2 for k in _JAX_EVENTS},
         "direct": {k: (blocks[1][k] + blocks[3][k]) / 2 for k in _JAX_EVENTS},
@@ -264,6 +270,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2000)
     parser.add_argument("--wall-calls", type=int, default=20000)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--keep-dumps",
+        type=Path,
+        help="--jax: copy each block's callgrind dump here (for callgrind_annotate)",
+    )
     parser.add_argument("--baseline-build-dir", type=Path)
     parser.add_argument(
         "--glibc-fastbins",
