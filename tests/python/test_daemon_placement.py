@@ -221,6 +221,11 @@ def test_metrics_endpoint_serves_tenants_and_placements(placing_daemon: Daemon) 
     assert len(executions) == 1 and float(executions[0].split()[-1]) >= 1, text[-3000:]
     assert "flexnpu_daemon_sessions " in text
     assert "flexnpu_daemon_latency_in_flight{" in text
+    # Nothing of this batch tenant's waited past the gate's max wait (no latency work ran).
+    past = [line for line in text.splitlines()
+            if line.startswith('flexnpu_daemon_tenant_held_past_max_wait_total{priority="batch",'
+                               'tenant="bulk"}')]
+    assert len(past) == 1 and float(past[0].split()[-1]) == 0, text[-3000:]
     # The runtime's placements (flexnpu.metrics) come from the daemon's own runtime.
     affinity = [line for line in text.splitlines()
                 if line.startswith("flexnpu_placement_decisions_total{")]
