@@ -92,6 +92,11 @@ PJRT_ExecuteOptions TranslateOptions(const PJRT_ExecuteOptions* options) {
   PJRT_ExecuteOptions inner{};
   inner.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
   if (options == nullptr) return inner;
+  // A header with fields after incarnation_ids: decide for each whether the inner plugin may
+  // see the caller's value (context, for one, is FlexNPU's and is replaced) before copying it.
+  static_assert(PJRT_ExecuteOptions_STRUCT_SIZE ==
+                    offsetof(PJRT_ExecuteOptions, incarnation_ids) + sizeof(int64_t*),
+                "PJRT_ExecuteOptions has new fields: review TranslateOptions");
   if (options->struct_size >= PJRT_ExecuteOptions_STRUCT_SIZE) {
     // The caller knows every field FlexNPU does (JAX's case): one copy, then what is not the
     // inner plugin's: FlexNPU's extensions and context.
@@ -431,6 +436,16 @@ Status VirtualLoadedExecutable::Execute(PJRT_LoadedExecutable_Execute_Args* args
                            std::to_string(devices_.size()) + " devices, got arguments for " +
                            std::to_string(args->num_devices));
   }
+  const PJRT_ExecuteOptions* options = args->options;
+  if (options != nullptr &&
+      options->struct_size >= offsetof(PJRT_ExecuteOptions, num_recv_ops) +
+                                  sizeof(options->num_recv_ops) &&
+      options->num_recv_ops > 0) {
+    // A recv callback is handed a PJRT_CopyToDeviceStream of the inner plugin to fill, through
+    // PJRT_CopyToDeviceStream_* slots that FlexNPU does not offer.
+    return Unimplemented("PJRT_LoadedExecutable_Execute: recv callbacks (num_recv_ops > 0) are "
+                         "not supported by FlexNPU (it offers no PJRT_CopyToDeviceStream)");
+  }
   // Every list the call reads must be there (argument lists may be absent without arguments).
   for (size_t d = 0; d < args->num_devices; ++d) {
     if (args->num_args > 0 && args->argument_lists[d] == nullptr) {
@@ -513,8 +528,8 @@ Status VirtualLoadedExecutable::Place(VirtualDevice* const* devices, size_t n,
 void VirtualLoadedExecutable::TrackShards(const PhysicalBackend& b, VirtualDevice* const* devices,
                                           size_t n, const int* physical, const uint64_t* tickets,
                                           const size_t* positions, PJRT_Event** inner_events,
-                                          bool caller_wants_events, int64_t start_ns) {
-  const bool tracing = client_->trace()->enabled();
+                                          bool caller_wants_events, bool tracing,
+                                          int64_t start_ns) {
   for (size_t d = 0; d < n; ++d) {
     FinishContextPtr context(handle_pool::New<FinishContext>());
     context->backend = &b;
@@ -630,6 +645,13 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
 
   const PhysicalBackend& b = client_->backend();
   PJRT_ExecuteOptions options = TranslateOptions(args->options);
+  // Send callbacks are listed per device: in the inner executable's device order.
+  SmallVector<PJRT_SendCallbackInfo*, kDevices> send_callbacks(
+      !kSingle && options.num_send_ops > 0 && options.send_callbacks != nullptr ? n : 0);
+  if (send_callbacks.size() > 0) {
+    for (size_t d = 0; d < n; ++d) send_callbacks[positions[d]] = options.send_callbacks[d];
+    options.send_callbacks = send_callbacks.data();
+  }
   auto inner_context = InnerExecuteContext(args->options, b);  // FFI user data (runtime/ffi.h)
   if (!inner_context.ok()) return inner_context.status();
   options.context = *inner_context;
@@ -655,7 +677,8 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
   client_->counters().executions.Add(1);
   if (tracked) {
     TrackShards(b, devices, n, physical.data(), tickets.data(), positions.data(),
-                inner_events.data(), args->device_complete_events != nullptr, start_ns);
+                inner_events.data(), args->device_complete_events != nullptr, tracing,
+                start_ns);
   }
   if (may_donate_) NoteDonations(buffers.data(), n, num_args);
 

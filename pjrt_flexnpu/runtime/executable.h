@@ -138,10 +138,11 @@ class VirtualLoadedExecutable : public Tagged {
                   size_t n);
   // After a tracked launch: the placer's feedback and the trace, per shard, when each shard's
   // inner event fires. `positions`: shard d's place in `inner_events`; events the caller does
-  // not want are released here.
+  // not want are released here. `tracing`: as read at the launch (start_ns is from then).
   void TrackShards(const PhysicalBackend& b, VirtualDevice* const* devices, size_t n,
                    const int* physical, const uint64_t* tickets, const size_t* positions,
-                   PJRT_Event** inner_events, bool caller_wants_events, int64_t start_ns);
+                   PJRT_Event** inner_events, bool caller_wants_events, bool tracing,
+                   int64_t start_ns);
   // After a launch of a program that may donate: stops counting donated arguments' bytes.
   void NoteDonations(VirtualBuffer* const* buffers, size_t n, size_t num_args);
   // The physical device per shard and the placer's tickets (0: untracked, passthrough).

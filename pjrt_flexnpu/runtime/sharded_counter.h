@@ -25,12 +25,15 @@ class ShardedCounter {
     std::atomic<int64_t> value{0};
   };
   // Threads take shards in the order they first count (round robin), so up to kShards
-  // threads never share one.
+  // threads never share one. The thread's shard + 1, 0 until its first count: a constant
+  // initializer, so reading it is one thread-local access without a guard.
   static size_t ThisThreadShard() {
     static std::atomic<size_t> next{0};
-    static thread_local const size_t shard =
-        next.fetch_add(1, std::memory_order_relaxed) % kShards;
-    return shard;
+    static thread_local size_t shard_plus_one = 0;
+    if (shard_plus_one == 0) {
+      shard_plus_one = next.fetch_add(1, std::memory_order_relaxed) % kShards + 1;
+    }
+    return shard_plus_one - 1;
   }
   Shard shards_[kShards];
 };

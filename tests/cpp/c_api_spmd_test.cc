@@ -2,6 +2,8 @@
 // under a placing policy every shard takes a placer ticket on the physical device the group
 // mapping gives it (its load is seen, its finish measured), and the trace records every shard.
 #include <chrono>
+#include <cstddef>
+#include <string>
 #include <thread>
 
 #include "c_api_test_fixture.h"
@@ -51,7 +53,8 @@ class CApiSpmdTest : public CApiTest {
  public:
   // Runs kReplicatedAddProgram `rounds` times over virtual devices `v0` and `v1` of `client`
   // and checks every shard's result against its own inputs.
-  void RunReplicated(PJRT_Client* client, int64_t v0, int64_t v1, int rounds) {
+  void RunReplicated(PJRT_Client* client, int64_t v0, int64_t v1, int rounds,
+                     CallShape shape = CallShape()) {
     PJRT_LoadedExecutable* exe = nullptr;
     ErrorInfo info =
         TryCompile(client, kReplicatedAddProgram, CompileOptionsForReplicas({v0, v1}), &exe);
@@ -62,7 +65,7 @@ class CApiSpmdTest : public CApiTest {
     PJRT_Buffer* b1 = Upload(client, Device(client, v1), {2, 2, 2, 2});
     for (int i = 0; i < rounds; ++i) {
       std::vector<PJRT_Buffer*> outputs;
-      info = ExecuteOnDevices(exe, {{a0, b0}, {a1, b1}}, 1, &outputs);
+      info = ExecuteOnDevices(exe, {{a0, b0}, {a1, b1}}, 1, &outputs, true, nullptr, shape);
       ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
       EXPECT_EQ(Download(outputs[0], 4), (std::vector<float>{2, 3, 4, 5}));
       EXPECT_EQ(Download(outputs[1], 4), (std::vector<float>{14, 16, 18, 20}));
@@ -114,6 +117,33 @@ TEST_F(CApiSpmdTest, PassthroughShardsAreNotTracked) {
   ASSERT_NE(client, nullptr);
   RunReplicated(client, 2, 0, 3);
   EXPECT_EQ(PlacementStat("", -1, "decisions_total"), 0) << StatsJson();
+}
+
+// Callers that ask for no completion events, and options structs from older and newer
+// headers: every shard's result is right whichever physical order the mapping gives the shards
+// (virtual 5 before 1 puts shard 0 on physical 0's second position), and every placer ticket
+// finishes (the events FlexNPU asked for on its own are released after their callbacks).
+TEST_F(CApiSpmdTest, ShardsRunRightWithoutCallerEventsAndWithAnyOptionsSize) {
+  const CallShape shapes[] = {
+      {PJRT_ExecuteOptions_STRUCT_SIZE, false},
+      {offsetof(PJRT_ExecuteOptions, context), false},  // field by field
+      {sizeof(PJRT_ExecuteOptions) + 128, true},        // a newer caller's larger struct
+      {offsetof(PJRT_ExecuteOptions, context), true},
+  };
+  for (const char* policy : {"dynamic", "passthrough"}) {
+    PJRT_Client* client = nullptr;
+    ErrorInfo info = TryCreateClient(
+        {IntOption("num_virtual_devices", 8), StringOption("policy", policy)}, &client);
+    ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+    for (const CallShape& shape : shapes) {
+      SCOPED_TRACE(std::string(policy) + ", options size " + std::to_string(shape.options_size) +
+                   (shape.events ? ", events" : ", no events"));
+      RunReplicated(client, 1, 5, 2, shape);
+      RunReplicated(client, 5, 1, 2, shape);
+      RunReplicated(client, 3, 1, 2, shape);
+    }
+    WaitUntilIdle({1, 3, 5});
+  }
 }
 
 TEST_F(CApiSpmdTest, TraceRecordsEveryShard) {

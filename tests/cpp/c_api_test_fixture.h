@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -66,6 +67,15 @@ module @add attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i
     return %1 : tensor<4xf32>
   }
 })";
+
+// How a caller may shape its Execute call besides the arguments (CApiTest::ExecuteOnDevices).
+struct CallShape {
+  // The caller's PJRT_ExecuteOptions struct_size: smaller (an older header) or larger (a newer
+  // one, its extra bytes set to garbage FlexNPU must not read) than FlexNPU's.
+  size_t options_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+  // Whether the caller asks for completion events (JAX does; other callers may not).
+  bool events = true;
+};
 
 class CApiTest : public ::testing::Test {
  public:  // the tests' helper functions call these too
@@ -225,10 +235,16 @@ class CApiTest : public ::testing::Test {
   static ErrorInfo ExecuteOnDevices(PJRT_LoadedExecutable* exe,
                                     std::vector<std::vector<PJRT_Buffer*>> inputs,
                                     size_t num_outputs, std::vector<PJRT_Buffer*>* outputs,
-                                    bool await = true, PJRT_Device* execute_device = nullptr) {
+                                    bool await = true, PJRT_Device* execute_device = nullptr,
+                                    CallShape shape = CallShape()) {
     const size_t n = inputs.size();
-    PJRT_ExecuteOptions options{};
-    options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+    constexpr size_t kNewerFields = 128;
+    alignas(PJRT_ExecuteOptions) unsigned char
+        options_bytes[sizeof(PJRT_ExecuteOptions) + kNewerFields];
+    std::memset(options_bytes, 0, sizeof(PJRT_ExecuteOptions));
+    std::memset(options_bytes + sizeof(PJRT_ExecuteOptions), 0xAB, kNewerFields);
+    PJRT_ExecuteOptions& options = *reinterpret_cast<PJRT_ExecuteOptions*>(options_bytes);
+    options.struct_size = std::min(shape.options_size, sizeof(options_bytes));
     std::vector<PJRT_Buffer* const*> argument_lists(n);
     for (size_t d = 0; d < n; ++d) argument_lists[d] = inputs[d].data();
     outputs->assign(n * num_outputs, nullptr);
@@ -243,10 +259,10 @@ class CApiTest : public ::testing::Test {
     args.num_devices = n;
     args.num_args = n > 0 ? inputs[0].size() : 0;
     args.output_lists = output_lists.data();
-    args.device_complete_events = done.data();
+    args.device_complete_events = shape.events ? done.data() : nullptr;
     args.execute_device = execute_device;
     ErrorInfo info = Info(api->PJRT_LoadedExecutable_Execute(&args));
-    if (info.code != PJRT_Error_Code_OK) return info;
+    if (info.code != PJRT_Error_Code_OK || !shape.events) return info;
     for (PJRT_Event* event : done) {
       if (await) {
         Await(event);

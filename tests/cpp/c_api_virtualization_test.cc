@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <future>
 #include <thread>
@@ -232,6 +233,43 @@ TEST_F(CApiVirtualizationTest, ExecuteAfterDeleteIsRefused) {
   EXPECT_EQ(info.code, PJRT_Error_Code_FAILED_PRECONDITION);
   EXPECT_NE(info.message.find("the executable has been deleted"), std::string::npos)
       << info.message;
+}
+
+// Recv callbacks would be handed an inner PJRT_CopyToDeviceStream that FlexNPU cannot offer:
+// refused by name before anything runs, and the executable still runs without them.
+TEST_F(CApiVirtualizationTest, RecvCallbacksAreRefusedByName) {
+  PJRT_Client* client = CreateClient(4);
+  PJRT_LoadedExecutable* exe = nullptr;
+  ASSERT_EQ(TryCompile(client, kAddProgram, CompileOptionsFor(1), &exe).code, PJRT_Error_Code_OK);
+  PJRT_Buffer* a = Upload(client, Device(client, 1), {1, 2, 3, 4});
+  PJRT_RecvCallbackInfo recv{};
+  PJRT_RecvCallbackInfo* recv_list = &recv;
+  PJRT_RecvCallbackInfo** recv_lists = &recv_list;
+  PJRT_ExecuteOptions options{};
+  options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
+  options.recv_callbacks = recv_lists;
+  options.num_recv_ops = 1;
+  PJRT_Buffer* const arguments[] = {a, a};
+  PJRT_Buffer* const* argument_lists[] = {arguments};
+  PJRT_Buffer* output = nullptr;
+  PJRT_Buffer** output_lists[] = {&output};
+  PJRT_LoadedExecutable_Execute_Args args{};
+  args.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
+  args.executable = exe;
+  args.options = &options;
+  args.argument_lists = argument_lists;
+  args.num_devices = 1;
+  args.num_args = 2;
+  args.output_lists = output_lists;
+  ErrorInfo info = Info(api->PJRT_LoadedExecutable_Execute(&args));
+  EXPECT_EQ(info.code, PJRT_Error_Code_UNIMPLEMENTED);
+  EXPECT_NE(info.message.find("recv callbacks (num_recv_ops > 0)"), std::string::npos)
+      << info.message;
+  EXPECT_EQ(output, nullptr);
+  PJRT_Buffer* out = nullptr;
+  ASSERT_EQ(Execute(exe, {a, a}, &out).code, PJRT_Error_Code_OK);
+  EXPECT_EQ(Download(out, 4), (std::vector<float>{2, 8, 18, 32}));
+  DestroyBuffer(out);
 }
 
 TEST_F(CApiVirtualizationTest, MemoryStatsWritesOnlyWhatTheCallerStructHolds) {
@@ -585,6 +623,64 @@ TEST_F(CApiVirtualizationTest, OffHomeExecutionsRunAVariantPinnedPerDevice) {
     EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles + 3) << "round " << round;
   }
   EXPECT_EQ(StatOfFirstClient("migrations"), 0) << "executions followed their data";
+}
+
+// A single-device execution whose caller asks for no completion events, or passes options of
+// an older or a newer header, under the placing policy (tracked: FlexNPU asks the backend for
+// the event itself and releases it after the placer's callback): results right, each counted.
+TEST_F(CApiVirtualizationTest, SingleDeviceRunsRightWithoutCallerEventsAndWithAnyOptionsSize) {
+  PJRT_Client* client = CreateClientWith(
+      {IntOption("num_virtual_devices", 8), StringOption("policy", "dynamic")});
+  ASSERT_NE(client, nullptr);
+  PJRT_LoadedExecutable* exe = nullptr;
+  ASSERT_EQ(TryCompile(client, kAddProgram, CompileOptionsFor(5), &exe).code, PJRT_Error_Code_OK);
+  PJRT_Buffer* a = Upload(client, Device(client, 5), {1, 2, 3, 4});
+  PJRT_Buffer* b = Upload(client, Device(client, 5), {1, 1, 1, 1});
+  const int64_t executions = StatOfFirstClient("executions");
+  int runs = 0;
+  for (size_t options_size : {offsetof(PJRT_ExecuteOptions, context),
+                              size_t{PJRT_ExecuteOptions_STRUCT_SIZE},
+                              sizeof(PJRT_ExecuteOptions) + 128}) {
+    for (bool events : {false, true}) {
+      std::vector<PJRT_Buffer*> outputs;
+      ErrorInfo info = ExecuteOnDevices(exe, {{a, b}}, 1, &outputs, /*await=*/true, nullptr,
+                                        CallShape{options_size, events});
+      ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+      EXPECT_EQ(Download(outputs[0], 4), (std::vector<float>{2, 3, 4, 5}))
+          << "options size " << options_size << (events ? ", events" : ", no events");
+      DestroyBuffer(outputs[0]);
+      ++runs;
+    }
+  }
+  EXPECT_EQ(StatOfFirstClient("executions"), executions + runs);
+}
+
+// The executions counter is sharded per thread: more threads than shards, every execution
+// counted once.
+TEST_F(CApiVirtualizationTest, ExecutionsAreCountedOnceOnEveryThread) {
+  PJRT_Client* client = CreateClient(4);
+  ASSERT_NE(client, nullptr);
+  PJRT_LoadedExecutable* exe = nullptr;
+  ASSERT_EQ(TryCompile(client, kAddProgram, CompileOptionsFor(1), &exe).code, PJRT_Error_Code_OK);
+  PJRT_Buffer* a = Upload(client, Device(client, 1), {1, 2, 3, 4});
+  PJRT_Buffer* b = Upload(client, Device(client, 1), {1, 1, 1, 1});
+  const int64_t before = StatOfFirstClient("executions");
+  ASSERT_GE(before, 0);
+  constexpr int kThreads = 20;  // more than the counter's 16 shards
+  constexpr int kCalls = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kCalls; ++i) {
+        PJRT_Buffer* output = nullptr;
+        ErrorInfo info = Execute(exe, {a, b}, &output);
+        EXPECT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+        if (output != nullptr) DestroyBuffer(output);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(StatOfFirstClient("executions") - before, kThreads * kCalls);
 }
 
 // single_device_compile=auto under a placing policy, over a backend that fails to compile the
