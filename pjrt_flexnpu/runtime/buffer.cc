@@ -118,19 +118,23 @@ StatusOr<std::shared_ptr<PhysicalBuffer>> VirtualBuffer::OnDevice(int physical_d
 Status VirtualBuffer::Delete() {
   std::shared_ptr<PhysicalBuffer> physical = this->physical();
   FLEXNPU_RETURN_IF_ERROR(client_->backend().Delete(physical->handle.get()));
+  deleted_.store(true, std::memory_order_release);
   StopCounting();
   return Status::Ok();
 }
 
 StatusOr<bool> VirtualBuffer::IsDeleted() const {
-  std::shared_ptr<PhysicalBuffer> physical = this->physical();
-  return client_->backend().IsDeleted(physical->handle.get());
+  return deleted_.load(std::memory_order_acquire);
 }
 
 void VirtualBuffer::NoteMaybeDonated() {
-  if (!counted_.load(std::memory_order_acquire)) return;
-  auto deleted = IsDeleted();
-  if (deleted.ok() && *deleted) StopCounting();
+  if (deleted_.load(std::memory_order_acquire)) return;
+  std::shared_ptr<PhysicalBuffer> physical = this->physical();
+  auto deleted = client_->backend().IsDeleted(physical->handle.get());
+  if (deleted.ok() && *deleted) {
+    deleted_.store(true, std::memory_order_release);
+    StopCounting();
+  }
 }
 
 Status VirtualBuffer::AwaitComplete(PhysicalBuffer* physical) {

@@ -89,9 +89,12 @@ class VirtualBuffer : public Tagged {
 
   // Deletes the device memory; the handle stays valid and answers IsDeleted.
   Status Delete();
+  // Answered without the backend (JAX asks it of every argument of every execution): the
+  // device memory only goes through Delete or a donation, which NoteMaybeDonated observes.
   StatusOr<bool> IsDeleted() const;
-  // Called after an execution that may have donated this buffer: stops counting its bytes
-  // once the backend reports it consumed.
+  // Called after every launch (failed ones too) of a program that may have donated this
+  // buffer: asks the backend, and once it reports the buffer consumed, the buffer is deleted
+  // and its bytes are no longer counted.
   void NoteMaybeDonated();
 
   // External references (zero-copy host views) pin one physical buffer: while any is held, the
@@ -121,6 +124,7 @@ class VirtualBuffer : public Tagged {
   BufferDims dims_;
   int64_t on_device_size_ = 0;
   std::atomic<bool> counted_{false};
+  std::atomic<bool> deleted_{false};  // by Delete or a donation
 
   // The pinned physical buffer for external references, waiting for it to be complete first
   // when it came from a move.

@@ -672,7 +672,11 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
                              ? client_->physical(physical[0]).device
                              : nullptr;
   const int64_t start_ns = tracing ? Placer::NowNs() : 0;
-  FLEXNPU_RETURN_IF_ERROR(b.Execute(inner));
+  if (Status launched = b.Execute(inner); !launched.ok()) {
+    // A backend may consume donated arguments and still fail the execution.
+    if (may_donate_) NoteDonations(buffers.data(), n, num_args);
+    return launched;
+  }
   cancel.Launched();
   client_->counters().executions.Add(1);
   if (tracked) {
