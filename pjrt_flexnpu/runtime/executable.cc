@@ -248,6 +248,9 @@ StatusOr<VirtualLoadedExecutable*> VirtualLoadedExecutable::Compile(
   // A program the analysis cannot read still runs: the placer then sees small, costless work.
   auto profile = ProfileExecutable(b, unloaded.get(), client->roofline(), &exe->donatable_);
   if (profile.ok()) exe->profile_ = *profile;
+  // An aliased argument of no bytes (an empty array) is donated all the same, and IsDeleted
+  // learns of donations only from NoteDonations.
+  if (exe->donatable_.known && !exe->donatable_.arguments.empty()) exe->may_donate_ = true;
   return exe.release();
 }
 

@@ -77,3 +77,28 @@ def test_memory_stats_agree_with_flexnpu_stats(npu_devices: list) -> None:
             == (device.memory_stats()["bytes_in_use"])
         )
     del x
+
+
+def test_deletion_is_reported_as_jaxlib_cpu_reports_it(npu_devices: list) -> None:
+    """is_deleted after donation (an empty array too: aliased with no bytes), explicit delete,
+    and for an argument that was only read, on flexnpu and on jaxlib's cpu run directly."""
+    step = jax.jit(lambda e, x, y: (e + 1, x * 2, y + x), donate_argnums=(0, 1))
+    # Donates only the empty array: the compiled program aliases no bytes.
+    empty_step = jax.jit(lambda e, y: (e + 1, y + 1), donate_argnums=(0,))
+
+    def deletions(device: object) -> list[bool]:
+        empty = jax.device_put(jnp.zeros((0,), jnp.float32), device)
+        x = jax.device_put(jnp.ones((4,), jnp.float32), device)
+        y = jax.device_put(jnp.arange(4.0, dtype=jnp.float32), device)
+        _, doubled, summed = step(empty, x, y)
+        np.testing.assert_array_equal(np.asarray(summed), np.arange(4.0) + 1)
+        states = [empty.is_deleted(), x.is_deleted(), y.is_deleted()]
+        doubled.delete()
+        only_empty = jax.device_put(jnp.zeros((0,), jnp.float32), device)
+        empty_step(only_empty, y)
+        return [*states, doubled.is_deleted(), summed.is_deleted(), only_empty.is_deleted(),
+                y.is_deleted()]
+
+    expected = deletions(jax.devices("cpu")[0])
+    assert expected == [True, True, False, True, False, True, False]
+    assert deletions(npu_devices[1]) == expected
