@@ -224,7 +224,8 @@ PJRT_Error* Buffer_ReadyEvent(PJRT_Buffer_ReadyEvent_Args* args) {
     // Typed (no copy of the caller's struct each way): JAX asks this of every output.
     auto event = b.ReadyEvent(physical->handle.get());
     if (!event.ok()) return event.status();
-    args->event = *event ? ToHandle<PJRT_Event>(Event::Wrap(b, event->release())) : nullptr;
+    args->event = event->release();
+    WrapEvent(b, &args->event);
     return Status::Ok();
   });
 }

@@ -675,11 +675,10 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
                              ? client_->physical(physical[0]).device
                              : nullptr;
   const int64_t start_ns = tracing ? Placer::NowNs() : 0;
-  if (Status launched = b.Execute(inner); !launched.ok()) {
-    // A backend may consume donated arguments and still fail the execution.
-    if (may_donate_) NoteDonations(buffers.data(), n, num_args);
-    return launched;
-  }
+  const Status launched = b.Execute(inner);
+  // Also after a failed launch: a backend may consume donated arguments and still fail.
+  if (may_donate_) NoteDonations(buffers.data(), n, num_args);
+  FLEXNPU_RETURN_IF_ERROR(launched);
   cancel.Launched();
   client_->counters().executions.Add(1);
   if (tracked) {
@@ -687,7 +686,6 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
                 inner_events.data(), args->device_complete_events != nullptr, tracing,
                 start_ns);
   }
-  if (may_donate_) NoteDonations(buffers.data(), n, num_args);
 
   SmallVector<InnerEvent, kDevices> events(n);
   for (size_t i = 0; i < n; ++i) events[i] = Own(b, inner_events[i]);

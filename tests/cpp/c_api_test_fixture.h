@@ -75,6 +75,9 @@ struct CallShape {
   size_t options_size = PJRT_ExecuteOptions_STRUCT_SIZE;
   // Whether the caller asks for completion events (JAX does; other callers may not).
   bool events = true;
+  // Host recv callbacks per device (PJRT_ExecuteOptions::recv_callbacks), none by default.
+  PJRT_RecvCallbackInfo** recv_callbacks = nullptr;
+  size_t num_recv_ops = 0;
 };
 
 class CApiTest : public ::testing::Test {
@@ -245,6 +248,8 @@ class CApiTest : public ::testing::Test {
     std::memset(options_bytes + sizeof(PJRT_ExecuteOptions), 0xAB, kNewerFields);
     PJRT_ExecuteOptions& options = *reinterpret_cast<PJRT_ExecuteOptions*>(options_bytes);
     options.struct_size = std::min(shape.options_size, sizeof(options_bytes));
+    options.recv_callbacks = shape.recv_callbacks;
+    options.num_recv_ops = shape.num_recv_ops;
     std::vector<PJRT_Buffer* const*> argument_lists(n);
     for (size_t d = 0; d < n; ++d) argument_lists[d] = inputs[d].data();
     outputs->assign(n * num_outputs, nullptr);

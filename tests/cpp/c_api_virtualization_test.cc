@@ -244,28 +244,16 @@ TEST_F(CApiVirtualizationTest, RecvCallbacksAreRefusedByName) {
   PJRT_Buffer* a = Upload(client, Device(client, 1), {1, 2, 3, 4});
   PJRT_RecvCallbackInfo recv{};
   PJRT_RecvCallbackInfo* recv_list = &recv;
-  PJRT_RecvCallbackInfo** recv_lists = &recv_list;
-  PJRT_ExecuteOptions options{};
-  options.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE;
-  options.recv_callbacks = recv_lists;
-  options.num_recv_ops = 1;
-  PJRT_Buffer* const arguments[] = {a, a};
-  PJRT_Buffer* const* argument_lists[] = {arguments};
-  PJRT_Buffer* output = nullptr;
-  PJRT_Buffer** output_lists[] = {&output};
-  PJRT_LoadedExecutable_Execute_Args args{};
-  args.struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE;
-  args.executable = exe;
-  args.options = &options;
-  args.argument_lists = argument_lists;
-  args.num_devices = 1;
-  args.num_args = 2;
-  args.output_lists = output_lists;
-  ErrorInfo info = Info(api->PJRT_LoadedExecutable_Execute(&args));
+  CallShape with_recv;
+  with_recv.recv_callbacks = &recv_list;
+  with_recv.num_recv_ops = 1;
+  std::vector<PJRT_Buffer*> outputs;
+  ErrorInfo info = ExecuteOnDevices(exe, {{a, a}}, 1, &outputs, /*await=*/true, nullptr,
+                                    with_recv);
   EXPECT_EQ(info.code, PJRT_Error_Code_UNIMPLEMENTED);
   EXPECT_NE(info.message.find("recv callbacks (num_recv_ops > 0)"), std::string::npos)
       << info.message;
-  EXPECT_EQ(output, nullptr);
+  EXPECT_EQ(outputs[0], nullptr);
   PJRT_Buffer* out = nullptr;
   ASSERT_EQ(Execute(exe, {a, a}, &out).code, PJRT_Error_Code_OK);
   EXPECT_EQ(Download(out, 4), (std::vector<float>{2, 8, 18, 32}));
