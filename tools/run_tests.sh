@@ -55,7 +55,7 @@ ASAN_OPTIONS=detect_odr_violation=0 ctest --test-dir build/sanitize --output-on-
 step "C++ tests under ThreadSanitizer"
 # Only FlexNPU is instrumented; the physical backend is not: its accesses are ignored
 # (ignore_noninstrumented_modules, set by tests/cpp/CMakeLists.txt), hand-offs through its
-# callbacks are annotated (runtime/tsan.h). About 8 min on 2 cores (build) + 35 s (tests).
+# callbacks are annotated (base/tsan.h). About 8 min on 2 cores (build) + 35 s (tests).
 cmake -S . -B build/tsan -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
   -DFLEXNPU_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
   -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null

@@ -30,8 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include "pjrt_flexnpu/base/status.h"
 #include "xla_passes/hlo_module.h"
-#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu::xla_passes {
 

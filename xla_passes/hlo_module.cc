@@ -5,7 +5,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "pjrt_flexnpu/proto/wire.h"
+#include "pjrt_flexnpu/base/wire.h"
 
 namespace flexnpu::xla_passes {
 namespace {

@@ -5,15 +5,6 @@
 
 namespace flexnpu::xla_passes {
 
-const char* PhaseName(Phase phase) {
-  switch (phase) {
-    case Phase::kSmall: return "small";
-    case Phase::kPrefill: return "prefill";
-    case Phase::kDecode: return "decode";
-  }
-  return "unknown";
-}
-
 const std::vector<DeviceSpec>& DevicePresets() {
   // small_work_s: a heuristic floor of roughly a few kernel launches (~5 us each on GPUs and
   // NPUs, more on the CPU runtime); executables whose roofline time is below it are

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "pjrt_flexnpu/base/phase.h"
 #include "xla_passes/analysis.h"
 
 namespace flexnpu::xla_passes {
@@ -31,8 +32,8 @@ struct DeviceSpec {
   double ridge() const { return mem_bandwidth > 0 ? peak_flops / mem_bandwidth : 0; }
 };
 
-enum class Phase { kSmall, kPrefill, kDecode };
-const char* PhaseName(Phase phase);
+using ::flexnpu::Phase;
+using ::flexnpu::PhaseName;
 
 struct Classification {
   Phase phase = Phase::kSmall;

@@ -1,6 +1,6 @@
 #include "pjrt_flexnpu/backend/compile_options.h"
 
-#include "pjrt_flexnpu/proto/wire.h"
+#include "pjrt_flexnpu/base/wire.h"
 
 namespace flexnpu {
 namespace {

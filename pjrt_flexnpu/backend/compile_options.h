@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu {
 

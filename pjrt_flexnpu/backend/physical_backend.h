@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "pjrt_c_api.h"
-#include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu {
 

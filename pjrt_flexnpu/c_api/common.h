@@ -12,9 +12,9 @@
 #include <string>
 
 #include "pjrt_c_api.h"
-#include "pjrt_flexnpu/runtime/error.h"
+#include "pjrt_flexnpu/base/status.h"
+#include "pjrt_flexnpu/c_api/error.h"
 #include "pjrt_flexnpu/runtime/handles.h"
-#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu::c_api {
 

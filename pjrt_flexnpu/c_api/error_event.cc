@@ -82,7 +82,7 @@ PJRT_Error* Event_OnReady(PJRT_Event_OnReady_Args* args) {
     FLEXNPU_CHECK_ARGS(PJRT_Event_OnReady, user_arg);
     FLEXNPU_RESOLVE(event, Event, args->event, PJRT_Event_OnReady, "event");
     if (args->callback == nullptr) return InvalidArgument("PJRT_Event_OnReady: callback is null");
-    return event->OnReady(args->callback, args->user_arg);
+    return event->OnReady(DeliverOnReady, args->callback, args->user_arg);
   });
 }
 

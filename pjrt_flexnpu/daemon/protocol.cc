@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "pjrt_c_api.h"
-#include "pjrt_flexnpu/proto/wire.h"
+#include "pjrt_flexnpu/base/wire.h"
 
 namespace flexnpu::daemon {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu::daemon {
 

@@ -34,8 +34,8 @@
 #include <thread>
 #include <vector>
 
+#include "pjrt_flexnpu/base/forced_unwind.h"
 #include "pjrt_flexnpu/daemon/protocol.h"
-#include "pjrt_flexnpu/runtime/error.h"  // FLEXNPU_RETHROWS_FORCED_UNWIND
 
 namespace flexnpu::daemon {
 namespace {

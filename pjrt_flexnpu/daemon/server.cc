@@ -26,8 +26,8 @@
 #include <thread>
 
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/base/json.h"
 #include "pjrt_flexnpu/daemon/protocol.h"
-#include "pjrt_flexnpu/runtime/json.h"
 
 namespace flexnpu::daemon {
 namespace {

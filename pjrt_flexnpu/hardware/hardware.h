@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu::hardware {
 

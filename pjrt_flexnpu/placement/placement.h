@@ -113,14 +113,15 @@
 #include <string_view>
 #include <vector>
 
-#include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/base/phase.h"
+#include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu::placement {
 
 // Same values as xla_passes::Phase (a static_cast converts; a switch is clearer).
-enum class Phase : uint8_t { kSmall = 0, kPrefill = 1, kDecode = 2 };
-inline constexpr int kNumPhases = 3;
-const char* PhaseName(Phase phase);
+using ::flexnpu::kNumPhases;
+using ::flexnpu::Phase;
+using ::flexnpu::PhaseName;
 
 // Per executable, from xla_passes (ExecutableProfile.flops / bytes_accessed and the phase of
 // its Classification on the physical device type).

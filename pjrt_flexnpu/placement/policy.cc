@@ -50,15 +50,6 @@ std::string JoinPool(const std::vector<int>& pool) {
 
 }  // namespace
 
-const char* PhaseName(Phase phase) {
-  switch (phase) {
-    case Phase::kPrefill: return "prefill";
-    case Phase::kDecode: return "decode";
-    case Phase::kSmall: return "small";
-  }
-  return "?";
-}
-
 const char* ReasonName(Reason reason) {
   switch (reason) {
     case Reason::kPassthrough: return "passthrough";

@@ -25,7 +25,7 @@
 
 #include <cstdint>
 
-#include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu::placement {
 

@@ -12,9 +12,9 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/base/spin_lock.h"
+#include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/runtime/handles.h"
-#include "pjrt_flexnpu/runtime/spin_lock.h"
-#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
 

@@ -12,16 +12,16 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/base/sharded_counter.h"
+#include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/device.h"
 #include "pjrt_flexnpu/runtime/handles.h"
 #include "pjrt_flexnpu/runtime/options.h"
 #include "pjrt_flexnpu/runtime/placer.h"
-#include "pjrt_flexnpu/runtime/sharded_counter.h"
 #include "pjrt_flexnpu/runtime/telemetry.h"
-#include "xla_passes/roofline.h"
-#include "pjrt_flexnpu/runtime/status.h"
 #include "pjrt_flexnpu/runtime/trace.h"
+#include "xla_passes/roofline.h"
 
 namespace flexnpu {
 

@@ -4,8 +4,8 @@
 
 #include <memory>
 
-#include "pjrt_flexnpu/runtime/error.h"
-#include "pjrt_flexnpu/runtime/tsan.h"
+#include "pjrt_flexnpu/base/forced_unwind.h"
+#include "pjrt_flexnpu/base/tsan.h"
 
 namespace flexnpu {
 namespace {
@@ -15,41 +15,21 @@ constexpr char kInnerEventWhere[] = "PJRT_Event";
 
 struct OnReadyContext {
   const PhysicalBackend* backend;
+  Event::Deliver deliver;
   PJRT_Event_OnReadyCallback callback;
   void* user_arg;
 };
 
-// Calls `callback` exactly once with `convert()` as a PJRT_Error (nullptr when OK), whichever
-// thread it runs on: a backend thread (InnerOnReady), or the caller's when the event is
-// complete already. No exception escapes: thrown into a backend thread it is std::terminate,
-// and thrown back through PJRT_Event_OnReady after the callback ran it would tell the caller
-// that the callback was never registered (JAX would then free its state a second time). When
-// the error cannot be converted or allocated the callback still runs (with an INTERNAL error,
-// or with nullptr when nothing can be allocated to report it). Not noexcept: a forced unwind
-// (the thread exits or is cancelled inside the caller's callback) must pass.
+// `convert()`, or INTERNAL when even that throws: the callback must run whatever happens.
+// Not noexcept: a forced unwind (the thread exits or is cancelled) must pass.
 template <typename Convert>
-FLEXNPU_RETHROWS_FORCED_UNWIND void Deliver(PJRT_Event_OnReadyCallback callback, void* user_arg,
-                                            Convert&& convert) {
-  PJRT_Error* error = nullptr;
+FLEXNPU_RETHROWS_FORCED_UNWIND Status Converted(Convert&& convert) {
   try {
-    error = ToPjrtError(convert());
+    return convert();
   } catch (abi::__forced_unwind&) {
     throw;
   } catch (...) {
-    try {
-      error = ToPjrtError(Internal("PJRT_Event: converting the event's error failed"));
-    } catch (abi::__forced_unwind&) {
-      throw;
-    } catch (...) {
-      error = nullptr;
-    }
-  }
-  try {
-    callback(error, user_arg);
-  } catch (abi::__forced_unwind&) {
-    throw;
-  } catch (...) {
-    // A C callback that throws anyway: its thread must live on, and it has run.
+    return Internal("PJRT_Event: converting the event's error failed");
   }
 }
 
@@ -59,8 +39,8 @@ FLEXNPU_RETHROWS_FORCED_UNWIND void InnerOnReady(PJRT_Error* inner_error, void* 
   std::unique_ptr<OnReadyContext, handle_pool::Deleter> context(
       static_cast<OnReadyContext*>(arg));
   const PhysicalBackend* backend = context->backend;
-  Deliver(context->callback, context->user_arg,
-          [&] { return backend->Consume(inner_error, kInnerEventWhere); });
+  context->deliver(Converted([&] { return backend->Consume(inner_error, kInnerEventWhere); }),
+                   context->callback, context->user_arg);
 }
 
 }  // namespace
@@ -80,10 +60,11 @@ Status Event::Await() const {
   return backend_->Await(inner_.get());
 }
 
-Status Event::OnReady(PJRT_Event_OnReadyCallback callback, void* user_arg) const {
+Status Event::OnReady(Deliver deliver, PJRT_Event_OnReadyCallback callback,
+                      void* user_arg) const {
   if (!inner_) {
-    // Converted before the callback runs, which may destroy this event.
-    Deliver(callback, user_arg, [this] { return status_; });
+    // Copied before the callback runs, which may destroy this event.
+    deliver(Converted([this] { return status_; }), callback, user_arg);
     return Status::Ok();
   }
   // Complete already (small programs on a CPU backend usually are when JAX asks): the callback
@@ -91,10 +72,10 @@ Status Event::OnReady(PJRT_Event_OnReadyCallback callback, void* user_arg) const
   // nothing is registered with the backend.
   Status done;
   if (backend_->ErrorIfReady(inner_.get(), kInnerEventWhere, &done)) {
-    Deliver(callback, user_arg, [&done] { return std::move(done); });  // may destroy this event
+    deliver(std::move(done), callback, user_arg);  // may destroy this event
     return Status::Ok();
   }
-  auto* context = handle_pool::New<OnReadyContext>(OnReadyContext{backend_, callback, user_arg});
+  auto* context = handle_pool::New<OnReadyContext>(OnReadyContext{backend_, deliver, callback, user_arg});
   FLEXNPU_TSAN_RELEASE(context);
   Status status = backend_->OnReady(inner_.get(), InnerOnReady, context);
   if (!status.ok()) handle_pool::Delete(context);

@@ -4,8 +4,8 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/runtime/handles.h"
-#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
 
@@ -22,8 +22,11 @@ class Event : public Tagged {
   // The event's own error (after it is ready); OK when it succeeded.
   Status Error() const;
   Status Await() const;
-  // Calls `callback` once ready, with FlexNPU's error (or nullptr); possibly inline.
-  Status OnReady(PJRT_Event_OnReadyCallback callback, void* user_arg) const;
+  // How the event's outcome reaches the caller's callback: the C API turns the Status into its
+  // PJRT_Error and calls `callback` exactly once, without letting an exception escape.
+  using Deliver = void (*)(Status status, PJRT_Event_OnReadyCallback callback, void* user_arg);
+  // Calls `deliver` once ready (possibly inline, possibly on a backend thread).
+  Status OnReady(Deliver deliver, PJRT_Event_OnReadyCallback callback, void* user_arg) const;
 
  private:
   Event(const PhysicalBackend* backend, InnerEvent inner, Status status)

@@ -7,15 +7,15 @@
 #include <cstring>
 
 #include "pjrt_flexnpu/backend/compile_options.h"
+#include "pjrt_flexnpu/base/forced_unwind.h"
+#include "pjrt_flexnpu/base/small_vector.h"
+#include "pjrt_flexnpu/base/tsan.h"
 #include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/client.h"
-#include "pjrt_flexnpu/runtime/error.h"
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable_serialization.h"
 #include "pjrt_flexnpu/runtime/ffi.h"
 #include "pjrt_flexnpu/runtime/profile.h"
-#include "pjrt_flexnpu/runtime/small_vector.h"
-#include "pjrt_flexnpu/runtime/tsan.h"
 
 namespace flexnpu {
 namespace {

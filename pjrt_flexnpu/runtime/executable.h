@@ -17,11 +17,11 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/placement/placement.h"
 #include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/handles.h"
 #include "pjrt_flexnpu/runtime/profile.h"
-#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
 

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "pjrt_flexnpu/backend/compile_options.h"
-#include "pjrt_flexnpu/proto/wire.h"
+#include "pjrt_flexnpu/base/wire.h"
 #include "pjrt_flexnpu/runtime/client.h"
 #include "pjrt_flexnpu/runtime/executable.h"
 

@@ -1,7 +1,7 @@
 // Executable serialization: PJRT_Executable_Serialize writes a versioned FlexNPU envelope,
 // PJRT_Executable_DeserializeAndLoad rebuilds a VirtualLoadedExecutable from it.
 //
-// Envelope (protobuf wire format, proto/wire.h; field numbers in serialization_fields below):
+// Envelope (protobuf wire format, base/wire.h; field numbers in serialization_fields below):
 //   outer: magic "flexnpu-executable", format version, body, checksum (64-bit FNV-1a of body)
 //   body:  the FlexNPU platform version it was written under (FlexNPU, physical platform and
 //          version, PJRT C API, backend build), the physical platform name, the original program
@@ -26,8 +26,8 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/placement/placement.h"
-#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
 

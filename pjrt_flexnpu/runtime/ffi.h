@@ -14,8 +14,8 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/runtime/handles.h"
-#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
 

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "pjrt_flexnpu/runtime/spin_lock.h"
+#include "pjrt_flexnpu/base/spin_lock.h"
 
 namespace flexnpu::live_handles {
 namespace {

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu {
 

@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-#include "pjrt_flexnpu/runtime/status.h"
+#include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu {
 

@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "pjrt_flexnpu/runtime/small_vector.h"
+#include "pjrt_flexnpu/base/small_vector.h"
 
 namespace flexnpu {
 

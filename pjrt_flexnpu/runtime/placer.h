@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/placement/placement.h"
-#include "pjrt_flexnpu/runtime/status.h"
 
 namespace flexnpu {
 

@@ -72,16 +72,7 @@ StatusOr<placement::Profile> ProfileExecutable(const PhysicalBackend& backend,
   auto classified = xla_passes::Classify(profile.value(), device);
   if (!classified.ok()) return Internal("phase classification: " + classified.status().message());
   placement::Profile out;
-  switch (classified.value().phase) {
-    case xla_passes::Phase::kPrefill:
-      out.phase = placement::Phase::kPrefill;
-      break;
-    case xla_passes::Phase::kDecode:
-      out.phase = placement::Phase::kDecode;
-      break;
-    default:
-      out.phase = placement::Phase::kSmall;
-  }
+  out.phase = classified.value().phase;
   out.flops = classified.value().flops;
   out.bytes = classified.value().bytes;
   // Device memory an execution needs, by the compiler: outputs + temporaries (placement skips

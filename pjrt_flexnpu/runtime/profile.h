@@ -9,8 +9,8 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/placement/placement.h"
-#include "pjrt_flexnpu/runtime/status.h"
 #include "xla_passes/roofline.h"
 
 namespace flexnpu {

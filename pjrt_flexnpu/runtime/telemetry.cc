@@ -5,7 +5,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "pjrt_flexnpu/runtime/json.h"
+#include "pjrt_flexnpu/base/json.h"
 #include "pjrt_flexnpu/runtime/placer.h"
 
 namespace flexnpu {

@@ -10,10 +10,10 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/hardware/hardware.h"
 #include "pjrt_flexnpu/placement/placement.h"
 #include "pjrt_flexnpu/runtime/options.h"
-#include "pjrt_flexnpu/runtime/status.h"
 #include "pjrt_flexnpu/runtime/trace.h"
 
 namespace flexnpu {

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "pjrt_flexnpu/runtime/json.h"
+#include "pjrt_flexnpu/base/json.h"
 
 namespace flexnpu {
 namespace {

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "pjrt_flexnpu/proto/wire.h"
+#include "pjrt_flexnpu/base/wire.h"
 
 namespace flexnpu {
 namespace {

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "pjrt_c_api.h"
+#include "pjrt_flexnpu/c_api/error.h"
 #include "pjrt_flexnpu/runtime/buffer.h"
 #include "pjrt_flexnpu/runtime/device.h"
-#include "pjrt_flexnpu/runtime/error.h"
 #include "pjrt_flexnpu/runtime/event.h"
 
 namespace flexnpu {
@@ -213,6 +213,7 @@ TEST(EventTest, ReadyEventsReportTheirStatus) {
   } seen;
   ASSERT_TRUE(failed
                   ->OnReady(
+                      c_api::DeliverOnReady,
                       [](PJRT_Error* error, void* arg) {
                         auto* s = static_cast<Seen*>(arg);
                         s->called = true;
@@ -290,7 +291,7 @@ TEST(EventTest, OnReadyPassesTheInnerErrorAlikeWhetherOrNotTheEventIsComplete) {
     std::unique_ptr<Event> event(
         Event::Wrap(*backend, reinterpret_cast<PJRT_Event*>(&inner)));
     Seen seen;
-    ASSERT_TRUE(event->OnReady(on_ready, &seen).ok());
+    ASSERT_TRUE(event->OnReady(c_api::DeliverOnReady, on_ready, &seen).ok());
     EXPECT_EQ(seen.calls, 1) << "ready " << ready;
     EXPECT_EQ(seen.code, PJRT_Error_Code_DATA_LOSS) << "ready " << ready;
     EXPECT_EQ(seen.message, "physical backend: PJRT_Event: boom") << "ready " << ready;
@@ -319,7 +320,7 @@ TEST(EventTest, AThrowingOnReadyCallbackRunsOnceAndTheThrowStopsInFlexNpu) {
     std::unique_ptr<Event> event(
         Event::Wrap(*backend, reinterpret_cast<PJRT_Event*>(&inner)));
     Status status = Status::Ok();
-    EXPECT_NO_THROW(status = event->OnReady(throwing, nullptr)) << "ready " << ready;
+    EXPECT_NO_THROW(status = event->OnReady(c_api::DeliverOnReady, throwing, nullptr)) << "ready " << ready;
     EXPECT_TRUE(status.ok()) << "ready " << ready << ": " << status.message();
     EXPECT_EQ(calls, 1) << "ready " << ready;
     EXPECT_EQ(failing_events::on_ready_calls, ready ? 0 : 1) << "ready " << ready;
@@ -328,7 +329,7 @@ TEST(EventTest, AThrowingOnReadyCallbackRunsOnceAndTheThrowStopsInFlexNpu) {
     calls = 0;
     std::unique_ptr<Event> event(Event::Ready(made));
     Status status = Status::Ok();
-    EXPECT_NO_THROW(status = event->OnReady(throwing, nullptr));
+    EXPECT_NO_THROW(status = event->OnReady(c_api::DeliverOnReady, throwing, nullptr));
     EXPECT_TRUE(status.ok()) << status.message();
     EXPECT_EQ(calls, 1);
   }

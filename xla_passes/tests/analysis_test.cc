@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "pjrt_flexnpu/proto/wire.h"
+#include "pjrt_flexnpu/base/wire.h"
 #include "xla_passes/analysis.h"
 #include "xla_passes/roofline.h"
 

@@ -4,8 +4,8 @@
 // linking protobuf: the plugin must not clash with the copies of protobuf that the physical
 // backend and jaxlib carry. The reader never trusts a length; the writer can re-emit any field
 // verbatim, so unknown fields survive a rewrite.
-#ifndef FLEXNPU_PROTO_WIRE_H_
-#define FLEXNPU_PROTO_WIRE_H_
+#ifndef FLEXNPU_BASE_WIRE_H_
+#define FLEXNPU_BASE_WIRE_H_
 
 #include <cstdint>
 #include <string>
@@ -79,4 +79,4 @@ class Writer {
 
 }  // namespace flexnpu::proto
 
-#endif  // FLEXNPU_PROTO_WIRE_H_
+#endif  // FLEXNPU_BASE_WIRE_H_

@@ -2,8 +2,8 @@
 // lists per call without touching the heap for ordinary programs. Only the `size` elements in
 // use are constructed (value-initialized) and destroyed, so a list of owners sized for eight
 // devices costs one element's work on a single device.
-#ifndef FLEXNPU_RUNTIME_SMALL_VECTOR_H_
-#define FLEXNPU_RUNTIME_SMALL_VECTOR_H_
+#ifndef FLEXNPU_BASE_SMALL_VECTOR_H_
+#define FLEXNPU_BASE_SMALL_VECTOR_H_
 
 #include <cstddef>
 #include <memory>
@@ -42,4 +42,4 @@ class SmallVector {
 
 }  // namespace flexnpu
 
-#endif  // FLEXNPU_RUNTIME_SMALL_VECTOR_H_
+#endif  // FLEXNPU_BASE_SMALL_VECTOR_H_

@@ -2,8 +2,8 @@
 // so when FlexNPU hands a context to it (a callback registration) and gets it back on one of
 // its threads, TSan misses the synchronization in between. Release before the hand-off and
 // acquire when it comes back; no-ops in other builds.
-#ifndef FLEXNPU_RUNTIME_TSAN_H_
-#define FLEXNPU_RUNTIME_TSAN_H_
+#ifndef FLEXNPU_BASE_TSAN_H_
+#define FLEXNPU_BASE_TSAN_H_
 
 #if defined(__SANITIZE_THREAD__)
 #define FLEXNPU_TSAN_ENABLED 1
@@ -23,4 +23,4 @@ extern "C" void __tsan_release(void* addr);
 #define FLEXNPU_TSAN_ACQUIRE(addr) ((void)(addr))
 #endif
 
-#endif  // FLEXNPU_RUNTIME_TSAN_H_
+#endif  // FLEXNPU_BASE_TSAN_H_

@@ -1,9 +1,6 @@
-// FlexNPU's PJRT_Error: a Status behind the opaque C type.
-#ifndef FLEXNPU_RUNTIME_ERROR_H_
-#define FLEXNPU_RUNTIME_ERROR_H_
-
-#include "pjrt_c_api.h"
-#include "pjrt_flexnpu/runtime/status.h"
+// FLEXNPU_RETHROWS_FORCED_UNWIND: for functions that catch abi::__forced_unwind& to rethrow it.
+#ifndef FLEXNPU_BASE_FORCED_UNWIND_H_
+#define FLEXNPU_BASE_FORCED_UNWIND_H_
 
 // On a function that catches abi::__forced_unwind& to rethrow it: the forced unwind is a
 // foreign exception, so that reference binds to no object, and UBSan's null check (in the
@@ -16,16 +13,4 @@
 #define FLEXNPU_RETHROWS_FORCED_UNWIND __attribute__((no_sanitize("null")))
 #endif
 
-struct PJRT_Error {
-  flexnpu::Status status;
-};
-
-namespace flexnpu {
-// nullptr for OK; else a new error JAX destroys with PJRT_Error_Destroy.
-inline PJRT_Error* ToPjrtError(Status status) {
-  if (status.ok()) return nullptr;
-  return new PJRT_Error{std::move(status)};
-}
-}  // namespace flexnpu
-
-#endif  // FLEXNPU_RUNTIME_ERROR_H_
+#endif  // FLEXNPU_BASE_FORCED_UNWIND_H_

@@ -1,8 +1,8 @@
 // A counter bumped on the dispatch path by every thread: each thread adds to one of a few
 // cache-line-sized shards, so threads executing at once do not bounce one line between their
 // cores; reading sums the shards (rare: stats and metrics).
-#ifndef FLEXNPU_RUNTIME_SHARDED_COUNTER_H_
-#define FLEXNPU_RUNTIME_SHARDED_COUNTER_H_
+#ifndef FLEXNPU_BASE_SHARDED_COUNTER_H_
+#define FLEXNPU_BASE_SHARDED_COUNTER_H_
 
 #include <atomic>
 #include <cstddef>
@@ -40,4 +40,4 @@ class ShardedCounter {
 
 }  // namespace flexnpu
 
-#endif  // FLEXNPU_RUNTIME_SHARDED_COUNTER_H_
+#endif  // FLEXNPU_BASE_SHARDED_COUNTER_H_

@@ -1,4 +1,4 @@
-#include "pjrt_flexnpu/proto/wire.h"
+#include "pjrt_flexnpu/base/wire.h"
 
 namespace flexnpu::proto {
 namespace {

@@ -1,7 +1,7 @@
 // Status and StatusOr: how FlexNPU's C++ layers report failure. The C API layer turns a
 // non-OK Status into a PJRT_Error with the same code and message.
-#ifndef FLEXNPU_RUNTIME_STATUS_H_
-#define FLEXNPU_RUNTIME_STATUS_H_
+#ifndef FLEXNPU_BASE_STATUS_H_
+#define FLEXNPU_BASE_STATUS_H_
 
 #include <memory>
 #include <optional>
@@ -120,4 +120,4 @@ class [[nodiscard]] StatusOr {
   if (!tmp.ok()) return tmp.status();             \
   lhs = std::move(tmp).value()
 
-#endif  // FLEXNPU_RUNTIME_STATUS_H_
+#endif  // FLEXNPU_BASE_STATUS_H_

@@ -1,7 +1,7 @@
 // A spin lock for critical sections of a few instructions on the dispatch path (a handle
 // lookup, a pointer copy), where std::mutex costs about twice as much.
-#ifndef FLEXNPU_RUNTIME_SPIN_LOCK_H_
-#define FLEXNPU_RUNTIME_SPIN_LOCK_H_
+#ifndef FLEXNPU_BASE_SPIN_LOCK_H_
+#define FLEXNPU_BASE_SPIN_LOCK_H_
 
 #include <atomic>
 #include <thread>
@@ -26,4 +26,4 @@ class SpinLock {
 
 }  // namespace flexnpu
 
-#endif  // FLEXNPU_RUNTIME_SPIN_LOCK_H_
+#endif  // FLEXNPU_BASE_SPIN_LOCK_H_

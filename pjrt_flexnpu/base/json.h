@@ -1,6 +1,6 @@
 // A JSON string literal for the hand-built JSON of stats, telemetry, traces and the daemon.
-#ifndef FLEXNPU_RUNTIME_JSON_H_
-#define FLEXNPU_RUNTIME_JSON_H_
+#ifndef FLEXNPU_BASE_JSON_H_
+#define FLEXNPU_BASE_JSON_H_
 
 #include <cstdio>
 #include <string>
@@ -36,4 +36,4 @@ inline std::string JsonString(const std::string& s) {
 
 }  // namespace flexnpu
 
-#endif  // FLEXNPU_RUNTIME_JSON_H_
+#endif  // FLEXNPU_BASE_JSON_H_
