@@ -24,7 +24,7 @@ set(CMAKE_CXX_STANDARD 17)
 set(CMAKE_CXX_STANDARD_REQUIRED ON)
 set(PROJECT_SOURCE_DIR "$ROOT")
 set(FLEXNPU_BUILD_FUZZERS ON)
-add_subdirectory("$ROOT/pjrt_flexnpu/proto" proto)
+add_subdirectory("$ROOT/pjrt_flexnpu/base" base)
 add_subdirectory("$ROOT/xla_passes" xla_passes)
 CMAKE
 cmake -S "$WORK/src" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
