@@ -8,7 +8,8 @@ execute-only FFI handler (pjrt_flexnpu/runtime/host_callback.cc), registered wit
 backend under the target names jaxlib uses for its own CPU callbacks (XLA's Shardy passes
 recognise Python callbacks by name, so their sharding reaches the SPMD partitioner; jaxlib's
 handler is never mirrored there), with the callback's id as the attribute `callback_id`. The
-handler calls the trampoline installed here, which runs the Python callable under the GIL:
+handler calls the trampoline installed here (flexnpu._native's, which calls `_trampoline`
+under the GIL), and that runs the Python callable:
 
 * operands arrive as numpy arrays (copied out of the device buffers: the callable may keep
   them, the buffers do not outlive the call); results are written straight into the result
@@ -24,14 +25,13 @@ they are part of the program and so of its persistent-cache key.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import secrets
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,27 +41,12 @@ CALLBACK_ID_ATTRIBUTE = "callback_id"
 logger = logging.getLogger(__name__)
 
 
-class _Buffer(ctypes.Structure):
-    """runtime/host_callback.h's HostCallbackBuffer."""
+class _Buffer(NamedTuple):
+    """runtime/host_callback.h's HostCallbackBuffer, as flexnpu._native's trampoline passes it."""
 
-    _fields_ = (
-        ("dtype", ctypes.c_int32),
-        ("data", ctypes.c_void_p),
-        ("rank", ctypes.c_int64),
-        ("dims", ctypes.POINTER(ctypes.c_int64)),
-    )
-
-
-_TRAMPOLINE = ctypes.CFUNCTYPE(
-    ctypes.c_int,
-    ctypes.c_uint64,
-    ctypes.c_int64,
-    ctypes.POINTER(_Buffer),
-    ctypes.c_int64,
-    ctypes.POINTER(_Buffer),
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-)
+    dtype: int  # XLA_FFI_DataType code
+    data: int  # address
+    shape: tuple[int, ...]
 
 
 def _numpy_dtypes() -> dict[int, np.dtype[Any]]:
@@ -95,7 +80,7 @@ _SUB_BYTE_DTYPES = _sub_byte_dtypes()
 _lock = threading.Lock()
 _callables: dict[int, Callable[..., Sequence[Any]]] = {}
 _next_id = secrets.randbits(40) << 20
-_installed: Any = None  # the ctypes trampoline, kept alive for the process
+_installed = False
 
 
 class Registration:
@@ -128,17 +113,16 @@ def _numpy_dtype(code: int) -> np.dtype[Any]:
     return _DTYPES[code]
 
 
-def _shape(buffer: _Buffer) -> tuple[int, ...]:
-    return tuple(buffer.dims[i] for i in range(buffer.rank))
-
-
 def _raw(buffer: _Buffer, nbytes: int) -> np.ndarray:
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(buffer.data), np.uint8)
+    from flexnpu._native_loader import native
+
+    memory = native("host_callback_memory", "host callbacks").host_callback_memory
+    return np.frombuffer(memory(buffer.data, nbytes), np.uint8)
 
 
 def _array(buffer: _Buffer) -> np.ndarray:
     """A numpy view of `buffer` (a copy for packed sub-byte types; empty without elements)."""
-    shape = _shape(buffer)
+    shape = buffer.shape
     count = int(np.prod(shape, dtype=np.int64))
     sub_byte = _SUB_BYTE_DTYPES.get(buffer.dtype)
     if sub_byte is not None:
@@ -176,18 +160,18 @@ def _write(buffer: _Buffer, value: np.ndarray) -> None:
     _raw(buffer, packed.size)[:] = packed.astype(np.uint8)
 
 
-def _run(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any) -> None:
+def _run(callback_id: int, args: list[_Buffer], rets: list[_Buffer]) -> None:
     fn = _callables.get(callback_id)
     if fn is None:
         raise RuntimeError(f"host callback {callback_id} is not registered (its executable "
                            "was freed, or the program was compiled in another process)")
-    outs = fn(*(_array(args[i]).copy() for i in range(num_args)))
-    if len(outs) != num_rets:
+    outs = fn(*(_array(arg).copy() for arg in args))
+    if len(outs) != len(rets):
         raise RuntimeError(f"the callback returned {len(outs)} values, the program expects "
-                           f"{num_rets}")
+                           f"{len(rets)}")
     for i, out in enumerate(outs):
         value = np.asarray(out)
-        shape = _shape(rets[i])
+        shape = rets[i].shape
         dtype = _numpy_dtype(rets[i].dtype)
         if value.shape != shape or value.dtype != dtype:
             raise RuntimeError(f"result #{i} is {value.dtype}{list(value.shape)}, the program "
@@ -195,35 +179,33 @@ def _run(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any) -
         _write(rets[i], value)
 
 
-def _trampoline(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any,
-                error: int, error_size: int) -> int:
-    # Nothing may propagate into C: a failure is returned as its message.
+_BufferTuple = tuple[int, int, tuple[int, ...]]
+
+
+def _trampoline(callback_id: int, args: list[_BufferTuple],
+                rets: list[_BufferTuple]) -> bytes | None:
+    """Runs a callback for flexnpu._native's trampoline: None, or the failure's message (the
+    execution's error). Nothing may propagate into C."""
     try:
-        _run(callback_id, num_args, args, num_rets, rets)
-        return 0
+        _run(callback_id, [_Buffer(*arg) for arg in args], [_Buffer(*ret) for ret in rets])
+        return None
     except BaseException as exc:  # noqa: BLE001 - every failure becomes the FFI error
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        encoded = text.encode("utf-8", "replace")[: max(int(error_size) - 1, 0)]
-        ctypes.memmove(error, encoded + b"\0", len(encoded) + 1)
-        return 1
+        return text.encode("utf-8", "replace")
 
 
 def install() -> None:
     """Installs the trampoline and FlexNPU's handler in the physical backends (idempotent)."""
     global _installed
     with _lock:
-        if _installed is not None:
+        if _installed:
             return
-        from flexnpu._paths import plugin_library_path
+        from flexnpu._native_loader import plugin_library
 
-        library = ctypes.CDLL(str(plugin_library_path()))
-        library.FlexNpu_InstallHostCallbacks.restype = ctypes.c_char_p
-        library.FlexNpu_InstallHostCallbacks.argtypes = [ctypes.c_void_p]
-        trampoline = _TRAMPOLINE(_trampoline)
-        error = library.FlexNpu_InstallHostCallbacks(ctypes.cast(trampoline, ctypes.c_void_p))
+        error = plugin_library().install_host_callbacks(_trampoline)
         if error is not None:
-            raise RuntimeError(f"flexnpu: installing host callbacks: {error.decode()}")
-        _installed = trampoline
+            raise RuntimeError(f"flexnpu: installing host callbacks: {error}")
+        _installed = True
 
 
 def ensure_host_cpu_backend() -> None:
