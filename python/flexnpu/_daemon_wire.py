@@ -42,8 +42,13 @@ class Connection(_protocol.DaemonConnection):  # type: ignore[misc]
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, op: int, ints: list[int] | None = None, text: str = "",
-             blobs: list[bytes] | None = None) -> Any:
+    def call(
+        self,
+        op: int,
+        ints: list[int] | None = None,
+        text: str = "",
+        blobs: list[bytes] | None = None,
+    ) -> Any:
         """Sends a request and returns its reply (event pushes in between are skipped)."""
         call_id = self._next_call
         self._next_call += 1
@@ -53,8 +58,9 @@ class Connection(_protocol.DaemonConnection):  # type: ignore[misc]
             if reply.call_id == call_id:
                 return reply
 
-    def hello(self, tenant: str = "", role: int = ROLE_CLIENT,
-              version: int = PROTOCOL_VERSION) -> Any:
+    def hello(
+        self, tenant: str = "", role: int = ROLE_CLIENT, version: int = PROTOCOL_VERSION
+    ) -> Any:
         return self.call(OP_HELLO, [version, role], text=tenant)
 
 

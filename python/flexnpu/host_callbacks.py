@@ -54,11 +54,25 @@ def _numpy_dtypes() -> dict[int, np.dtype[Any]]:
 
     # XLA_FFI_DataType codes (xla/ffi/api/c_api.h).
     by_code: dict[int, Any] = {
-        1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
-        6: np.uint8, 7: np.uint16, 8: np.uint32, 9: np.uint64,
-        10: np.float16, 11: np.float32, 12: np.float64, 15: np.complex64, 18: np.complex128,
-        16: ml_dtypes.bfloat16, 19: ml_dtypes.float8_e5m2, 20: ml_dtypes.float8_e4m3fn,
-        23: ml_dtypes.float8_e4m3b11fnuz, 24: ml_dtypes.float8_e5m2fnuz,
+        1: np.bool_,
+        2: np.int8,
+        3: np.int16,
+        4: np.int32,
+        5: np.int64,
+        6: np.uint8,
+        7: np.uint16,
+        8: np.uint32,
+        9: np.uint64,
+        10: np.float16,
+        11: np.float32,
+        12: np.float64,
+        15: np.complex64,
+        18: np.complex128,
+        16: ml_dtypes.bfloat16,
+        19: ml_dtypes.float8_e5m2,
+        20: ml_dtypes.float8_e4m3fn,
+        23: ml_dtypes.float8_e4m3b11fnuz,
+        24: ml_dtypes.float8_e5m2fnuz,
         25: ml_dtypes.float8_e4m3fnuz,
     }
     return {code: np.dtype(t) for code, t in by_code.items()}
@@ -69,8 +83,11 @@ def _sub_byte_dtypes() -> dict[int, tuple[np.dtype[Any], int]]:
 
     # XLA packs these in memory, the first element in the lowest bits; numpy holds one a byte.
     by_code: dict[int, tuple[Any, int]] = {
-        26: (ml_dtypes.int2, 2), 27: (ml_dtypes.uint2, 2), 21: (ml_dtypes.int4, 4),
-        22: (ml_dtypes.uint4, 4), 32: (ml_dtypes.float4_e2m1fn, 4),
+        26: (ml_dtypes.int2, 2),
+        27: (ml_dtypes.uint2, 2),
+        21: (ml_dtypes.int4, 4),
+        22: (ml_dtypes.uint4, 4),
+        32: (ml_dtypes.float4_e2m1fn, 4),
     }
     return {code: (np.dtype(t), bits) for code, (t, bits) in by_code.items()}
 
@@ -163,27 +180,33 @@ def _write(buffer: _Buffer, value: np.ndarray) -> None:
 def _run(callback_id: int, args: list[_Buffer], rets: list[_Buffer]) -> None:
     fn = _callables.get(callback_id)
     if fn is None:
-        raise RuntimeError(f"host callback {callback_id} is not registered (its executable "
-                           "was freed, or the program was compiled in another process)")
+        raise RuntimeError(
+            f"host callback {callback_id} is not registered (its executable "
+            "was freed, or the program was compiled in another process)"
+        )
     outs = fn(*(_array(arg).copy() for arg in args))
     if len(outs) != len(rets):
-        raise RuntimeError(f"the callback returned {len(outs)} values, the program expects "
-                           f"{len(rets)}")
+        raise RuntimeError(
+            f"the callback returned {len(outs)} values, the program expects {len(rets)}"
+        )
     for i, out in enumerate(outs):
         value = np.asarray(out)
         shape = rets[i].shape
         dtype = _numpy_dtype(rets[i].dtype)
         if value.shape != shape or value.dtype != dtype:
-            raise RuntimeError(f"result #{i} is {value.dtype}{list(value.shape)}, the program "
-                               f"expects {dtype}{list(shape)}")
+            raise RuntimeError(
+                f"result #{i} is {value.dtype}{list(value.shape)}, the program "
+                f"expects {dtype}{list(shape)}"
+            )
         _write(rets[i], value)
 
 
 _BufferTuple = tuple[int, int, tuple[int, ...]]
 
 
-def _trampoline(callback_id: int, args: list[_BufferTuple],
-                rets: list[_BufferTuple]) -> bytes | None:
+def _trampoline(
+    callback_id: int, args: list[_BufferTuple], rets: list[_BufferTuple]
+) -> bytes | None:
     """Runs a callback for flexnpu._native's trampoline: None, or the failure's message (the
     execution's error). Nothing may propagate into C."""
     try:
@@ -268,10 +291,19 @@ def give_eager_callbacks_a_host_device() -> None:
         primitive.def_impl(with_host_device)
 
 
-def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[Any],
-         operand_avals: Sequence[Any], result_avals: Sequence[Any], *, has_side_effect: bool,
-         returns_token: bool = True, partitioned: bool = False,
-         sharding: Any = None) -> tuple[Sequence[Any], Any, Any]:
+def emit(
+    ctx: Any,
+    callback: Callable[..., Any],
+    token: Any,
+    operands: Sequence[Any],
+    operand_avals: Sequence[Any],
+    result_avals: Sequence[Any],
+    *,
+    has_side_effect: bool,
+    returns_token: bool = True,
+    partitioned: bool = False,
+    sharding: Any = None,
+) -> tuple[Sequence[Any], Any, Any]:
     """jax._src.callback.emit_python_callback for flexnpu over a CPU plugin: the same checks
     and token handling, lowered to FlexNPU's handler instead of jaxlib's."""
     del returns_token, operand_avals  # the token is threaded whenever one is given, as on cpu
@@ -291,17 +323,20 @@ def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[
         if len(out_vals) != len(result_avals):
             raise RuntimeError(
                 "Mismatched number of outputs from callback. "
-                f"Expected: {len(result_avals)}, Actual: {len(out_vals)}")
+                f"Expected: {len(result_avals)}, Actual: {len(out_vals)}"
+            )
         out_vals = tuple(dtypes.canonicalize_value(np.asarray(a)) for a in out_vals)
         for i, (out_val, out_aval) in enumerate(zip(out_vals, result_avals, strict=True)):
             if out_val.shape != out_aval.shape:
                 raise RuntimeError(
                     f"Incorrect output shape for return value #{i}: "
-                    f"Expected: {out_aval.shape}, Actual: {out_val.shape}")
+                    f"Expected: {out_aval.shape}, Actual: {out_val.shape}"
+                )
             if out_val.dtype != out_aval.dtype:
                 raise RuntimeError(
                     f"Incorrect output dtype for return value #{i}: "
-                    f"Expected: {out_aval.dtype}, Actual: {out_val.dtype}")
+                    f"Expected: {out_aval.dtype}, Actual: {out_val.dtype}"
+                )
         return out_vals
 
     ensure_host_cpu_backend()
@@ -312,13 +347,22 @@ def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[
     ctx.module_context.add_host_callback(checked_callback)
     if token:
         operands = [token, *operands]
-        if (config.use_shardy_partitioner.value and isinstance(sharding, SdyArrayList)
-                and len(ctx.avals_out) > 0):
+        if (
+            config.use_shardy_partitioner.value
+            and isinstance(sharding, SdyArrayList)
+            and len(ctx.avals_out) > 0
+        ):
             # As jaxlib: the token gets a sharding of its own when there are outputs.
-            sharding = SdyArrayList((
-                SdyArray(mesh_shape=(), dim_shardings=(),
-                         logical_device_ids=sharding.shardings[0].logical_device_ids),
-                *sharding.shardings))
+            sharding = SdyArrayList(
+                (
+                    SdyArray(
+                        mesh_shape=(),
+                        dim_shardings=(),
+                        logical_device_ids=sharding.shardings[0].logical_device_ids,
+                    ),
+                    *sharding.shardings,
+                )
+            )
         ctx = dataclasses.replace(
             ctx,
             avals_in=[core.abstract_token, *ctx.avals_in],
@@ -326,7 +370,8 @@ def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[
         )
     target = TARGET_NAMES[1] if partitioned else TARGET_NAMES[0]
     result = jax_ffi.build_ffi_lowering_function(target, has_side_effect=has_side_effect)(
-        ctx, *operands, **{CALLBACK_ID_ATTRIBUTE: np.uint64(registration.callback_id)})
+        ctx, *operands, **{CALLBACK_ID_ATTRIBUTE: np.uint64(registration.callback_id)}
+    )
     if sharding is not None:
         mlir.set_sharding(ctx.module_context, result, sharding)
     results = list(result.results)

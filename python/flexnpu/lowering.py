@@ -225,8 +225,11 @@ def _lapack_dtypes_only(rule: Callable[..., Any]) -> Callable[..., Any]:
 
         for aval in ctx.avals_in:
             dtype = getattr(aval, "dtype", None)
-            if dtype is not None and np.issubdtype(dtype, np.inexact) and \
-                    str(dtype) not in _LAPACK_DTYPES:
+            if (
+                dtype is not None
+                and np.issubdtype(dtype, np.inexact)
+                and str(dtype) not in _LAPACK_DTYPES
+            ):
                 raise NotImplementedError(f"Unsupported dtype {dtype}.")
         return rule(ctx, *args, **params)
 
@@ -244,8 +247,9 @@ def _generic_linalg_rules() -> dict[Any, Any]:
 
     rules = {p: mlir._lowerings[p] for p in _linalg_primitives() if p in mlir._lowerings}
     rules[linalg.eigh_p] = mlir.LoweringRuleEntry(qdwh_eigh._eigh_tpu_lowering, False)
-    return {p: mlir.LoweringRuleEntry(_lapack_dtypes_only(e.rule), e.inline)
-            for p, e in rules.items()}
+    return {
+        p: mlir.LoweringRuleEntry(_lapack_dtypes_only(e.rule), e.inline) for p, e in rules.items()
+    }
 
 
 def install_lowering_rules(kind: str, jaxlib_kernels: bool = True) -> None:
@@ -291,8 +295,9 @@ def _branches_with_flexnpu(branches_platforms: Any, kind: str) -> Any:
     named = [b for b in branches_platforms if b is not None]
     if any(PLATFORM_NAME in b for b in named) or not any(kind in b for b in named):
         return branches_platforms
-    return tuple(b if b is None or kind not in b else (*b, PLATFORM_NAME)
-                 for b in branches_platforms)
+    return tuple(
+        b if b is None or kind not in b else (*b, PLATFORM_NAME) for b in branches_platforms
+    )
 
 
 def _platform_dependent_rules(kind: str, table: dict[Any, Any]) -> dict[Any, Any]:
@@ -312,8 +317,10 @@ def _platform_dependent_rules(kind: str, table: dict[Any, Any]) -> dict[Any, Any
         return rule_for_flexnpu
 
     rules = {}
-    for primitive, param in ((conditionals.platform_index_p, "platforms"),
-                             (conditionals.cond_p, "branches_platforms")):
+    for primitive, param in (
+        (conditionals.platform_index_p, "platforms"),
+        (conditionals.cond_p, "branches_platforms"),
+    ):
         base = table.get(primitive) or mlir._lowerings[primitive]
         rules[primitive] = mlir.LoweringRuleEntry(with_flexnpu(base.rule, param), base.inline)
     return rules
@@ -450,8 +457,9 @@ def _mirror_cpu_targets() -> None:
         jaxlib_handler = xla_client._custom_callback_handler[host]
         if not getattr(jaxlib_handler, "_flexnpu_mirror", False):
 
-            def host_and_flexnpu(name: str, fn: Any, platform: str, api_version: int,
-                                 traits: Any = 0) -> None:
+            def host_and_flexnpu(
+                name: str, fn: Any, platform: str, api_version: int, traits: Any = 0
+            ) -> None:
                 jaxlib_handler(name, fn, platform, api_version, traits)
                 if api_version == 1:
                     _mirror(name, fn, api_version, traits)
