@@ -8,7 +8,8 @@ execute-only FFI handler (pjrt_flexnpu/runtime/host_callback.cc), registered wit
 backend under the target names jaxlib uses for its own CPU callbacks (XLA's Shardy passes
 recognise Python callbacks by name, so their sharding reaches the SPMD partitioner; jaxlib's
 handler is never mirrored there), with the callback's id as the attribute `callback_id`. The
-handler calls the trampoline installed here, which runs the Python callable under the GIL:
+handler calls the trampoline installed here (flexnpu._native's, which calls `_trampoline`
+under the GIL), and that runs the Python callable:
 
 * operands arrive as numpy arrays (copied out of the device buffers: the callable may keep
   them, the buffers do not outlive the call); results are written straight into the result
@@ -24,14 +25,13 @@ they are part of the program and so of its persistent-cache key.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import secrets
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,27 +41,12 @@ CALLBACK_ID_ATTRIBUTE = "callback_id"
 logger = logging.getLogger(__name__)
 
 
-class _Buffer(ctypes.Structure):
-    """runtime/host_callback.h's HostCallbackBuffer."""
+class _Buffer(NamedTuple):
+    """runtime/host_callback.h's HostCallbackBuffer, as flexnpu._native's trampoline passes it."""
 
-    _fields_ = (
-        ("dtype", ctypes.c_int32),
-        ("data", ctypes.c_void_p),
-        ("rank", ctypes.c_int64),
-        ("dims", ctypes.POINTER(ctypes.c_int64)),
-    )
-
-
-_TRAMPOLINE = ctypes.CFUNCTYPE(
-    ctypes.c_int,
-    ctypes.c_uint64,
-    ctypes.c_int64,
-    ctypes.POINTER(_Buffer),
-    ctypes.c_int64,
-    ctypes.POINTER(_Buffer),
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-)
+    dtype: int  # XLA_FFI_DataType code
+    data: int  # address
+    shape: tuple[int, ...]
 
 
 def _numpy_dtypes() -> dict[int, np.dtype[Any]]:
@@ -69,11 +54,25 @@ def _numpy_dtypes() -> dict[int, np.dtype[Any]]:
 
     # XLA_FFI_DataType codes (xla/ffi/api/c_api.h).
     by_code: dict[int, Any] = {
-        1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
-        6: np.uint8, 7: np.uint16, 8: np.uint32, 9: np.uint64,
-        10: np.float16, 11: np.float32, 12: np.float64, 15: np.complex64, 18: np.complex128,
-        16: ml_dtypes.bfloat16, 19: ml_dtypes.float8_e5m2, 20: ml_dtypes.float8_e4m3fn,
-        23: ml_dtypes.float8_e4m3b11fnuz, 24: ml_dtypes.float8_e5m2fnuz,
+        1: np.bool_,
+        2: np.int8,
+        3: np.int16,
+        4: np.int32,
+        5: np.int64,
+        6: np.uint8,
+        7: np.uint16,
+        8: np.uint32,
+        9: np.uint64,
+        10: np.float16,
+        11: np.float32,
+        12: np.float64,
+        15: np.complex64,
+        18: np.complex128,
+        16: ml_dtypes.bfloat16,
+        19: ml_dtypes.float8_e5m2,
+        20: ml_dtypes.float8_e4m3fn,
+        23: ml_dtypes.float8_e4m3b11fnuz,
+        24: ml_dtypes.float8_e5m2fnuz,
         25: ml_dtypes.float8_e4m3fnuz,
     }
     return {code: np.dtype(t) for code, t in by_code.items()}
@@ -84,8 +83,11 @@ def _sub_byte_dtypes() -> dict[int, tuple[np.dtype[Any], int]]:
 
     # XLA packs these in memory, the first element in the lowest bits; numpy holds one a byte.
     by_code: dict[int, tuple[Any, int]] = {
-        26: (ml_dtypes.int2, 2), 27: (ml_dtypes.uint2, 2), 21: (ml_dtypes.int4, 4),
-        22: (ml_dtypes.uint4, 4), 32: (ml_dtypes.float4_e2m1fn, 4),
+        26: (ml_dtypes.int2, 2),
+        27: (ml_dtypes.uint2, 2),
+        21: (ml_dtypes.int4, 4),
+        22: (ml_dtypes.uint4, 4),
+        32: (ml_dtypes.float4_e2m1fn, 4),
     }
     return {code: (np.dtype(t), bits) for code, (t, bits) in by_code.items()}
 
@@ -95,7 +97,7 @@ _SUB_BYTE_DTYPES = _sub_byte_dtypes()
 _lock = threading.Lock()
 _callables: dict[int, Callable[..., Sequence[Any]]] = {}
 _next_id = secrets.randbits(40) << 20
-_installed: Any = None  # the ctypes trampoline, kept alive for the process
+_installed = False
 
 
 class Registration:
@@ -128,17 +130,16 @@ def _numpy_dtype(code: int) -> np.dtype[Any]:
     return _DTYPES[code]
 
 
-def _shape(buffer: _Buffer) -> tuple[int, ...]:
-    return tuple(buffer.dims[i] for i in range(buffer.rank))
-
-
 def _raw(buffer: _Buffer, nbytes: int) -> np.ndarray:
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(buffer.data), np.uint8)
+    from flexnpu._native_loader import native
+
+    memory = native("host_callback_memory", "host callbacks").host_callback_memory
+    return np.frombuffer(memory(buffer.data, nbytes), np.uint8)
 
 
 def _array(buffer: _Buffer) -> np.ndarray:
     """A numpy view of `buffer` (a copy for packed sub-byte types; empty without elements)."""
-    shape = _shape(buffer)
+    shape = buffer.shape
     count = int(np.prod(shape, dtype=np.int64))
     sub_byte = _SUB_BYTE_DTYPES.get(buffer.dtype)
     if sub_byte is not None:
@@ -176,54 +177,58 @@ def _write(buffer: _Buffer, value: np.ndarray) -> None:
     _raw(buffer, packed.size)[:] = packed.astype(np.uint8)
 
 
-def _run(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any) -> None:
+def _run(callback_id: int, args: list[_Buffer], rets: list[_Buffer]) -> None:
     fn = _callables.get(callback_id)
     if fn is None:
-        raise RuntimeError(f"host callback {callback_id} is not registered (its executable "
-                           "was freed, or the program was compiled in another process)")
-    outs = fn(*(_array(args[i]).copy() for i in range(num_args)))
-    if len(outs) != num_rets:
-        raise RuntimeError(f"the callback returned {len(outs)} values, the program expects "
-                           f"{num_rets}")
+        raise RuntimeError(
+            f"host callback {callback_id} is not registered (its executable "
+            "was freed, or the program was compiled in another process)"
+        )
+    outs = fn(*(_array(arg).copy() for arg in args))
+    if len(outs) != len(rets):
+        raise RuntimeError(
+            f"the callback returned {len(outs)} values, the program expects {len(rets)}"
+        )
     for i, out in enumerate(outs):
         value = np.asarray(out)
-        shape = _shape(rets[i])
+        shape = rets[i].shape
         dtype = _numpy_dtype(rets[i].dtype)
         if value.shape != shape or value.dtype != dtype:
-            raise RuntimeError(f"result #{i} is {value.dtype}{list(value.shape)}, the program "
-                               f"expects {dtype}{list(shape)}")
+            raise RuntimeError(
+                f"result #{i} is {value.dtype}{list(value.shape)}, the program "
+                f"expects {dtype}{list(shape)}"
+            )
         _write(rets[i], value)
 
 
-def _trampoline(callback_id: int, num_args: int, args: Any, num_rets: int, rets: Any,
-                error: int, error_size: int) -> int:
-    # Nothing may propagate into C: a failure is returned as its message.
+_BufferTuple = tuple[int, int, tuple[int, ...]]
+
+
+def _trampoline(
+    callback_id: int, args: list[_BufferTuple], rets: list[_BufferTuple]
+) -> bytes | None:
+    """Runs a callback for flexnpu._native's trampoline: None, or the failure's message (the
+    execution's error). Nothing may propagate into C."""
     try:
-        _run(callback_id, num_args, args, num_rets, rets)
-        return 0
+        _run(callback_id, [_Buffer(*arg) for arg in args], [_Buffer(*ret) for ret in rets])
+        return None
     except BaseException as exc:  # noqa: BLE001 - every failure becomes the FFI error
         text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        encoded = text.encode("utf-8", "replace")[: max(int(error_size) - 1, 0)]
-        ctypes.memmove(error, encoded + b"\0", len(encoded) + 1)
-        return 1
+        return text.encode("utf-8", "replace")
 
 
 def install() -> None:
     """Installs the trampoline and FlexNPU's handler in the physical backends (idempotent)."""
     global _installed
     with _lock:
-        if _installed is not None:
+        if _installed:
             return
-        from flexnpu._paths import plugin_library_path
+        from flexnpu._native_loader import plugin_library
 
-        library = ctypes.CDLL(str(plugin_library_path()))
-        library.FlexNpu_InstallHostCallbacks.restype = ctypes.c_char_p
-        library.FlexNpu_InstallHostCallbacks.argtypes = [ctypes.c_void_p]
-        trampoline = _TRAMPOLINE(_trampoline)
-        error = library.FlexNpu_InstallHostCallbacks(ctypes.cast(trampoline, ctypes.c_void_p))
+        error = plugin_library().install_host_callbacks(_trampoline)
         if error is not None:
-            raise RuntimeError(f"flexnpu: installing host callbacks: {error.decode()}")
-        _installed = trampoline
+            raise RuntimeError(f"flexnpu: installing host callbacks: {error}")
+        _installed = True
 
 
 def ensure_host_cpu_backend() -> None:
@@ -286,10 +291,19 @@ def give_eager_callbacks_a_host_device() -> None:
         primitive.def_impl(with_host_device)
 
 
-def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[Any],
-         operand_avals: Sequence[Any], result_avals: Sequence[Any], *, has_side_effect: bool,
-         returns_token: bool = True, partitioned: bool = False,
-         sharding: Any = None) -> tuple[Sequence[Any], Any, Any]:
+def emit(
+    ctx: Any,
+    callback: Callable[..., Any],
+    token: Any,
+    operands: Sequence[Any],
+    operand_avals: Sequence[Any],
+    result_avals: Sequence[Any],
+    *,
+    has_side_effect: bool,
+    returns_token: bool = True,
+    partitioned: bool = False,
+    sharding: Any = None,
+) -> tuple[Sequence[Any], Any, Any]:
     """jax._src.callback.emit_python_callback for flexnpu over a CPU plugin: the same checks
     and token handling, lowered to FlexNPU's handler instead of jaxlib's."""
     del returns_token, operand_avals  # the token is threaded whenever one is given, as on cpu
@@ -309,17 +323,20 @@ def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[
         if len(out_vals) != len(result_avals):
             raise RuntimeError(
                 "Mismatched number of outputs from callback. "
-                f"Expected: {len(result_avals)}, Actual: {len(out_vals)}")
+                f"Expected: {len(result_avals)}, Actual: {len(out_vals)}"
+            )
         out_vals = tuple(dtypes.canonicalize_value(np.asarray(a)) for a in out_vals)
         for i, (out_val, out_aval) in enumerate(zip(out_vals, result_avals, strict=True)):
             if out_val.shape != out_aval.shape:
                 raise RuntimeError(
                     f"Incorrect output shape for return value #{i}: "
-                    f"Expected: {out_aval.shape}, Actual: {out_val.shape}")
+                    f"Expected: {out_aval.shape}, Actual: {out_val.shape}"
+                )
             if out_val.dtype != out_aval.dtype:
                 raise RuntimeError(
                     f"Incorrect output dtype for return value #{i}: "
-                    f"Expected: {out_aval.dtype}, Actual: {out_val.dtype}")
+                    f"Expected: {out_aval.dtype}, Actual: {out_val.dtype}"
+                )
         return out_vals
 
     ensure_host_cpu_backend()
@@ -330,13 +347,22 @@ def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[
     ctx.module_context.add_host_callback(checked_callback)
     if token:
         operands = [token, *operands]
-        if (config.use_shardy_partitioner.value and isinstance(sharding, SdyArrayList)
-                and len(ctx.avals_out) > 0):
+        if (
+            config.use_shardy_partitioner.value
+            and isinstance(sharding, SdyArrayList)
+            and len(ctx.avals_out) > 0
+        ):
             # As jaxlib: the token gets a sharding of its own when there are outputs.
-            sharding = SdyArrayList((
-                SdyArray(mesh_shape=(), dim_shardings=(),
-                         logical_device_ids=sharding.shardings[0].logical_device_ids),
-                *sharding.shardings))
+            sharding = SdyArrayList(
+                (
+                    SdyArray(
+                        mesh_shape=(),
+                        dim_shardings=(),
+                        logical_device_ids=sharding.shardings[0].logical_device_ids,
+                    ),
+                    *sharding.shardings,
+                )
+            )
         ctx = dataclasses.replace(
             ctx,
             avals_in=[core.abstract_token, *ctx.avals_in],
@@ -344,7 +370,8 @@ def emit(ctx: Any, callback: Callable[..., Any], token: Any, operands: Sequence[
         )
     target = TARGET_NAMES[1] if partitioned else TARGET_NAMES[0]
     result = jax_ffi.build_ffi_lowering_function(target, has_side_effect=has_side_effect)(
-        ctx, *operands, **{CALLBACK_ID_ATTRIBUTE: np.uint64(registration.callback_id)})
+        ctx, *operands, **{CALLBACK_ID_ATTRIBUTE: np.uint64(registration.callback_id)}
+    )
     if sharding is not None:
         mlir.set_sharding(ctx.module_context, result, sharding)
     results = list(result.results)

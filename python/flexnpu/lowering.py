@@ -33,12 +33,13 @@ JAX upgrade that removes one fails loudly rather than lowering silently differen
 from __future__ import annotations
 
 import collections.abc
-import ctypes
 import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from flexnpu._native_loader import native, plugin_library
 
 PLATFORM_NAME = "flexnpu"
 logger = logging.getLogger(__name__)
@@ -224,8 +225,11 @@ def _lapack_dtypes_only(rule: Callable[..., Any]) -> Callable[..., Any]:
 
         for aval in ctx.avals_in:
             dtype = getattr(aval, "dtype", None)
-            if dtype is not None and np.issubdtype(dtype, np.inexact) and \
-                    str(dtype) not in _LAPACK_DTYPES:
+            if (
+                dtype is not None
+                and np.issubdtype(dtype, np.inexact)
+                and str(dtype) not in _LAPACK_DTYPES
+            ):
                 raise NotImplementedError(f"Unsupported dtype {dtype}.")
         return rule(ctx, *args, **params)
 
@@ -243,8 +247,9 @@ def _generic_linalg_rules() -> dict[Any, Any]:
 
     rules = {p: mlir._lowerings[p] for p in _linalg_primitives() if p in mlir._lowerings}
     rules[linalg.eigh_p] = mlir.LoweringRuleEntry(qdwh_eigh._eigh_tpu_lowering, False)
-    return {p: mlir.LoweringRuleEntry(_lapack_dtypes_only(e.rule), e.inline)
-            for p, e in rules.items()}
+    return {
+        p: mlir.LoweringRuleEntry(_lapack_dtypes_only(e.rule), e.inline) for p, e in rules.items()
+    }
 
 
 def install_lowering_rules(kind: str, jaxlib_kernels: bool = True) -> None:
@@ -290,8 +295,9 @@ def _branches_with_flexnpu(branches_platforms: Any, kind: str) -> Any:
     named = [b for b in branches_platforms if b is not None]
     if any(PLATFORM_NAME in b for b in named) or not any(kind in b for b in named):
         return branches_platforms
-    return tuple(b if b is None or kind not in b else (*b, PLATFORM_NAME)
-                 for b in branches_platforms)
+    return tuple(
+        b if b is None or kind not in b else (*b, PLATFORM_NAME) for b in branches_platforms
+    )
 
 
 def _platform_dependent_rules(kind: str, table: dict[Any, Any]) -> dict[Any, Any]:
@@ -311,8 +317,10 @@ def _platform_dependent_rules(kind: str, table: dict[Any, Any]) -> dict[Any, Any
         return rule_for_flexnpu
 
     rules = {}
-    for primitive, param in ((conditionals.platform_index_p, "platforms"),
-                             (conditionals.cond_p, "branches_platforms")):
+    for primitive, param in (
+        (conditionals.platform_index_p, "platforms"),
+        (conditionals.cond_p, "branches_platforms"),
+    ):
         base = table.get(primitive) or mlir._lowerings[primitive]
         rules[primitive] = mlir.LoweringRuleEntry(with_flexnpu(base.rule, param), base.inline)
     return rules
@@ -349,13 +357,7 @@ def _route_host_callbacks_over_cpu() -> None:
 
 
 def _capsule_pointer(capsule: Any) -> int:
-    get_name = ctypes.pythonapi.PyCapsule_GetName
-    get_name.restype = ctypes.c_char_p
-    get_name.argtypes = [ctypes.py_object]
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype = ctypes.c_void_p
-    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    pointer = get_pointer(capsule, get_name(capsule))
+    pointer = native("capsule_pointer", "the plugin entry points").capsule_pointer(capsule)
     if not pointer:
         raise ValueError("the FFI handler capsule holds a null pointer")
     return int(pointer)
@@ -375,31 +377,6 @@ def _execute_handler(name: str, fn: Any) -> int:
     return _capsule_pointer(fn)
 
 
-def _native() -> ctypes.CDLL:
-    from flexnpu._paths import plugin_library_path
-
-    library = ctypes.CDLL(str(plugin_library_path()))
-    library.FlexNpu_RegisterFfiHandler.restype = ctypes.c_char_p
-    library.FlexNpu_RegisterFfiHandler.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_void_p,
-        ctypes.c_uint32,
-    ]
-    library.FlexNpu_FfiTargetRunsEverywhere.restype = ctypes.c_int
-    library.FlexNpu_FfiTargetRunsEverywhere.argtypes = [ctypes.c_char_p]
-    library.FlexNpu_FfiRoutes.restype = ctypes.c_char_p
-    library.FlexNpu_FfiRoutes.argtypes = []
-    library.FlexNpu_RegisterFfiType.restype = ctypes.c_char_p
-    library.FlexNpu_RegisterFfiType.argtypes = [
-        ctypes.c_char_p,
-        ctypes.POINTER(ctypes.c_int64),
-        ctypes.c_void_p,
-    ]
-    return library
-
-
 def register_target(name: str, fn: Any, platform: str, api_version: int, traits: Any = 0) -> None:
     """Registers FFI target `name` with FlexNPU (which forwards it to the physical backend).
 
@@ -408,11 +385,11 @@ def register_target(name: str, fn: Any, platform: str, api_version: int, traits:
     ends in.
     """
     handler = _execute_handler(name, fn)
-    error = _native().FlexNpu_RegisterFfiHandler(
-        name.encode(), platform.encode(), int(api_version), handler, int(traits)
+    error = plugin_library().register_ffi_handler(
+        name, platform, int(api_version), handler, int(traits)
     )
     if error is not None:
-        raise RuntimeError(f"flexnpu: registering FFI target {name!r}: {error.decode()}")
+        raise RuntimeError(f"flexnpu: registering FFI target {name!r}: {error}")
 
 
 def register_type(type_name: str, registration: Any) -> None:
@@ -423,17 +400,17 @@ def register_type(type_name: str, registration: Any) -> None:
         type_id, type_info = registration["type_id"], registration.get("type_info")
     else:
         type_id, type_info = registration, None
-    pointer = ctypes.cast(_capsule_pointer(type_id), ctypes.POINTER(ctypes.c_int64))
+    pointer = _capsule_pointer(type_id)
     info = None if type_info is None else _capsule_pointer(type_info)
-    error = _native().FlexNpu_RegisterFfiType(type_name.encode(), pointer, info)
+    error = plugin_library().register_ffi_type(type_name, pointer, info)
     if error is not None:
-        raise RuntimeError(f"flexnpu: registering FFI type {type_name!r}: {error.decode()}")
+        raise RuntimeError(f"flexnpu: registering FFI type {type_name!r}: {error}")
 
 
 def target_runs_everywhere(name: str) -> bool:
     """Whether FFI target `name` reaches every physical backend attached so far in a form it
     runs (directly, or through FlexNPU's FFI version adapter)."""
-    return bool(_native().FlexNpu_FfiTargetRunsEverywhere(name.encode()))
+    return bool(plugin_library().ffi_target_runs_everywhere(name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,8 +428,8 @@ class FfiRoute:
 
 def ffi_routes() -> list[FfiRoute]:
     """Every FFI registration's route so far, one per (target, backend)."""
-    text = _native().FlexNpu_FfiRoutes() or b""
-    return [FfiRoute(*line.split("\t")) for line in text.decode().splitlines() if line]
+    text = plugin_library().ffi_routes()
+    return [FfiRoute(*line.split("\t")) for line in text.splitlines() if line]
 
 
 def _mirror(name: str, fn: Any, api_version: int, traits: Any) -> None:
@@ -480,8 +457,9 @@ def _mirror_cpu_targets() -> None:
         jaxlib_handler = xla_client._custom_callback_handler[host]
         if not getattr(jaxlib_handler, "_flexnpu_mirror", False):
 
-            def host_and_flexnpu(name: str, fn: Any, platform: str, api_version: int,
-                                 traits: Any = 0) -> None:
+            def host_and_flexnpu(
+                name: str, fn: Any, platform: str, api_version: int, traits: Any = 0
+            ) -> None:
                 jaxlib_handler(name, fn, platform, api_version, traits)
                 if api_version == 1:
                     _mirror(name, fn, api_version, traits)

@@ -1,4 +1,5 @@
-// flexnpu._native: the C++ cores (HLO analysis, placement) exposed to Python.
+// flexnpu._native: the C++ cores (HLO analysis, placement, the daemon) exposed to Python, and
+// the one way from Python into the loaded plugin's FlexNpu_* entry points.
 #include <nanobind/nanobind.h>
 
 namespace nb = nanobind;
@@ -9,6 +10,8 @@ void RegisterAnalysis(nb::module_& m);
 void RegisterPlacement(nb::module_& m);
 void RegisterHardware(nb::module_& m);
 void RegisterDaemon(nb::module_& m);
+void RegisterDaemonProtocol(nb::module_& m);
+void RegisterPlugin(nb::module_& m);
 }  // namespace flexnpu::python
 
 NB_MODULE(_native, m) {
@@ -24,5 +27,7 @@ NB_MODULE(_native, m) {
 #endif
 #ifdef FLEXNPU_HAVE_DAEMON
   flexnpu::python::RegisterDaemon(m);
+  flexnpu::python::RegisterDaemonProtocol(m);
 #endif
+  flexnpu::python::RegisterPlugin(m);
 }
