@@ -76,7 +76,7 @@ __attribute__((visibility("default"))) const PJRT_Api* GetPjrtApi() {
   return &api;
 }
 
-// FlexNPU's own query for Python (ctypes): the state of every live client as JSON.
+// FlexNPU's own query for Python (flexnpu._native.PluginLibrary): the state of every live client as JSON.
 // The returned string lives until the next call from the same thread.
 __attribute__((visibility("default"))) const char* FlexNpu_StatsJson() {
   thread_local std::string json;

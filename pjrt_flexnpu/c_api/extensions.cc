@@ -136,7 +136,7 @@ PJRT_Error* ExecuteContext_Destroy(PJRT_ExecuteContext_Destroy_Args* args) {
 
 extern "C" {
 
-// FFI registration for FlexNPU's Python side (flexnpu/lowering.py, through ctypes): the same
+// FFI registration for FlexNPU's Python side (flexnpu/lowering.py, through flexnpu._native.PluginLibrary): the same
 // path as the FFI extension's register_handler / type_register. Returns nullptr on
 // success, else a message that lives until the next call from the same thread.
 __attribute__((visibility("default"))) const char* FlexNpu_RegisterFfiHandler(
@@ -190,7 +190,7 @@ __attribute__((visibility("default"))) int FlexNpu_FfiTargetRunsEverywhere(const
   if (target_name == nullptr) return 0;
   try {
     return flexnpu::FfiTargetRunsEverywhere(target_name) ? 1 : 0;
-  } catch (...) {  // nothing may cross into ctypes
+  } catch (...) {  // nothing may cross the C boundary
     return 0;
   }
 }
@@ -209,14 +209,15 @@ __attribute__((visibility("default"))) const char* FlexNpu_FfiRoutes() {
       text += r.target_name + "\t" + route + "\t" + r.handler.ToString() + "\t" +
               r.backend.ToString() + "\t" + r.backend_path + "\n";
     }
-  } catch (...) {  // nothing may cross into ctypes: an empty report
+  } catch (...) {  // nothing may cross the C boundary: an empty report
     text.clear();
   }
   return text.c_str();
 }
 
 // Host callbacks (runtime/host_callback.h) for FlexNPU's Python side (flexnpu/host_callbacks.py,
-// through ctypes): installs the trampoline and registers FlexNPU's handler with the backends.
+// through flexnpu._native.PluginLibrary): installs the trampoline and registers FlexNPU's
+// handler with the backends.
 // Returns nullptr on success, else a message that lives until the next call from the thread.
 __attribute__((visibility("default"))) const char* FlexNpu_InstallHostCallbacks(
     void* trampoline) {
