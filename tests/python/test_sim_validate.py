@@ -15,9 +15,9 @@ from flexnpu.__main__ import main as flexnpu_main
 from flexnpu.serving.engine import EngineConfig
 from flexnpu.serving.runner import RunnerShapes
 from flexnpu.serving.scheduler import ScheduledSeq, Sequence
-from flexnpu.sim.engine import InstanceConfig, Simulation
 from flexnpu.sim.hardware import CPU_CALIBRATION_ENV, StepTimer, get_preset
 from flexnpu.sim.models import get_model
+from flexnpu.sim.simulation import InstanceConfig, Simulation
 from flexnpu.sim.steptime import EngineShapes
 from flexnpu.sim.workload import load_trace
 

@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from flexnpu.sim.engine import POLICIES
 from flexnpu.sim.hardware import LINKS, PRESETS
 from flexnpu.sim.models import MODELS
+from flexnpu.sim.simulation import POLICIES
 from flexnpu.sim.workload import WORKLOADS
 
 _EPILOG = """\
@@ -214,7 +214,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flexnpu.sim import report
-    from flexnpu.sim.runner import SimSpec, parse_slos, run_all
+    from flexnpu.sim.experiments import SimSpec, parse_slos, run_all
 
     try:
         policies = tuple(x.strip() for x in args.policies.split(",") if x.strip())

@@ -62,9 +62,9 @@ class ServingRuntime:
     # Steps every instance keeps dispatched (0: the simulator's defaults). FlexNPU's engine
     # dispatches step k+1 before it waits for step k (JAX async dispatch), so a request that
     # arrives while step k+1 runs is first planned into step k+2. That holds over jaxlib's
-    # CPU client (an execute returns in ~1 ms); through the flexnpu plugin an execute returned
-    # only when the computation had finished (measured 2026-12-01), so there the overlap is
-    # lost and each step's tokens reach the client after the next step: not modelled here.
+    # CPU client (an execute returns before the computation ends); where an execute returns
+    # only when the computation has finished, the overlap is lost and each step's tokens
+    # reach the client after the next step: not modelled here.
     inflight: int = 0
 
 
@@ -89,7 +89,7 @@ _A100 = Device("a100", 312e12, 2.039e12, 20e-6, True,
                "NVIDIA A100 SXM 80GB datasheet: 312 TFLOPS BF16 dense, 2.039 TB/s HBM2e")
 _BASE = {
     "910b": ("ascend910b", 64e9, "hccs"),
-    "910c": ("ascend910c", 128e9, "hccs"),  # 128 GB: unverified (SIM_FACTS)
+    "910c": ("ascend910c", 128e9, "hccs"),  # 128 GB: unverified
     "h100": ("h100", 80e9, "nvlink"),
     "h200": ("h200", 141e9, "nvlink"),
     "a100": (_A100, 80e9, "nvlink"),
@@ -205,8 +205,8 @@ class StepTimer:
         g = self.parallel
         self.peak = d.peak_flops * g
         self.bandwidth = d.mem_bandwidth * g
-        self._ns_flop = 1.0 / (self.peak * self.preset.eff_compute)
-        self._ns_byte = 1.0 / (self.bandwidth * self.preset.eff_memory)
+        self.seconds_per_flop = 1.0 / (self.peak * self.preset.eff_compute)
+        self.seconds_per_byte = 1.0 / (self.bandwidth * self.preset.eff_memory)
         self.launch_s = d.small_work_s if self.preset.launch_s is None else self.preset.launch_s
         fc = self.cost.flop_coef
         bc = self.cost.byte_coefs(self.preset.fused_attention)  # KV read once when fused
@@ -264,7 +264,7 @@ class StepTimer:
         return float(self._fc @ feats), float(self._bc @ feats)
 
     def seconds(self, flops: float, nbytes: float) -> float:
-        return max(flops * self._ns_flop, nbytes * self._ns_byte) + self.launch_s
+        return max(flops * self.seconds_per_flop, nbytes * self.seconds_per_byte) + self.launch_s
 
     def phase(self, flops: float, nbytes: float) -> str:
         """As flexnpu.analysis classifies on the device: compute-bound -> prefill."""

@@ -1,4 +1,4 @@
-"""The simulator's outputs: a markdown table and PNG plots (the JSON is runner.run_all's)."""
+"""The simulator's outputs: a markdown table and PNG plots (the JSON is experiments.run_all's)."""
 
 from __future__ import annotations
 

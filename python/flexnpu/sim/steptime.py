@@ -124,13 +124,13 @@ def _layer_cost(m: ModelShape, kind: str, n: int, ctx: int) -> tuple[float, floa
     import jax
     import jax.numpy as jnp
 
-    from flexnpu.sim.models import _sds, dense_layer_fns, mla_moe_layer_fns
+    from flexnpu.sim.models import dense_layer_fns, mla_moe_layer_fns, sds
 
     def one(prefill, decode, params, cache_shapes):
-        x = _sds((n, m.d_model))
+        x = sds((n, m.d_model))
         if kind == "prefill":
             return _analyze(jax.jit(prefill), params, x)
-        return _analyze(jax.jit(decode), params, x, *[_sds(s) for s in cache_shapes])
+        return _analyze(jax.jit(decode), params, x, *[sds(s) for s in cache_shapes])
 
     if not m.is_moe:
         pre, dec, params = dense_layer_fns(m)
@@ -153,10 +153,10 @@ def _head_cost(m: ModelShape, n: int, sampled: int) -> tuple[float, float]:
     import jax
     import jax.numpy as jnp
 
-    from flexnpu.sim.models import _sds, head_fn
+    from flexnpu.sim.models import head_fn, sds
 
     fn, params = head_fn(m)
-    return _analyze(jax.jit(fn), params, _sds((n,), jnp.int32), _sds((sampled,), jnp.int32))
+    return _analyze(jax.jit(fn), params, sds((n,), jnp.int32), sds((sampled,), jnp.int32))
 
 
 def build_table(m: ModelShape, log=print) -> dict:

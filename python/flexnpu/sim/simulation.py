@@ -54,7 +54,7 @@ POLICIES = ("passthrough", "static-pd", "static-colocate", "chunked-colocate", "
 # A decode delay of t spreads over the sequence's hundreds of output tokens (its TPOT grows by
 # t / output length) while a prefill delay lands whole on TTFT, so it is well below 1. 0.25 is
 # from a sweep (1, 0.5, 0.25, 0.1) on DeepSeek-R1 / 96 x 910C ShareGPT and phase-shift: it
-# ties static-pd on ShareGPT and keeps most of the phase-shift gain (see sim_report2).
+# ties static-pd on ShareGPT and keeps most of the phase-shift gain.
 WEIGHTED_CORE_TUNING = {"tpot_weight": 0.25}
 _ARRIVAL, _START, _DONE, _KV = 0, 1, 2, 3
 _PREFILL_ROLE = Role.PREFILL  # a global: an Enum member read via its class is slow on 3.11
@@ -111,7 +111,9 @@ def make_layout(policy: str, units: int, num_prefill: int, dynamic_layout: str) 
     return Layout(roles, policy, chunked=False, mixed=False, num_prefill=units)
 
 
-class _Request:
+class Request:
+    """One request of the workload and what happened to it (times in simulated seconds)."""
+
     __slots__ = ("rid", "arrival", "prompt", "output", "first_token", "finish", "n_out",
                  "dropped")
 
@@ -126,7 +128,9 @@ class _Request:
         self.dropped = ""
 
 
-class _Instance:
+class Instance:
+    """A serving instance on a virtual device: its scheduler, role and where its KV is."""
+
     __slots__ = ("idx", "sched", "role", "kv_unit", "inflight", "max_inflight", "steps", "pos",
                  "changed")
 
@@ -141,7 +145,7 @@ class _Instance:
         self.steps = 0
         self.pos = 0  # index in its router (front: takes arrivals; back: takes handoffs)
         # Its router's list of instances whose scheduler changed since it last routed.
-        self.changed: list[_Instance] = []
+        self.changed: list[Instance] = []
 
 
 def _core_calls(core: Any) -> tuple[Callable[..., tuple], Callable[[int, int], None],
@@ -165,7 +169,7 @@ def _core_calls(core: Any) -> tuple[Callable[..., tuple], Callable[[int, int], N
     return place, core.on_start, core.on_finish
 
 
-class _Router:
+class Router:
     """least_loaded (flexnpu.serving.scheduler) over a fixed list of instances, kept
     incrementally: each instance's (key, index) (the index breaks ties to the lowest, as
     there) is recomputed only after its scheduler changed, which only the Simulation's calls
@@ -176,9 +180,9 @@ class _Router:
 
     __slots__ = ("insts", "keys", "changed", "heap", "limit")
 
-    def __init__(self, insts: list[_Instance]) -> None:
+    def __init__(self, insts: list[Instance]) -> None:
         self.insts = insts
-        self.changed: list[_Instance] = []
+        self.changed: list[Instance] = []
         for i, x in enumerate(insts):
             x.pos, x.changed = i, self.changed
         self.keys = [(x.sched._load_key(), i) for i, x in enumerate(insts)]
@@ -186,7 +190,7 @@ class _Router:
         # Stale entries above the top are dropped only by a rebuild, past this size.
         self.limit = 4 * len(insts) + 16
 
-    def pick(self) -> _Instance:
+    def pick(self) -> Instance:
         insts = self.insts
         if len(insts) == 1:
             return insts[0]
@@ -216,7 +220,7 @@ class _Router:
 class RunResult:
     policy: str
     layout: str
-    requests: list[_Request]
+    requests: list[Request]
     decisions_by_reason: dict[str, int]
     core_decisions: int
     kv_bytes_moved: int
@@ -234,7 +238,8 @@ class RunResult:
 
 
 class Simulation:
-    """One policy, one workload, one seed."""
+    """One policy, one workload, one seed. `scheduler_class`: the instances' scheduler (None:
+    flexnpu.serving's Scheduler; a bench passes a variant of it to compare code paths)."""
 
     def __init__(self, *, model: ModelShape, preset: Preset, devices: int, parallel: int,
                  policy: str, instance: InstanceConfig, num_prefill: int = 0,
@@ -242,7 +247,8 @@ class Simulation:
                  co_run: bool = False, drain_s: float = 600.0,
                  timeline_window: tuple[float, float] | None = None,
                  core_tuning: dict[str, float] | None = None,
-                 request_weights: bool = True) -> None:
+                 request_weights: bool = True,
+                 scheduler_class: type[Scheduler] | None = None) -> None:
         if devices < 1 or parallel < 1 or devices % parallel:
             raise ValueError(f"--devices {devices} must be a positive multiple of --parallel "
                              f"{parallel}")
@@ -267,8 +273,9 @@ class Simulation:
                             num_virtual_devices=v, **tuning)
         self.link_bw = self.link.bytes_per_s * parallel
         depth = preset.runtime.inflight  # the preset's serving runtime (0: as below)
+        make_scheduler = scheduler_class or Scheduler
         self.instances = [
-            _Instance(i, Scheduler(self._sched_config(r, instance, roles)), r, i % self.units,
+            Instance(i, make_scheduler(self._sched_config(r, instance, roles)), r, i % self.units,
                       depth or (instance.prefill_inflight if r is Role.PREFILL else 1))
             for i, r in enumerate(roles)
         ]
@@ -321,7 +328,7 @@ class Simulation:
     def run(self, wl: Workload) -> RunResult:
         # A run allocates millions of objects that live to its end (requests, sequences, KV
         # block lists) and builds no reference cycles: the cyclic collector would only rescan
-        # them (~5% of a 384-device run). Off for the run, as it was after.
+        # them. Off for the run, as it was after.
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -347,10 +354,10 @@ class Simulation:
         self._timeline: list[tuple[int, float, float, str]] = []
         self._window_end = wl.duration
         self._tokens_in_window = 0
-        self._front = _Router(self.front)
-        self._back = _Router(self.back)
+        self._front = Router(self.front)
+        self._back = Router(self.back)
         self._place, self._on_start, self._on_finish = _core_calls(self.core)
-        reqs = [_Request(i, t, p, o) for i, (t, p, o) in
+        reqs = [Request(i, t, p, o) for i, (t, p, o) in
                 enumerate(zip(np.asarray(wl.arrivals, dtype=float).tolist(),
                               np.asarray(wl.prompt_tokens, dtype=np.int64).tolist(),
                               np.asarray(wl.output_tokens, dtype=np.int64).tolist(), strict=True))]
@@ -410,7 +417,7 @@ class Simulation:
         self._order += 1
         heapq.heappush(self._heap, (t, self._order, kind, *payload))
 
-    def _on_arrival(self, req: _Request, now: float) -> None:
+    def _on_arrival(self, req: Request, now: float) -> None:
         inst = self._front.pick()
         seq = Sequence(req.rid, req.prompt, req.output, now, payload=req)
         sched = inst.sched
@@ -427,7 +434,7 @@ class Simulation:
         else:
             inst.changed.append(inst)
 
-    def _on_kv(self, inst: _Instance, seq: Sequence, now: float) -> None:
+    def _on_kv(self, inst: Instance, seq: Sequence, now: float) -> None:
         try:
             inst.sched.add_prefilled(seq)
         except RequestTooLongError:
@@ -438,12 +445,12 @@ class Simulation:
         else:
             inst.changed.append(inst)
 
-    def _start_step(self, inst: _Instance, now: float) -> None:
+    def _start_step(self, inst: Instance, now: float) -> None:
         while inst.inflight < inst.max_inflight and inst.sched.has_work:
             if not self._dispatch(inst, now):
                 return
 
-    def _dispatch(self, inst: _Instance, now: float) -> bool:
+    def _dispatch(self, inst: Instance, now: float) -> bool:
         """Schedules and places one step of `inst`; False if there was nothing to run."""
         sched = inst.sched
         plan = sched.schedule(now)
@@ -500,8 +507,8 @@ class Simulation:
         if self.co_run:
             start = ready
             k1 = self._inflight[u] + 1
-            c = flops * timer._ns_flop
-            m = nbytes * timer._ns_byte
+            c = flops * timer.seconds_per_flop
+            m = nbytes * timer.seconds_per_byte
             hc = max(0.0, self._hc[u] - start)
             hm = max(0.0, self._hm[u] - start)
             end = start + max(min(c * k1, hc + c), min(m * k1, hm + m)) + timer.launch_s
@@ -539,7 +546,7 @@ class Simulation:
         heapq.heappush(heap, (end, order, _DONE, inst, plan, ticket, u))
         return True
 
-    def _on_done(self, inst: _Instance, plan, ticket: int, unit: int, now: float) -> None:
+    def _on_done(self, inst: Instance, plan, ticket: int, unit: int, now: float) -> None:
         self._on_finish(ticket, int(now * 1e9))
         self._inflight[unit] -= 1
         inst.inflight -= 1
@@ -574,7 +581,7 @@ class Simulation:
         else:
             inst.changed.append(inst)
 
-    def _handoff(self, src: _Instance, seq: Sequence, now: float) -> None:
+    def _handoff(self, src: Instance, seq: Sequence, now: float) -> None:
         dst = self._back.pick()
         self._order += 1
         if src.kv_unit == dst.kv_unit:  # same unit (co-located): the KV stays in place

@@ -9,11 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from flexnpu.serving.scheduler import Scheduler
 from flexnpu.sim.adaptive import SPLIT_TARGET_UTILIZATION, AdaptiveSimulation
-from flexnpu.sim.engine import POLICIES, InstanceConfig, RunResult, Simulation, percentiles
 from flexnpu.sim.hardware import LINKS, get_preset
 from flexnpu.sim.models import get_model
-from flexnpu.sim.workload import make_workload
+from flexnpu.sim.simulation import POLICIES, InstanceConfig, RunResult, Simulation, percentiles
+from flexnpu.sim.workload import Workload, make_workload
 
 # dynamic's virtual layouts: a prefill + a decode instance per unit; static-pd's split; the
 # colocated instances with the split the placement core's SplitAdvisor adapts (sim/adaptive.py).
@@ -148,6 +149,17 @@ class SimSpec:
 def simulate_once(spec: SimSpec, policy: str, seed: int, *, rate: float | None = None,
                   duration: float | None = None, prefill_units: int = 0,
                   window: tuple[float, float] | None = None) -> RunResult:
+    sim, wl = build_simulation(spec, policy, seed, rate=rate, duration=duration,
+                               prefill_units=prefill_units, window=window)
+    return sim.run(wl)
+
+
+def build_simulation(spec: SimSpec, policy: str, seed: int, *, rate: float | None = None,
+                     duration: float | None = None, prefill_units: int = 0,
+                     window: tuple[float, float] | None = None,
+                     scheduler_class: type[Scheduler] | None = None,
+                     ) -> tuple[Simulation, Workload]:
+    """simulate_once's simulation and workload, not run yet (a bench times the run apart)."""
     s = spec
     model, preset = get_model(s.model), get_preset(s.device)
     wl = make_workload(s.workload, rate if rate is not None else s.rate,
@@ -160,13 +172,13 @@ def simulate_once(spec: SimSpec, policy: str, seed: int, *, rate: float | None =
         model=model, preset=preset, devices=s.devices, parallel=s.parallel, policy=policy,
         instance=ic, num_prefill=prefill_units, link=LINKS[s.link], co_run=s.co_run,
         drain_s=s.drain_s, timeline_window=window, core_tuning=s.core_tuning,
-        request_weights=s.request_weights)
+        request_weights=s.request_weights, scheduler_class=scheduler_class)
     if policy == "dynamic" and s.dynamic_layout == "adaptive":
         sim: Simulation = AdaptiveSimulation(
             split_target_utilization=s.split_target_utilization, **kw)
     else:
         sim = Simulation(dynamic_layout=s.dynamic_layout, **kw)
-    return sim.run(wl)
+    return sim, wl
 
 
 def run_metrics(r: RunResult, spec: SimSpec, duration: float) -> dict[str, Any]:
