@@ -32,9 +32,13 @@ class AdaptiveSimulation(Simulation):
     """Simulation of policy "dynamic" over the colocated virtual layout, its routers limited to
     the advisor's split. `num_prefill`: the split before the first decision (0: half)."""
 
-    def __init__(self, *, num_prefill: int = 0,
-                 split_target_utilization: float = SPLIT_TARGET_UTILIZATION,
-                 **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        num_prefill: int = 0,
+        split_target_utilization: float = SPLIT_TARGET_UTILIZATION,
+        **kw: Any,
+    ) -> None:
         kw.pop("dynamic_layout", None)
         if kw.get("policy", "dynamic") != "dynamic":
             raise ValueError("the adaptive layout is dynamic's: policy must be 'dynamic'")
@@ -53,10 +57,14 @@ class AdaptiveSimulation(Simulation):
         n = max(1, budget // prompt)
         seconds = t.seconds(*t.flops_bytes(t.features([(0, prompt, True)] * n)))
         return fp.SplitAdvisor(
-            self.units, n * prompt / seconds,
+            self.units,
+            n * prompt / seconds,
             self.back[0].sched.config.max_num_seqs * SPLIT_DECODE_BATCH_FRACTION,
-            target_utilization=self.split_target, average_ns=SPLIT_AVERAGE_NS,
-            tick_ns=SPLIT_TICK_NS, initial_prefill_units=self.initial_prefill)
+            target_utilization=self.split_target,
+            average_ns=SPLIT_AVERAGE_NS,
+            tick_ns=SPLIT_TICK_NS,
+            initial_prefill_units=self.initial_prefill,
+        )
 
     def _run(self, wl: Any) -> Any:
         self.advisor = self._make_advisor()

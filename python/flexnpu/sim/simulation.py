@@ -104,8 +104,11 @@ def make_layout(policy: str, units: int, num_prefill: int, dynamic_layout: str) 
         if not 1 <= num_prefill < units:
             raise ValueError(f"prefill units must be in [1, {units - 1}], got {num_prefill}")
         roles = [Role.PREFILL] * num_prefill + [Role.DECODE] * (units - num_prefill)
-        core = (f"static-pd:prefill=0-{num_prefill - 1};decode={num_prefill}-{units - 1}"
-                if policy == "static-pd" else "dynamic")
+        core = (
+            f"static-pd:prefill=0-{num_prefill - 1};decode={num_prefill}-{units - 1}"
+            if policy == "static-pd"
+            else "dynamic"
+        )
         return Layout(roles, core, chunked=False, mixed=False, num_prefill=num_prefill)
     roles = [Role.PREFILL] * units + [Role.DECODE] * units  # home of virtual v: v mod units
     return Layout(roles, policy, chunked=False, mixed=False, num_prefill=units)
@@ -114,8 +117,7 @@ def make_layout(policy: str, units: int, num_prefill: int, dynamic_layout: str) 
 class Request:
     """One request of the workload and what happened to it (times in simulated seconds)."""
 
-    __slots__ = ("rid", "arrival", "prompt", "output", "first_token", "finish", "n_out",
-                 "dropped")
+    __slots__ = ("rid", "arrival", "prompt", "output", "first_token", "finish", "n_out", "dropped")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int) -> None:
         self.rid = rid
@@ -131,11 +133,21 @@ class Request:
 class Instance:
     """A serving instance on a virtual device: its scheduler, role and where its KV is."""
 
-    __slots__ = ("idx", "sched", "role", "kv_unit", "inflight", "max_inflight", "steps", "pos",
-                 "changed")
+    __slots__ = (
+        "idx",
+        "sched",
+        "role",
+        "kv_unit",
+        "inflight",
+        "max_inflight",
+        "steps",
+        "pos",
+        "changed",
+    )
 
-    def __init__(self, idx: int, sched: Scheduler, role: Role, kv_unit: int,
-                 max_inflight: int) -> None:
+    def __init__(
+        self, idx: int, sched: Scheduler, role: Role, kv_unit: int, max_inflight: int
+    ) -> None:
         self.idx = idx
         self.sched = sched
         self.role = role
@@ -148,8 +160,9 @@ class Instance:
         self.changed: list[Instance] = []
 
 
-def _core_calls(core: Any) -> tuple[Callable[..., tuple], Callable[[int, int], None],
-                                     Callable[[int, int], None]]:
+def _core_calls(
+    core: Any,
+) -> tuple[Callable[..., tuple], Callable[[int, int], None], Callable[[int, int], None]]:
     """place(virtual, executable_id, phase, flops, bytes, inputs, now_ns, weight) -> the
     decision's fields, on_start and on_finish of `core`. For a flexnpu.placement.Core these
     are the bindings its methods call (same call, same decision) without the Profile and
@@ -159,12 +172,32 @@ def _core_calls(core: Any) -> tuple[Callable[..., tuple], Callable[[int, int], N
         native = core._core
         return native.place, native.on_start, native.on_finish  # on_finish's ok: True
 
-    def place(v: int, exe: int, phase: str, flops: float, nbytes: float,
-              inputs: list[tuple[int, int]], now_ns: int, weight: float) -> tuple:
-        d = core.place(v, fp.Profile(phase, flops, nbytes), now_ns=now_ns, inputs=inputs,
-                       executable_id=exe, weight=weight)
-        return (d.physical_device, d.reason, d.predicted_start_ns, d.predicted_finish_ns,
-                d.migrate_bytes, d.ticket)
+    def place(
+        v: int,
+        exe: int,
+        phase: str,
+        flops: float,
+        nbytes: float,
+        inputs: list[tuple[int, int]],
+        now_ns: int,
+        weight: float,
+    ) -> tuple:
+        d = core.place(
+            v,
+            fp.Profile(phase, flops, nbytes),
+            now_ns=now_ns,
+            inputs=inputs,
+            executable_id=exe,
+            weight=weight,
+        )
+        return (
+            d.physical_device,
+            d.reason,
+            d.predicted_start_ns,
+            d.predicted_finish_ns,
+            d.migrate_bytes,
+            d.ticket,
+        )
 
     return place, core.on_start, core.on_finish
 
@@ -241,17 +274,29 @@ class Simulation:
     """One policy, one workload, one seed. `scheduler_class`: the instances' scheduler (None:
     flexnpu.serving's Scheduler; a bench passes a variant of it to compare code paths)."""
 
-    def __init__(self, *, model: ModelShape, preset: Preset, devices: int, parallel: int,
-                 policy: str, instance: InstanceConfig, num_prefill: int = 0,
-                 dynamic_layout: str = "colocated", link: Link | None = None,
-                 co_run: bool = False, drain_s: float = 600.0,
-                 timeline_window: tuple[float, float] | None = None,
-                 core_tuning: dict[str, float] | None = None,
-                 request_weights: bool = True,
-                 scheduler_class: type[Scheduler] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        model: ModelShape,
+        preset: Preset,
+        devices: int,
+        parallel: int,
+        policy: str,
+        instance: InstanceConfig,
+        num_prefill: int = 0,
+        dynamic_layout: str = "colocated",
+        link: Link | None = None,
+        co_run: bool = False,
+        drain_s: float = 600.0,
+        timeline_window: tuple[float, float] | None = None,
+        core_tuning: dict[str, float] | None = None,
+        request_weights: bool = True,
+        scheduler_class: type[Scheduler] | None = None,
+    ) -> None:
         if devices < 1 or parallel < 1 or devices % parallel:
-            raise ValueError(f"--devices {devices} must be a positive multiple of --parallel "
-                             f"{parallel}")
+            raise ValueError(
+                f"--devices {devices} must be a positive multiple of --parallel {parallel}"
+            )
         self.model, self.preset, self.policy = model, preset, policy
         self.units = devices // parallel
         self.timer = StepTimer.create(model, preset, parallel, instance)
@@ -264,19 +309,28 @@ class Simulation:
         roles = self.layout.roles
         v = len(roles)
         unit_model = fp.DeviceModel(
-            peak_flops=self.timer.peak, bandwidth_bytes_per_s=self.timer.bandwidth,
-            link_bytes_per_s=self.link.bytes_per_s * parallel, can_overlap=co_run,
-            launch_s=self.timer.launch_s)
+            peak_flops=self.timer.peak,
+            bandwidth_bytes_per_s=self.timer.bandwidth,
+            link_bytes_per_s=self.link.bytes_per_s * parallel,
+            can_overlap=co_run,
+            launch_s=self.timer.launch_s,
+        )
         self.request_weights = request_weights
         tuning = {**(WEIGHTED_CORE_TUNING if request_weights else {}), **(core_tuning or {})}
-        self.core = fp.Core(self.layout.core_policy, [unit_model] * self.units,
-                            num_virtual_devices=v, **tuning)
+        self.core = fp.Core(
+            self.layout.core_policy, [unit_model] * self.units, num_virtual_devices=v, **tuning
+        )
         self.link_bw = self.link.bytes_per_s * parallel
         depth = preset.runtime.inflight  # the preset's serving runtime (0: as below)
         make_scheduler = scheduler_class or Scheduler
         self.instances = [
-            Instance(i, make_scheduler(self._sched_config(r, instance, roles)), r, i % self.units,
-                      depth or (instance.prefill_inflight if r is Role.PREFILL else 1))
+            Instance(
+                i,
+                make_scheduler(self._sched_config(r, instance, roles)),
+                r,
+                i % self.units,
+                depth or (instance.prefill_inflight if r is Role.PREFILL else 1),
+            )
             for i, r in enumerate(roles)
         ]
         self.front = [x for x in self.instances if x.role is not Role.DECODE]
@@ -293,12 +347,14 @@ class Simulation:
             raise ValueError(
                 f"{self.model.name} ({self.model.weight_bytes / 1e9:.0f} GB of weights) does not "
                 f"fit {self.timer.parallel} x {self.preset.name} "
-                f"({mem / 1e9:.0f} GB); raise --parallel")
+                f"({mem / 1e9:.0f} GB); raise --parallel"
+            )
         block_bytes = ic.block_size * self.kv_per_token
         max_useful = math.ceil(ic.max_num_seqs * ic.max_model_len / ic.block_size)
         shares_unit = len(roles) > self.units
-        prefill_pool = math.ceil(2 * max(ic.max_model_len, ic.max_num_batched_tokens)
-                                 / ic.block_size)
+        prefill_pool = math.ceil(
+            2 * max(ic.max_model_len, ic.max_num_batched_tokens) / ic.block_size
+        )
         if role is Role.PREFILL:
             blocks = prefill_pool
         else:
@@ -357,10 +413,17 @@ class Simulation:
         self._front = Router(self.front)
         self._back = Router(self.back)
         self._place, self._on_start, self._on_finish = _core_calls(self.core)
-        reqs = [Request(i, t, p, o) for i, (t, p, o) in
-                enumerate(zip(np.asarray(wl.arrivals, dtype=float).tolist(),
-                              np.asarray(wl.prompt_tokens, dtype=np.int64).tolist(),
-                              np.asarray(wl.output_tokens, dtype=np.int64).tolist(), strict=True))]
+        reqs = [
+            Request(i, t, p, o)
+            for i, (t, p, o) in enumerate(
+                zip(
+                    np.asarray(wl.arrivals, dtype=float).tolist(),
+                    np.asarray(wl.prompt_tokens, dtype=np.int64).tolist(),
+                    np.asarray(wl.output_tokens, dtype=np.int64).tolist(),
+                    strict=True,
+                )
+            )
+        ]
         self._requests = reqs
         horizon = (reqs[-1].arrival if reqs else 0.0) + self.drain_s
         heap = self._heap
@@ -402,14 +465,22 @@ class Simulation:
         for d in stats["physical"]:
             core_reasons.update(d["decisions"])
         return RunResult(
-            policy=self.policy, layout=self.layout.core_policy, requests=reqs,
+            policy=self.policy,
+            layout=self.layout.core_policy,
+            requests=reqs,
             decisions_by_reason={k: int(core_reasons[k]) for k in fp.REASONS},
             core_decisions=int(stats["decisions_total"]),
             kv_bytes_moved=self._kv_handoff + self._kv_migrated,
-            kv_bytes_handoff=self._kv_handoff, kv_bytes_migrated=self._kv_migrated,
-            busy_s=list(self._busy), makespan_s=end, events=self._events, steps=self._steps,
-            placements=self._placements, timeline=self._timeline,
-            preemptions=self._preempted, tokens_in_window=self._tokens_in_window,
+            kv_bytes_handoff=self._kv_handoff,
+            kv_bytes_migrated=self._kv_migrated,
+            busy_s=list(self._busy),
+            makespan_s=end,
+            events=self._events,
+            steps=self._steps,
+            placements=self._placements,
+            timeline=self._timeline,
+            preemptions=self._preempted,
+            tokens_in_window=self._tokens_in_window,
             window_s=wl.duration,
         )
 
@@ -489,15 +560,20 @@ class Simulation:
             inputs = []
         now_ns = int(now * 1e9)
         phase = "decode" if is_decode else "prefill"
-        exe = (_DECODE_EXE if is_decode else _PREFILL_EXE) | \
-            max(1, num_scheduled).bit_length() << 8 | min(255, num_tokens.bit_length())
+        exe = (
+            (_DECODE_EXE if is_decode else _PREFILL_EXE)
+            | max(1, num_scheduled).bit_length() << 8
+            | min(255, num_tokens.bit_length())
+        )
         # weight: the sequences whose latency this step's placement decides (the engine knows
         # them): its batch, and for a prefill also the prompts queued behind it, which wait as
         # long as it does. The core weighs them against the decode sequences it would delay.
-        weight = num_scheduled + (0 if is_decode else sched.num_waiting) \
-            if self.request_weights else 0
+        weight = (
+            num_scheduled + (0 if is_decode else sched.num_waiting) if self.request_weights else 0
+        )
         u, reason, _, _, migrate_bytes, ticket = self._place(
-            inst.idx, exe, phase, float(flops), float(nbytes), inputs, now_ns, float(weight))
+            inst.idx, exe, phase, float(flops), float(nbytes), inputs, now_ns, float(weight)
+        )
         self._placements += 1
         self._reasons[reason] += 1
         ready = now
@@ -575,8 +651,9 @@ class Simulation:
         # _start_step(inst, now), inline; a dispatch marks `inst` changed (its router recomputes
         # its load key), so only a done step that dispatches nothing marks it here.
         if inst.inflight < inst.max_inflight and sched.has_work:
-            while self._dispatch(inst, now) and inst.inflight < inst.max_inflight and \
-                    sched.has_work:
+            while (
+                self._dispatch(inst, now) and inst.inflight < inst.max_inflight and sched.has_work
+            ):
                 pass
         else:
             inst.changed.append(inst)
