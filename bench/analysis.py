@@ -1,6 +1,6 @@
 """Benchmark: time to analyze the optimized HLO of a full transformer step vs compile time.
 
-    JAX_PLATFORMS=cpu python bench/analysis.py [--layers N] [--repeat R]
+    JAX_PLATFORMS=cpu python -m bench.analysis [--layers N] [--repeat R]
 
 Compiles Qwen2.5-7B-shaped prefill and decode steps from ShapeDtypeStructs (layers unrolled,
 so the optimized module holds every layer) and reports lower+compile time, the size of the
@@ -14,13 +14,10 @@ import os
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 
-import llama_corpus as lc  # noqa: E402
-
+from bench import llama_corpus as lc  # noqa: E402
 from flexnpu import analysis as fa  # noqa: E402
 
 

@@ -6,7 +6,7 @@ and the ratio daemon/local is taken per pair. Prints per-call medians, the ratio
 max over pairs), CPU per call (the daemon's process counted with its client) and, from the
 daemon's stats, the requests each call makes by op and the payload bytes moved.
 
-    python bench/daemon.py [--tiny-calls 2000] [--decode-steps 200] [--smollm2-steps 40]
+    python -m bench.daemon [--tiny-calls 2000] [--decode-steps 200] [--smollm2-steps 40]
                            [--daemon-policy dynamic] [--rounds 3] [--json OUT]
 
 Workloads: a tiny op (x + 1 on a scalar, block_until_ready each call), a decode-like step
@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import REPO
+
 WORKER = r"""
 import json, statistics, sys, time
 import jax, jax.numpy as jnp, numpy as np
@@ -42,8 +44,7 @@ device = jax.devices()[0]
 runs = {}
 
 if smollm2:
-    sys.path.insert(0, sys.argv[2])
-    from engine_overhead import _decode_inputs
+    from bench.common import decode_inputs
     from flexnpu.serving import logs
     from flexnpu.serving.engine import Engine, EngineConfig
     from flexnpu.serving.gguf_loader import DEFAULT_MODEL
@@ -56,7 +57,7 @@ if smollm2:
     engine = Engine(None, model.params, config, devices=[device],
                     model_config=model.config, eos_ids=())
     runner = engine.instances[0].runner
-    smol_inputs = runner.device_inputs(_decode_inputs(runner, 8, 48))
+    smol_inputs = runner.device_inputs(decode_inputs(runner, 8, 48))
 
     def smollm2_step():
         # As bench/engine_overhead.py's bare loop: the step, the cache carried, ids read.
@@ -116,9 +117,11 @@ for line in sys.stdin:
     print(json.dumps({"samples": samples, "cpu_s": time.process_time() - cpu}), flush=True)
 """
 
-WORKLOADS = [("tiny_op_us", "tiny op", "tiny_calls"),
-             ("decode_step_us", "decode-like", "decode_steps"),
-             ("smollm2_decode_step_us", "SmolLM2 decode", "smollm2_steps")]
+WORKLOADS = [
+    ("tiny_op_us", "tiny op", "tiny_calls"),
+    ("decode_step_us", "decode-like", "decode_steps"),
+    ("smollm2_decode_step_us", "SmolLM2 decode", "smollm2_steps"),
+]
 
 
 def _env(mode: str, socket: Path) -> dict[str, str]:
@@ -136,9 +139,14 @@ class Worker:
         self.mode = mode
         self._stderr = open(log, "w")  # noqa: SIM115 - lives as long as the worker
         self.process = subprocess.Popen(
-            [sys.executable, "-c", WORKER, "1" if smollm2 else "0", str(Path(__file__).parent)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
-            env=_env(mode, socket))
+            [sys.executable, "-c", WORKER, "1" if smollm2 else "0"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=_env(mode, socket),
+            cwd=REPO,
+        )  # `-c` imports from its cwd: the bench package
         self._log = log
 
     def read(self) -> dict[str, Any]:
@@ -182,8 +190,7 @@ def _daemon_counters(socket: Path) -> dict[str, Any]:
 
 
 def _per_call(before: dict[str, Any], after: dict[str, Any], calls: int) -> dict[str, float]:
-    return {k: (v - before.get(k, 0)) / calls for k, v in after.items()
-            if v != before.get(k, 0)}
+    return {k: (v - before.get(k, 0)) / calls for k, v in after.items() if v != before.get(k, 0)}
 
 
 def _start_daemon(tmp: Path, socket: Path, policy: str | None) -> subprocess.Popen[bytes]:
@@ -206,10 +213,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny-calls", type=int, default=2000)
     parser.add_argument("--decode-steps", type=int, default=200)
-    parser.add_argument("--smollm2-steps", type=int, default=40,
-                        help="SmolLM2 decode steps per block (0: skip)")
-    parser.add_argument("--daemon-policy", help="run the daemon over FlexNPU's runtime with "
-                                                "this policy (default: the physical backend)")
+    parser.add_argument(
+        "--smollm2-steps", type=int, default=40, help="SmolLM2 decode steps per block (0: skip)"
+    )
+    parser.add_argument(
+        "--daemon-policy",
+        help="run the daemon over FlexNPU's runtime with "
+        "this policy (default: the physical backend)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="block pairs per workload")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
@@ -231,17 +242,20 @@ def main() -> int:
             rounds: list[dict[str, Any]] = []
             for r in range(args.rounds):
                 pair: dict[str, Any] = {}
-                for mode in (("local", "daemon") if r % 2 == 0 else ("daemon", "local")):
+                for mode in ("local", "daemon") if r % 2 == 0 else ("daemon", "local"):
                     daemon_cpu = _cpu_seconds(daemon.pid)
                     counters = _daemon_counters(socket) if mode == "daemon" else {}
                     got = workers[mode].run(key, calls)
                     cpu = got["cpu_s"]
                     if mode == "daemon":
                         cpu += _cpu_seconds(daemon.pid) - daemon_cpu
-                        pair["requests_per_call"] = _per_call(counters, _daemon_counters(socket),
-                                                              calls)
-                    pair[mode] = {"median_us": statistics.median(got["samples"]) * 1e6,
-                                  "cpu_us_per_call": cpu / calls * 1e6}
+                        pair["requests_per_call"] = _per_call(
+                            counters, _daemon_counters(socket), calls
+                        )
+                    pair[mode] = {
+                        "median_us": statistics.median(got["samples"]) * 1e6,
+                        "cpu_us_per_call": cpu / calls * 1e6,
+                    }
                 pair["ratio"] = pair["daemon"]["median_us"] / pair["local"]["median_us"]
                 rounds.append(pair)
             results[key] = rounds
@@ -252,9 +266,11 @@ def main() -> int:
         daemon.wait(timeout=30)
 
     summary: dict[str, Any] = {}
-    print(f"{'workload':>14} {'local us':>10} {'daemon us':>10} {'ratio':>7} "
-          f"{'min':>6} {'max':>6}  {'cpu local':>9} {'cpu daemon':>10}  (per call; ratio: median"
-          f" of {args.rounds} lockstep pairs)")
+    print(
+        f"{'workload':>14} {'local us':>10} {'daemon us':>10} {'ratio':>7} "
+        f"{'min':>6} {'max':>6}  {'cpu local':>9} {'cpu daemon':>10}  (per call; ratio: median"
+        f" of {args.rounds} lockstep pairs)"
+    )
     for key, name, _ in WORKLOADS:
         if key not in results:
             continue
@@ -264,22 +280,30 @@ def main() -> int:
         def med(mode: str, field: str, rounds: list[dict[str, Any]] = rounds) -> float:
             return statistics.median(p[mode][field] for p in rounds)
 
-        summary[key] = {"local_us": med("local", "median_us"),
-                        "daemon_us": med("daemon", "median_us"),
-                        "ratio": statistics.median(ratios), "ratio_min": min(ratios),
-                        "ratio_max": max(ratios), "ratio_per_round": ratios,
-                        "cpu_local_us": med("local", "cpu_us_per_call"),
-                        "cpu_daemon_us": med("daemon", "cpu_us_per_call"),
-                        "requests_per_call": rounds[-1]["requests_per_call"]}
+        summary[key] = {
+            "local_us": med("local", "median_us"),
+            "daemon_us": med("daemon", "median_us"),
+            "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "ratio_per_round": ratios,
+            "cpu_local_us": med("local", "cpu_us_per_call"),
+            "cpu_daemon_us": med("daemon", "cpu_us_per_call"),
+            "requests_per_call": rounds[-1]["requests_per_call"],
+        }
         s = summary[key]
-        print(f"{name:>14} {s['local_us']:>10.1f} {s['daemon_us']:>10.1f} {s['ratio']:>7.3f} "
-              f"{s['ratio_min']:>6.3f} {s['ratio_max']:>6.3f}  {s['cpu_local_us']:>9.1f} "
-              f"{s['cpu_daemon_us']:>10.1f}")
+        print(
+            f"{name:>14} {s['local_us']:>10.1f} {s['daemon_us']:>10.1f} {s['ratio']:>7.3f} "
+            f"{s['ratio_min']:>6.3f} {s['ratio_max']:>6.3f}  {s['cpu_local_us']:>9.1f} "
+            f"{s['cpu_daemon_us']:>10.1f}"
+        )
     print("daemon requests and bytes per call (last pair):")
     for key, name, _ in WORKLOADS:
         if key in summary:
-            per = ", ".join(f"{k.removeprefix('requests.')} {v:g}"
-                            for k, v in sorted(summary[key]["requests_per_call"].items()))
+            per = ", ".join(
+                f"{k.removeprefix('requests.')} {v:g}"
+                for k, v in sorted(summary[key]["requests_per_call"].items())
+            )
             print(f"  {name}: {per}")
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:

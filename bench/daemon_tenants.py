@@ -3,8 +3,8 @@
 "dedicated"), under bursty load whose bursts are out of phase: tenant a bursts while b is quiet
 and vice versa. Prints TTFT/TPOT p50/p90 per tenant per config and the ratios shared/dedicated.
 
-    python bench/daemon_tenants.py --model random:tiny          # quick mode (~3-5 min)
-    python bench/daemon_tenants.py [--model SmolLM2 path] [--requests 24] [--json OUT]
+    python -m bench.daemon_tenants --model random:tiny          # quick mode (~3-5 min)
+    python -m bench.daemon_tenants [--model SmolLM2 path] [--requests 24] [--json OUT]
 
 shared:    `python -m flexnpu daemon --policy dynamic --tenants FILE` over the CPU backend with
            4 physical devices (4 virtual ones served); tenant a's device set is virtual devices
@@ -39,9 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
-from load_test import _free_port  # noqa: E402
-from serving import Result, make_prompt, one_request  # noqa: E402
+from bench.common import free_port
+from bench.serving import Result, make_prompt, one_request
 
 TENANTS = ("a", "b")
 CONFIGS = ("shared", "dedicated")
@@ -55,14 +54,17 @@ class Request:
     output_tokens: int
 
 
-def burst_arrivals(n: int, rate: float, burstiness: float, period_s: float, phase: int,
-                   rng: np.random.Generator) -> list[float]:
+def burst_arrivals(
+    n: int, rate: float, burstiness: float, period_s: float, phase: int, rng: np.random.Generator
+) -> list[float]:
     """n arrival times: Gamma(burstiness) gaps at `rate` over active time, with active time laid
     into half `phase` (0 or 1) of each period (the other half is quiet)."""
     if n < 0 or rate <= 0 or burstiness <= 0 or period_s <= 0 or phase not in (0, 1):
-        raise ValueError(f"burst_arrivals: need n >= 0, rate > 0, burstiness > 0, period_s > 0 "
-                         f"and phase 0 or 1 (got n={n}, rate={rate}, burstiness={burstiness}, "
-                         f"period_s={period_s}, phase={phase})")
+        raise ValueError(
+            f"burst_arrivals: need n >= 0, rate > 0, burstiness > 0, period_s > 0 "
+            f"and phase 0 or 1 (got n={n}, rate={rate}, burstiness={burstiness}, "
+            f"period_s={period_s}, phase={phase})"
+        )
     half = period_s / 2
     active = np.cumsum(rng.gamma(burstiness, 1.0 / (rate * burstiness), n))
     windows = np.floor(active / half)
@@ -74,8 +76,9 @@ def workload(args: argparse.Namespace) -> list[Request]:
     rng = np.random.default_rng(args.seed)
     requests = []
     for phase, tenant in enumerate(TENANTS):
-        times = burst_arrivals(args.requests, args.burst_rate, args.burstiness, args.period_s,
-                               phase, rng)
+        times = burst_arrivals(
+            args.requests, args.burst_rate, args.burstiness, args.period_s, phase, rng
+        )
         for t in times:
             prompt_len = int(rng.integers(args.prompt_len[0], args.prompt_len[1] + 1))
             out_len = int(rng.integers(args.output_len[0], args.output_len[1] + 1))
@@ -97,8 +100,11 @@ def percentiles(results: list[Result]) -> dict[str, float]:
 
 def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
     """Markdown: one row per tenant and metric, shared vs dedicated and the ratio."""
-    lines = ["| tenant | metric | shared (daemon, dynamic) ms | dedicated (2 devices) ms "
-             "| shared/dedicated |", "|---|---|---:|---:|---:|"]
+    lines = [
+        "| tenant | metric | shared (daemon, dynamic) ms | dedicated (2 devices) ms "
+        "| shared/dedicated |",
+        "|---|---|---:|---:|---:|",
+    ]
     for tenant in TENANTS:
         for metric in ("ttft_p50_ms", "ttft_p90_ms", "tpot_p50_ms", "tpot_p90_ms"):
             s, d = summary["shared"][tenant][metric], summary["dedicated"][tenant][metric]
@@ -107,8 +113,10 @@ def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
             lines.append(f"| {tenant} | {name} | {s:.1f} | {d:.1f} | {ratio:.2f} |")
     for tenant in TENANTS:
         s, d = summary["shared"][tenant], summary["dedicated"][tenant]
-        lines.append(f"| {tenant} | completed/failed | {s['completed']:.0f}/{s['failed']:.0f} "
-                     f"| {d['completed']:.0f}/{d['failed']:.0f} | |")
+        lines.append(
+            f"| {tenant} | completed/failed | {s['completed']:.0f}/{s['failed']:.0f} "
+            f"| {d['completed']:.0f}/{d['failed']:.0f} | |"
+        )
     return "\n".join(lines)
 
 
@@ -122,8 +130,9 @@ def _wait_for_log(path: Path, text: str, proc: subprocess.Popen, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     while text not in path.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"waiting for {text!r} in {path}:\n"
-                               f"{path.read_text(errors='replace')[-3000:]}")
+            raise RuntimeError(
+                f"waiting for {text!r} in {path}:\n{path.read_text(errors='replace')[-3000:]}"
+            )
         time.sleep(0.2)
 
 
@@ -150,34 +159,74 @@ class Processes:
                     proc.wait()
 
 
-def start_config(config: str, args: argparse.Namespace, tmp: Path,
-                 procs: Processes) -> dict[str, str]:
+def start_config(
+    config: str, args: argparse.Namespace, tmp: Path, procs: Processes
+) -> dict[str, str]:
     """Starts the config's daemon (shared) and both servers; returns tenant -> base URL."""
     env = _clean_env()
     server_env: dict[str, dict[str, str]] = {}
     if config == "shared":
         socket, tenants_file = tmp / "daemon.sock", tmp / "tenants.json"
-        tenants_file.write_text(json.dumps({"allow_unknown": False, "tenants": [
-            {"name": "a", "devices": [0, 1], "priority": args.priority[0]},
-            {"name": "b", "devices": [2, 3], "priority": args.priority[1]}]}))
-        daemon = procs.start([sys.executable, "-m", "flexnpu", "daemon", "--socket", str(socket),
-                              "--policy", "dynamic", "--tenants", str(tenants_file),
-                              "--backend-options", "cpu_device_count=4"],
-                             env, tmp / "daemon.log")
+        tenants_file.write_text(
+            json.dumps(
+                {
+                    "allow_unknown": False,
+                    "tenants": [
+                        {"name": "a", "devices": [0, 1], "priority": args.priority[0]},
+                        {"name": "b", "devices": [2, 3], "priority": args.priority[1]},
+                    ],
+                }
+            )
+        )
+        daemon = procs.start(
+            [
+                sys.executable,
+                "-m",
+                "flexnpu",
+                "daemon",
+                "--socket",
+                str(socket),
+                "--policy",
+                "dynamic",
+                "--tenants",
+                str(tenants_file),
+                "--backend-options",
+                "cpu_device_count=4",
+            ],
+            env,
+            tmp / "daemon.log",
+        )
         _wait_for_log(tmp / "daemon.log", "ready on", daemon, 120)
         for tenant in TENANTS:
-            server_env[tenant] = {**env, "FLEXNPU_BACKEND": f"daemon:{socket}",
-                                  "FLEXNPU_TENANT": tenant}
+            server_env[tenant] = {
+                **env,
+                "FLEXNPU_BACKEND": f"daemon:{socket}",
+                "FLEXNPU_TENANT": tenant,
+            }
     else:
         for tenant in TENANTS:
             server_env[tenant] = {**env, "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=2"}
     urls, servers = {}, {}
     for tenant in TENANTS:
-        port = _free_port()
-        command = [sys.executable, "-m", "flexnpu", "serve", "--model", args.model,
-                   "--port", str(port), "--devices", "2", "--max-model-len",
-                   str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
-                   "--max-num-batched-tokens", "64"]
+        port = free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "flexnpu",
+            "serve",
+            "--model",
+            args.model,
+            "--port",
+            str(port),
+            "--devices",
+            "2",
+            "--max-model-len",
+            str(args.max_model_len),
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            "--max-num-batched-tokens",
+            "64",
+        ]
         if config == "dedicated":
             # Not through the daemon: serializing an executable there aborts the server
             # (PJRT_Executable_Name is not provided by the remote backend; reported).
@@ -185,20 +234,24 @@ def start_config(config: str, args: argparse.Namespace, tmp: Path,
         servers[tenant] = procs.start(command, server_env[tenant], tmp / f"serve_{tenant}.log")
         urls[tenant] = f"http://127.0.0.1:{port}"
     for tenant in TENANTS:
-        _wait_for_log(tmp / f"serve_{tenant}.log", "serving ", servers[tenant],
-                      args.startup_timeout)
+        _wait_for_log(
+            tmp / f"serve_{tenant}.log", "serving ", servers[tenant], args.startup_timeout
+        )
     return urls
 
 
-async def drive(requests: list[Request], urls: dict[str, str],
-                args: argparse.Namespace) -> dict[str, list[Result]]:
+async def drive(
+    requests: list[Request], urls: dict[str, str], args: argparse.Namespace
+) -> dict[str, list[Result]]:
     """Open loop: each request is sent at its arrival time to its tenant's server."""
     import httpx
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     client_args = argparse.Namespace(endpoint="/v1/completions")
-    clients = {t: httpx.AsyncClient(base_url=u, timeout=httpx.Timeout(args.timeout),
-                                    limits=limits) for t, u in urls.items()}
+    clients = {
+        t: httpx.AsyncClient(base_url=u, timeout=httpx.Timeout(args.timeout), limits=limits)
+        for t, u in urls.items()
+    }
     try:
         # Wait for uvicorn to accept (the log line comes just before it binds).
         for client in clients.values():
@@ -209,14 +262,27 @@ async def drive(requests: list[Request], urls: dict[str, str],
                 except httpx.HTTPError:
                     pass
                 await asyncio.sleep(0.2)
-        models = {t: (await c.get("/v1/models")).json()["data"][0]["id"]
-                  for t, c in clients.items()}
+        models = {
+            t: (await c.get("/v1/models")).json()["data"][0]["id"] for t, c in clients.items()
+        }
         t0 = time.perf_counter()
         tasks: list[tuple[str, asyncio.Task[Result]]] = []
         for r in requests:
             await asyncio.sleep(max(0.0, t0 + r.arrival_s - time.perf_counter()))
-            tasks.append((r.tenant, asyncio.create_task(one_request(
-                clients[r.tenant], client_args, models[r.tenant], r.prompt, r.output_tokens))))
+            tasks.append(
+                (
+                    r.tenant,
+                    asyncio.create_task(
+                        one_request(
+                            clients[r.tenant],
+                            client_args,
+                            models[r.tenant],
+                            r.prompt,
+                            r.output_tokens,
+                        )
+                    ),
+                )
+            )
         results: dict[str, list[Result]] = {t: [] for t in TENANTS}
         for tenant, task in tasks:
             results[tenant].append(await task)
@@ -228,44 +294,70 @@ async def drive(requests: list[Request], urls: dict[str, str],
 
 def daemon_placements(socket: Path) -> dict[str, object]:
     """The daemon runtime's decisions per physical device and each tenant's executions."""
-    done = subprocess.run([sys.executable, "-m", "flexnpu", "stats", "--daemon", str(socket),
-                           "--json"], capture_output=True, text=True, timeout=60,
-                          env=_clean_env())
+    done = subprocess.run(
+        [sys.executable, "-m", "flexnpu", "stats", "--daemon", str(socket), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_clean_env(),
+    )
     if done.returncode != 0:
         return {"error": done.stderr[-500:]}
     try:
         state = json.loads(done.stdout)
         [runtime] = state["runtime"]
-        return {"decisions_per_physical_device": [d["decisions"]
-                                                  for d in runtime["placement"]["physical"]],
-                "executions_per_tenant": {t: v["executions"]
-                                          for t, v in state["tenants"].items()}}
+        return {
+            "decisions_per_physical_device": [
+                d["decisions"] for d in runtime["placement"]["physical"]
+            ],
+            "executions_per_tenant": {t: v["executions"] for t, v in state["tenants"].items()},
+        }
     except (ValueError, KeyError, TypeError) as e:  # a report, not a reason to lose the run
         return {"error": f"unexpected stats --json shape: {e!r}"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="serve's --model (default: SmolLM2); "
-                                                 "random:tiny for a quick run")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="serve's --model (default: SmolLM2); random:tiny for a quick run",
+    )
     p.add_argument("--requests", type=int, default=16, help="per tenant")
     p.add_argument("--burst-rate", type=float, default=2.0, help="req/s of active time")
     p.add_argument("--burstiness", type=float, default=0.5, help="Gamma shape (< 1: bursty)")
-    p.add_argument("--period-s", type=float, default=8.0,
-                   help="a tenant is active in its half of every period")
-    p.add_argument("--prompt-len", type=int, nargs=2, default=(16, 48), metavar=("MIN", "MAX"),
-                   help="prompt words (about a token each on SmolLM2; random:tiny's byte "
-                        "tokenizer makes ~5 tokens of a word)")
+    p.add_argument(
+        "--period-s", type=float, default=8.0, help="a tenant is active in its half of every period"
+    )
+    p.add_argument(
+        "--prompt-len",
+        type=int,
+        nargs=2,
+        default=(16, 48),
+        metavar=("MIN", "MAX"),
+        help="prompt words (about a token each on SmolLM2; random:tiny's byte "
+        "tokenizer makes ~5 tokens of a word)",
+    )
     p.add_argument("--output-len", type=int, nargs=2, default=(16, 32), metavar=("MIN", "MAX"))
-    p.add_argument("--priority", nargs=2, default=("latency", "latency"),
-                   choices=("latency", "batch"), metavar=("A", "B"),
-                   help="priority classes of tenants a and b in the tenants file")
+    p.add_argument(
+        "--priority",
+        nargs=2,
+        default=("latency", "latency"),
+        choices=("latency", "batch"),
+        metavar=("A", "B"),
+        help="priority classes of tenants a and b in the tenants file",
+    )
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=4)
-    p.add_argument("--compilation-cache", type=Path, default=None,
-                   help="JAX cache dir of the dedicated servers (the shared ones compile cold, "
-                        "see start_config; default: a temp dir)")
+    p.add_argument(
+        "--compilation-cache",
+        type=Path,
+        default=None,
+        help="JAX cache dir of the dedicated servers (the shared ones compile cold, "
+        "see start_config; default: a temp dir)",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--timeout", type=float, default=300.0, help="per request (client side)")
     p.add_argument("--seed", type=int, default=0)
@@ -300,15 +392,25 @@ def main(argv: list[str] | None = None) -> int:
         errors = sorted({r.error for rs in results.values() for r in rs if not r.ok})
         if errors:
             print(f"{config} errors: {errors[:3]}", flush=True)
-    print(f"\nmodel {args.model}; {args.requests} requests per tenant, bursts out of phase "
-          f"(period {args.period_s} s, {args.burst_rate} req/s in a burst, Gamma shape "
-          f"{args.burstiness}); priorities a={args.priority[0]} b={args.priority[1]}; "
-          f"logs in {tmp}\n")
+    print(
+        f"\nmodel {args.model}; {args.requests} requests per tenant, bursts out of phase "
+        f"(period {args.period_s} s, {args.burst_rate} req/s in a burst, Gamma shape "
+        f"{args.burstiness}); priorities a={args.priority[0]} b={args.priority[1]}; "
+        f"logs in {tmp}\n"
+    )
     print(table(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                               "summary": summary, "daemon": placements,
-                                               "requests": raw}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "summary": summary,
+                    "daemon": placements,
+                    "requests": raw,
+                },
+                indent=1,
+            )
+        )
     failed = sum(s[t]["failed"] for s in summary.values() for t in TENANTS)
     return 0 if failed == 0 else 1
 

@@ -7,11 +7,11 @@ flexnpu/direct of the per-call medians and of the 10th percentiles (the fastest 
 other processes on a shared machine did not disturb); --runs repeats that and prints the
 min/median/max of each ratio over the runs.
 
-    python bench/dispatch.py [--tiny-calls 1000] [--matmul-calls 100] [--rounds 10] [--runs 5]
+    python -m bench.dispatch [--tiny-calls 1000] [--matmul-calls 100] [--rounds 10] [--runs 5]
                              [--matmul-size 256] [--json OUT]
 
 The placement policy is FlexNPU's default (passthrough) unless FLEXNPU_POLICY says otherwise,
-e.g. `FLEXNPU_POLICY=dynamic FLEXNPU_NUM_VIRTUAL_DEVICES=8 python bench/dispatch.py`.
+e.g. `FLEXNPU_POLICY=dynamic FLEXNPU_NUM_VIRTUAL_DEVICES=8 python -m bench.dispatch`.
 `--plugin PATH` measures another build of the plugin (e.g. build/<dir>/pjrt_flexnpu/
 pjrt_plugin_flexnpu.so, or a copy of the previous commit's) instead of the installed one, with
 the same policy and number of virtual devices, to compare builds under the same conditions.
@@ -22,14 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import _side_by_side  # noqa: E402
+from bench.common import DIRECT_PLATFORM, setup_side_by_side
 
 
 def _time_calls(fn: Callable, args: tuple, calls: int) -> list[float]:
@@ -88,7 +85,7 @@ def _percentile(samples: list[float], q: int) -> float:
 
 
 def _setup_plugin(plugin: Path, num_physical: int = 4) -> tuple[list, list]:
-    """As _side_by_side.setup, with FlexNPU loaded from `plugin` (platform flexnpubench)."""
+    """As setup_side_by_side, with FlexNPU loaded from `plugin` (platform flexnpubench)."""
     import os
 
     import jax
@@ -106,10 +103,10 @@ def _setup_plugin(plugin: Path, num_physical: int = 4) -> tuple[list, list]:
     }
     xla_bridge.register_plugin("flexnpubench", library_path=str(plugin), options=options)
     xla_bridge.register_plugin(
-        _side_by_side.DIRECT_PLATFORM, library_path=cpu, options={"cpu_device_count": num_physical}
+        DIRECT_PLATFORM, library_path=cpu, options={"cpu_device_count": num_physical}
     )
-    jax.config.update("jax_platforms", f"flexnpubench,{_side_by_side.DIRECT_PLATFORM}")
-    return jax.devices("flexnpubench"), jax.devices(_side_by_side.DIRECT_PLATFORM)
+    jax.config.update("jax_platforms", f"flexnpubench,{DIRECT_PLATFORM}")
+    return jax.devices("flexnpubench"), jax.devices(DIRECT_PLATFORM)
 
 
 def _spread(values: list[float]) -> str:
@@ -128,7 +125,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.plugin is None:
-        npu_devices, direct_devices = _side_by_side.setup()
+        npu_devices, direct_devices = setup_side_by_side()
     else:
         npu_devices, direct_devices = _setup_plugin(args.plugin.resolve())
     import jax.numpy as jnp

@@ -7,7 +7,7 @@ configuration the instructions per call, FlexNPU's extra instructions per call o
 plugin, and that extra as a ratio of the direct call's instructions. Wall-clock figures of the
 same binary outside valgrind are printed too (secondary: they depend on the machine's load).
 
-    python bench/dispatch_capi.py --build-dir build/ctest_dispatch [--calls 2000] [--json OUT]
+    python -m bench.dispatch_capi --build-dir build/ctest_dispatch [--calls 2000] [--json OUT]
         [--baseline-build-dir DIR]
 
 glibc's fastbin consolidation (malloc_consolidate) runs or not per call depending on the heap's
@@ -28,7 +28,7 @@ and branch simulation, so besides instructions per call it prints simulated L1 i
 misses, L1 data misses and mispredicted branches per call: the load-independent view of what
 the wall-clock ratio of bench/dispatch.py also pays for (code footprint, not just instructions).
 
-    python bench/dispatch_capi.py --jax [--build-dir DIR] [--policy dynamic] [--calls 1000]
+    python -m bench.dispatch_capi --jax [--build-dir DIR] [--policy dynamic] [--calls 1000]
         [--keep-dumps DIR]   # per-block dumps, e.g. callgrind_annotate DIR/block1.flexnpu.callgrind
 """
 
@@ -43,6 +43,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench.common import REPO
 
 CONFIGS: dict[str, list[str]] = {
     "direct": [],
@@ -117,14 +119,12 @@ def _jax_child(args: argparse.Namespace) -> int:
     """The measured process of --jax: marks phases in args.sync, waits for the parent's ack."""
     import time
 
-    import numpy as np
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    import _side_by_side  # noqa: PLC0415
     import jax
+    import numpy as np
     from jax._src import xla_bridge
 
     import flexnpu
+    from bench.common import DIRECT_PLATFORM, setup_side_by_side
 
     if args.plugin:
         cpu = str(flexnpu.cpu_plugin_path())
@@ -139,15 +139,15 @@ def _jax_child(args: argparse.Namespace) -> int:
         }
         xla_bridge.register_plugin("flexnpubench", library_path=args.plugin, options=options)
         xla_bridge.register_plugin(
-            _side_by_side.DIRECT_PLATFORM, library_path=cpu, options={"cpu_device_count": 4}
+            DIRECT_PLATFORM, library_path=cpu, options={"cpu_device_count": 4}
         )
-        jax.config.update("jax_platforms", f"flexnpubench,{_side_by_side.DIRECT_PLATFORM}")
-        npu, direct = jax.devices("flexnpubench")[0], jax.devices(_side_by_side.DIRECT_PLATFORM)[0]
+        jax.config.update("jax_platforms", f"flexnpubench,{DIRECT_PLATFORM}")
+        npu, direct = jax.devices("flexnpubench")[0], jax.devices(DIRECT_PLATFORM)[0]
     else:
         os.environ["FLEXNPU_POLICY"] = args.policy
         if args.policy == "dynamic":
             os.environ["FLEXNPU_NUM_VIRTUAL_DEVICES"] = "8"
-        npu_devices, direct_devices = _side_by_side.setup()
+        npu_devices, direct_devices = setup_side_by_side()
         npu, direct = npu_devices[0], direct_devices[0]
     jitted = jax.jit(lambda x: x + 1)
     x_npu = jax.device_put(np.ones(8, np.float32), npu)
@@ -183,7 +183,8 @@ def _jax_main(args: argparse.Namespace, env: dict[str, str]) -> int:
         sync = Path(tmp)
         child = [
             sys.executable,
-            str(Path(__file__).resolve()),
+            "-m",
+            "bench.dispatch_capi",
             "--jax-child",
             "--sync",
             tmp,
@@ -210,6 +211,7 @@ def _jax_main(args: argparse.Namespace, env: dict[str, str]) -> int:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            cwd=REPO,
         )
         for mark in range(5):
             while not (sync / f"phase.{mark}").exists():

@@ -11,7 +11,7 @@ alternate between the platforms (so drift hits both alike) and measure, each:
 Prints medians over rounds and the ratios served/bare (target <= 1.10) and flexnpu/direct
 (target <= 1.01).
 
-    python bench/engine_overhead.py [--model random:tiny] [--rounds 3] [--tokens 64] [--json OUT]
+    python -m bench.engine_overhead [--model random:tiny] [--rounds 3] [--tokens 64] [--json OUT]
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import _side_by_side  # noqa: E402
+from bench.common import decode_inputs, setup_side_by_side
 
 
 class _Timed:
@@ -46,31 +43,12 @@ class _Timed:
         self.done.set()
 
 
-def _decode_inputs(runner, rows: int, position: int) -> dict:
-    """Decode-only inputs: `rows` sequences at `position`, each with its own blocks."""
-    import numpy as np
-
-    from flexnpu.serving import kvcache
-
-    sh = runner.shapes
-    need = -(-(position + 1) // sh.block_size)
-    inp = runner._padding_inputs(0, sh.decode_width(need))  # as the engine's runner picks it
-    for r in range(rows):
-        blocks = list(range(r * need, (r + 1) * need))
-        inp["tokens"][r] = 100 + r
-        inp["positions"][r] = position
-        inp["slots"][r] = kvcache.slots_of(blocks, position, 1, sh.block_size)[0]
-        inp["dec_tables"][r, :need] = blocks
-    inp["sample_pos"][:rows] = position + 1
-    return {k: np.asarray(v) for k, v in inp.items()}
-
-
 def bare_step_seconds(engine, steps: int, rows: int, position: int) -> float:
     """Median seconds of the engine's decode step in a minimal loop."""
     import numpy as np
 
     runner = engine.instances[0].runner
-    inp = runner.device_inputs(_decode_inputs(runner, rows, position))
+    inp = runner.device_inputs(decode_inputs(runner, rows, position))
     samples = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -94,17 +72,26 @@ def served(engine, rows: int, tokens: int, prompt_len: int) -> dict:
     tpot = [(o.times[-1] - o.times[0]) / (len(o.times) - 1) for o in outs]
     start = max(o.times[0] for o in outs)  # all decoding from here ...
     end = min(o.times[-1] for o in outs)  # ... to the first finish
-    gaps = [b - a for o in outs for a, b in zip(o.times, o.times[1:], strict=False)
-            if a >= start and b <= end]
-    return {"tpot_s": statistics.mean(tpot), "steady_itl_s": statistics.median(gaps),
-            "ids": [o.ids for o in outs]}
+    gaps = [
+        b - a
+        for o in outs
+        for a, b in zip(o.times, o.times[1:], strict=False)
+        if a >= start and b <= end
+    ]
+    return {
+        "tpot_s": statistics.mean(tpot),
+        "steady_itl_s": statistics.median(gaps),
+        "ids": [o.ids for o in outs],
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None,
-                    help="the SmolLM2-135M-Instruct GGUF (default), a .gguf path or "
-                         "random:<preset>")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="the SmolLM2-135M-Instruct GGUF (default), a .gguf path or random:<preset>",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64, help="generated tokens per request")
@@ -117,14 +104,19 @@ def main() -> None:
     from flexnpu.serving import logs
 
     logs.set_backend_log_level("fatal")
-    npu, direct = _side_by_side.setup()
+    npu, direct = setup_side_by_side()
     from flexnpu.serving.engine import Engine, EngineConfig
     from flexnpu.serving.gguf_loader import DEFAULT_MODEL
     from flexnpu.serving.loading import load_model
 
     m = load_model(args.model or DEFAULT_MODEL, log=lambda *a: print(*a, flush=True))
-    ec = EngineConfig(max_num_seqs=args.batch, max_model_len=args.max_model_len,
-                      max_num_batched_tokens=64, chunk_buckets=[32, 64], num_devices=1)
+    ec = EngineConfig(
+        max_num_seqs=args.batch,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=64,
+        chunk_buckets=[32, 64],
+        num_devices=1,
+    )
     engines = {}
     for name, dev in (("flexnpu", npu[0]), ("direct", direct[0])):
         t0 = time.perf_counter()
@@ -134,40 +126,51 @@ def main() -> None:
         engines[name] = eng
         print(f"{name}: {dev} compiled in {time.perf_counter() - t0:.1f}s", flush=True)
     res: dict[str, dict[str, list[float]]] = {
-        n: {"bare_s": [], "tpot_s": [], "steady_itl_s": []} for n in engines}
+        n: {"bare_s": [], "tpot_s": [], "steady_itl_s": []} for n in engines
+    }
     ids: dict[str, list] = {}
     position = args.prompt_len + args.tokens // 2
     for r in range(args.rounds):
         order = list(engines) if r % 2 == 0 else list(reversed(engines))
         for name in order:
             eng = engines[name]
-            res[name]["bare_s"].append(bare_step_seconds(eng, args.bare_steps, args.batch,
-                                                         position))
+            res[name]["bare_s"].append(
+                bare_step_seconds(eng, args.bare_steps, args.batch, position)
+            )
             s = served(eng, args.batch, args.tokens, args.prompt_len)
             res[name]["tpot_s"].append(s["tpot_s"])
             res[name]["steady_itl_s"].append(s["steady_itl_s"])
             ids.setdefault(name, s["ids"])
-            print(f"round {r} {name}: bare {res[name]['bare_s'][-1] * 1e3:.2f} ms, TPOT "
-                  f"{s['tpot_s'] * 1e3:.2f} ms, steady ITL {s['steady_itl_s'] * 1e3:.2f} ms",
-                  flush=True)
+            print(
+                f"round {r} {name}: bare {res[name]['bare_s'][-1] * 1e3:.2f} ms, TPOT "
+                f"{s['tpot_s'] * 1e3:.2f} ms, steady ITL {s['steady_itl_s'] * 1e3:.2f} ms",
+                flush=True,
+            )
     for eng in engines.values():
         eng.stop()
     med = {n: {k: statistics.median(v) for k, v in d.items()} for n, d in res.items()}
     print(f"\n{m.name}, batch {args.batch}, {args.tokens} tokens, {args.rounds} rounds (medians)")
-    print(f"{'platform':10} {'bare step ms':>13} {'TPOT ms':>9} {'steady ITL ms':>14} "
-          f"{'TPOT/bare':>10} {'ITL/bare':>9}")
+    print(
+        f"{'platform':10} {'bare step ms':>13} {'TPOT ms':>9} {'steady ITL ms':>14} "
+        f"{'TPOT/bare':>10} {'ITL/bare':>9}"
+    )
     for n, d in med.items():
-        print(f"{n:10} {d['bare_s'] * 1e3:13.2f} {d['tpot_s'] * 1e3:9.2f} "
-              f"{d['steady_itl_s'] * 1e3:14.2f} {d['tpot_s'] / d['bare_s']:10.3f} "
-              f"{d['steady_itl_s'] / d['bare_s']:9.3f}")
-    ratios = {k: med["flexnpu"][k] / med["direct"][k] for k in ("bare_s", "tpot_s",
-                                                                 "steady_itl_s")}
+        print(
+            f"{n:10} {d['bare_s'] * 1e3:13.2f} {d['tpot_s'] * 1e3:9.2f} "
+            f"{d['steady_itl_s'] * 1e3:14.2f} {d['tpot_s'] / d['bare_s']:10.3f} "
+            f"{d['steady_itl_s'] / d['bare_s']:9.3f}"
+        )
+    ratios = {k: med["flexnpu"][k] / med["direct"][k] for k in ("bare_s", "tpot_s", "steady_itl_s")}
     print("flexnpu/direct: " + ", ".join(f"{k[:-2]} {v:.3f}" for k, v in ratios.items()))
     same = ids["flexnpu"] == ids["direct"]
     print(f"greedy ids identical on both platforms: {same}")
     if args.json:
-        args.json.write_text(json.dumps({"medians": med, "raw": res, "flexnpu_over_direct":
-                                         ratios, "same_ids": same}, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {"medians": med, "raw": res, "flexnpu_over_direct": ratios, "same_ids": same},
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

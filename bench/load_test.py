@@ -8,8 +8,8 @@ time (and at most --max-requests), then it stops by itself and checks:
 - memory flat: the server's RSS (process_resident_memory_bytes on /metrics), sampled every
   --sample-s seconds, grows by less than --max-rss-growth over the run after the warm-up.
 
-    python bench/load_test.py --clients 200 --duration 300            # starts its own server
-    python bench/load_test.py --base-url http://127.0.0.1:8000 ...     # or tests a running one
+    python -m bench.load_test --clients 200 --duration 300            # starts its own server
+    python -m bench.load_test --base-url http://127.0.0.1:8000 ...     # or tests a running one
 
 The server it starts is `python -m flexnpu serve --model random:tiny` with a small
 --max-waiting, so that 200 clients overflow the queue and the 503 path is exercised too.
@@ -23,12 +23,13 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+
+from bench.common import free_port
 
 
 @dataclass
@@ -42,12 +43,6 @@ class Tally:
     rss: list[tuple[float, float]] = field(default_factory=list)  # (seconds, MiB)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name) and not line.startswith("#"):
@@ -58,11 +53,17 @@ def _metric(text: str, name: str) -> float | None:
 async def one(client, rng: random.Random, args, t: Tally) -> None:
     out_len = rng.randint(args.min_tokens, args.max_tokens)
     chat = rng.random() < args.chat_fraction
-    body: dict = {"max_tokens": out_len, "stream": True, "ignore_eos": True,
-                  "stream_options": {"include_usage": True},
-                  "temperature": rng.choice([0.0, 0.8])}
-    prompt = " ".join(rng.choice(("load", "test", "tokens", "stream", "flex", "npu"))
-                      for _ in range(rng.randint(1, args.max_prompt_words)))
+    body: dict = {
+        "max_tokens": out_len,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        "temperature": rng.choice([0.0, 0.8]),
+    }
+    prompt = " ".join(
+        rng.choice(("load", "test", "tokens", "stream", "flex", "npu"))
+        for _ in range(rng.randint(1, args.max_prompt_words))
+    )
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -149,8 +150,9 @@ async def run_clients(args, base: str, t: Tally) -> float:
                 pass
             await asyncio.sleep(args.sample_s)
 
-    async with httpx.AsyncClient(base_url=base, timeout=httpx.Timeout(args.timeout),
-                                 limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=base, timeout=httpx.Timeout(args.timeout), limits=limits
+    ) as client:
         t0 = time.perf_counter()
         sampler = asyncio.create_task(sample_rss(client))
         await asyncio.gather(*(client_loop(i, client) for i in range(args.clients)))
@@ -162,10 +164,25 @@ async def run_clients(args, base: str, t: Tally) -> float:
 def start_server(args) -> tuple[subprocess.Popen, str]:
     import httpx
 
-    port = _free_port()
-    cmd = [sys.executable, "-m", "flexnpu", "serve", "--model", args.model, "--port", str(port),
-           "--max-model-len", "512", "--max-num-seqs", str(args.max_num_seqs),
-           "--max-num-batched-tokens", "64", "--max-waiting", str(args.max_waiting)]
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "flexnpu",
+        "serve",
+        "--model",
+        args.model,
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        str(args.max_num_seqs),
+        "--max-num-batched-tokens",
+        "64",
+        "--max-waiting",
+        str(args.max_waiting),
+    ]
     env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "flexnpu")}
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
@@ -184,8 +201,9 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--base-url", default=None, help="a running server (default: start one)")
     p.add_argument("--model", default="random:tiny", help="model of the server it starts")
     p.add_argument("--max-num-seqs", type=int, default=8)
@@ -195,15 +213,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-requests", type=int, default=1_000_000)
     p.add_argument("--min-tokens", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--max-prompt-words", type=int, default=40,
-                   help="prompt words (the tiny model's byte tokenizer: ~7 tokens a word)")
+    p.add_argument(
+        "--max-prompt-words",
+        type=int,
+        default=40,
+        help="prompt words (the tiny model's byte tokenizer: ~7 tokens a word)",
+    )
     p.add_argument("--chat-fraction", type=float, default=0.5)
     p.add_argument("--disconnect-fraction", type=float, default=0.05)
     p.add_argument("--backoff-s", type=float, default=0.2, help="wait after a 503")
     p.add_argument("--timeout", type=float, default=120.0, help="per request (client side)")
     p.add_argument("--sample-s", type=float, default=5.0)
-    p.add_argument("--warmup-fraction", type=float, default=0.2,
-                   help="RSS samples in this first part of the run are the warm-up")
+    p.add_argument(
+        "--warmup-fraction",
+        type=float,
+        default=0.2,
+        help="RSS samples in this first part of the run are the warm-up",
+    )
     p.add_argument("--max-rss-growth", type=float, default=0.10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result-json", default=None)
@@ -242,28 +268,45 @@ def main(argv: list[str] | None = None) -> int:
         "0 dropped": t.dropped == 0,
         "0 running and 0 waiting after the load": running == 0 and waiting == 0,
         "healthy after the load": healthy,
-        f"RSS growth after warm-up < {args.max_rss_growth:.0%}": bool(after) and
-        growth < args.max_rss_growth,
+        f"RSS growth after warm-up < {args.max_rss_growth:.0%}": bool(after)
+        and growth < args.max_rss_growth,
     }
     print("=" * 60)
     print(f"{args.clients} concurrent streaming clients for {elapsed:.0f} s on {base}")
-    print(f"requests {total}: finished {t.finished}, rejected 503 {t.rejected_503}, "
-          f"hung up on purpose {t.disconnected}, dropped {t.dropped}")
+    print(
+        f"requests {total}: finished {t.finished}, rejected 503 {t.rejected_503}, "
+        f"hung up on purpose {t.disconnected}, dropped {t.dropped}"
+    )
     print(f"throughput {t.finished / elapsed:.1f} req/s, {t.tokens / elapsed:.0f} tok/s")
     if t.drops:
         print("drops:", dict(t.drops.most_common(5)))
     if t.rss:
-        print(f"server RSS MiB: first {t.rss[0][1]:.0f}, after warm-up {base_rss:.0f}, "
-              f"max {max(m for _, m in t.rss):.0f}, last {last_rss:.0f} "
-              f"(growth {growth:+.1%}, {len(t.rss)} samples)")
+        print(
+            f"server RSS MiB: first {t.rss[0][1]:.0f}, after warm-up {base_rss:.0f}, "
+            f"max {max(m for _, m in t.rss):.0f}, last {last_rss:.0f} "
+            f"(growth {growth:+.1%}, {len(t.rss)} samples)"
+        )
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     if args.result_json:
         with open(args.result_json, "w") as f:
-            json.dump({"clients": args.clients, "duration_s": elapsed, "finished": t.finished,
-                       "rejected_503": t.rejected_503, "disconnected": t.disconnected,
-                       "dropped": t.dropped, "drops": dict(t.drops), "tokens": t.tokens,
-                       "rss_mib": t.rss, "rss_growth": growth, "checks": checks}, f, indent=1)
+            json.dump(
+                {
+                    "clients": args.clients,
+                    "duration_s": elapsed,
+                    "finished": t.finished,
+                    "rejected_503": t.rejected_503,
+                    "disconnected": t.disconnected,
+                    "dropped": t.dropped,
+                    "drops": dict(t.drops),
+                    "tokens": t.tokens,
+                    "rss_mib": t.rss,
+                    "rss_growth": growth,
+                    "checks": checks,
+                },
+                f,
+                indent=1,
+            )
     return 0 if all(checks.values()) else 1
 
 

@@ -7,7 +7,7 @@ overhead is not in the numbers. Per-call samples include one clock read (its cos
 `batch mean` times the same loop without per-call clock reads and includes the OnFinish calls.
 Policies: dynamic (the O(P) cost-model scan) vs passthrough (v mod P: the bookkeeping alone).
 
-    python bench/placer_latency.py [--calls 200000] [--devices 4 64 384] [--json OUT]
+    python -m bench.placer_latency [--calls 200000] [--devices 4 64 384] [--json OUT]
 """
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def main() -> int:
     ok = all(r["median_ns"] <= args.target_ns for r in worst)
     if worst:
         verdict = "meets" if ok else "MISSES"
-        print(f"dynamic at P={largest}: median {worst[0]['median_ns']:.0f} ns {verdict} "
-              f"the {args.target_ns:.0f} ns target")
+        print(
+            f"dynamic at P={largest}: median {worst[0]['median_ns']:.0f} ns {verdict} "
+            f"the {args.target_ns:.0f} ns target"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0 if ok else 1

@@ -2,7 +2,7 @@
 on `flexnpu` with each placer policy, on the xla-cpu-pjrt plugin directly (the very XLA build
 FlexNPU forwards to, loaded by JAX as its own platform) and on jaxlib's cpu, in one run.
 
-    python bench/policies.py --num-prompts 16 --request-rate 0.5 --seeds 0,1,2 --out-dir /tmp/p
+    python -m bench.policies --num-prompts 16 --request-rate 0.5 --seeds 0,1,2 --out-dir /tmp/p
 
 For each configuration (xla-cpu-pjrt direct with 4 devices; flexnpu + passthrough, static-pd
 prefill=0,1 decode=2,3, static-colocate, dynamic; plain `JAX_PLATFORMS=cpu` with 4 CPU devices) a
@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -49,11 +48,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import serving  # noqa: E402  (bench/serving.py)
+from bench import serving
+from bench.common import REPO, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
-SERVE = ROOT / "examples" / "serve.py"
+SERVE = REPO / "examples" / "serve.py"
 HOST = "127.0.0.1"
 
 
@@ -71,10 +69,13 @@ DIRECT = "xla-cpu-pjrt (direct)"
 CONFIGS = [
     Config(DIRECT, {"FLEXNPU_BENCH_DIRECT_PLUGIN": "4"}),
     Config("flexnpu/passthrough", {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_POLICY": "passthrough"}),
-    Config("flexnpu/static-pd", {"JAX_PLATFORMS": "flexnpu",
-                                 "FLEXNPU_POLICY": "static-pd:prefill=0,1;decode=2,3"}),
-    Config("flexnpu/static-colocate",
-           {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_POLICY": "static-colocate"}),
+    Config(
+        "flexnpu/static-pd",
+        {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_POLICY": "static-pd:prefill=0,1;decode=2,3"},
+    ),
+    Config(
+        "flexnpu/static-colocate", {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_POLICY": "static-colocate"}
+    ),
     Config("flexnpu/dynamic", {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_POLICY": "dynamic"}),
     Config("cpu (plain)", {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "4"}),
 ]
@@ -106,8 +107,11 @@ def _serve(stats_port: int, argv: list[str]) -> int:
 
         import flexnpu
 
-        xla_bridge.register_plugin("xlacpu", library_path=str(flexnpu.cpu_plugin_path()),
-                                   options={"cpu_device_count": int(direct)})
+        xla_bridge.register_plugin(
+            "xlacpu",
+            library_path=str(flexnpu.cpu_plugin_path()),
+            options={"cpu_device_count": int(direct)},
+        )
         jax.config.update("jax_platforms", "xlacpu")
     if os.environ.get("JAX_PLATFORMS") == "flexnpu" and stats_port:
         from flexnpu import stats
@@ -134,12 +138,6 @@ def _serve(stats_port: int, argv: list[str]) -> int:
 
 
 # --- the client side ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def get_json(url: str, timeout: float = 5.0) -> Any:
@@ -173,15 +171,28 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def workload_args(a: argparse.Namespace, base_url: str, num_prompts: int, seed: int,
-                  rate: float) -> argparse.Namespace:
+def workload_args(
+    a: argparse.Namespace, base_url: str, num_prompts: int, seed: int, rate: float
+) -> argparse.Namespace:
     """The Namespace bench/serving.py's functions read."""
     return argparse.Namespace(
-        base_url=base_url, endpoint="/v1/completions", model=None, num_prompts=num_prompts,
-        request_rate=rate, burstiness=a.burstiness, max_concurrency=None,
-        length_scale=a.length_scale, min_len=a.min_len, max_prompt_len=a.max_prompt_len,
-        max_output_len=a.max_output_len, goodput=a.goodput, seed=seed, timeout=a.timeout,
-        label="", no_progress=True)
+        base_url=base_url,
+        endpoint="/v1/completions",
+        model=None,
+        num_prompts=num_prompts,
+        request_rate=rate,
+        burstiness=a.burstiness,
+        max_concurrency=None,
+        length_scale=a.length_scale,
+        min_len=a.min_len,
+        max_prompt_len=a.max_prompt_len,
+        max_output_len=a.max_output_len,
+        goodput=a.goodput,
+        seed=seed,
+        timeout=a.timeout,
+        label="",
+        no_progress=True,
+    )
 
 
 async def run_workload(args: argparse.Namespace) -> tuple[list[serving.Result], float]:
@@ -193,14 +204,14 @@ async def run_workload(args: argparse.Namespace) -> tuple[list[serving.Result], 
     prompts = [(serving.make_prompt(p, rng), o) for p, o in lengths]
     gaps = serving.arrival_gaps(args.num_prompts, args.request_rate, args.burstiness, rng)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=args.base_url, timeout=httpx.Timeout(args.timeout),
-                                 limits=limits) as c:
+    async with httpx.AsyncClient(
+        base_url=args.base_url, timeout=httpx.Timeout(args.timeout), limits=limits
+    ) as c:
         model = (await c.get("/v1/models")).json()["data"][0]["id"]
         tasks = []
         t0 = time.perf_counter()
         for (prompt, out_len), gap in zip(prompts, gaps, strict=True):
-            tasks.append(asyncio.create_task(serving.one_request(c, args, model, prompt,
-                                                                 out_len)))
+            tasks.append(asyncio.create_task(serving.one_request(c, args, model, prompt, out_len)))
             await asyncio.sleep(float(gap))
         results = list(await asyncio.gather(*tasks))
         return results, time.perf_counter() - t0
@@ -220,18 +231,28 @@ def placement_delta(before: list[dict[str, Any]], after: list[dict[str, Any]]) -
     physical = []
     for d in a["placement"]["physical"]:
         old = bdev.get(d["device"], {})
-        physical.append({
-            "device": d["device"],
-            "executions": {k: v - old.get("executions", {}).get(k, 0)
-                           for k, v in d["executions"].items()},
-            "decisions": {k: v - old.get("decisions", {}).get(k, 0)
-                          for k, v in d.get("decisions", {}).items()},
-            "bytes_migrated_in": d["bytes_migrated_in"] - old.get("bytes_migrated_in", 0),
-            "busy_fraction": d["busy_fraction"],
-        })
-    return {"policy": a["policy"], "physical": physical,
-            **{k: a[k] - b.get(k, 0) for k in ("executions", "migrations", "bytes_migrated",
-                                                "compiles")}}
+        physical.append(
+            {
+                "device": d["device"],
+                "executions": {
+                    k: v - old.get("executions", {}).get(k, 0) for k, v in d["executions"].items()
+                },
+                "decisions": {
+                    k: v - old.get("decisions", {}).get(k, 0)
+                    for k, v in d.get("decisions", {}).items()
+                },
+                "bytes_migrated_in": d["bytes_migrated_in"] - old.get("bytes_migrated_in", 0),
+                "busy_fraction": d["busy_fraction"],
+            }
+        )
+    return {
+        "policy": a["policy"],
+        "physical": physical,
+        **{
+            k: a[k] - b.get(k, 0)
+            for k in ("executions", "migrations", "bytes_migrated", "compiles")
+        },
+    }
 
 
 def average_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -248,19 +269,34 @@ def average_summaries(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-GREEDY_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,",
-                  "The three primary colours are", "Water boils at", "import numpy as np\n",
-                  "A haiku about the sea:", "The largest planet in the solar system is"]
+GREEDY_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time,",
+    "The three primary colours are",
+    "Water boils at",
+    "import numpy as np\n",
+    "A haiku about the sea:",
+    "The largest planet in the solar system is",
+]
 
 
 def greedy_tokens(base: str, count: int, max_tokens: int) -> list[list[str]]:
     """Greedy completions of fixed prompts, one request at a time: their tokens, in order."""
     out = []
     for prompt in GREEDY_PROMPTS[:count]:
-        body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                           "ignore_eos": True, "logprobs": 0}).encode()
-        req = urllib.request.Request(base + "/v1/completions", body,
-                                     {"Content-Type": "application/json"})
+        body = json.dumps(
+            {
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "logprobs": 0,
+            }
+        ).encode()
+        req = urllib.request.Request(
+            base + "/v1/completions", body, {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=300) as r:  # noqa: S310 - loopback only
             choice = json.loads(r.read())["choices"][0]
         out.append(list(choice["logprobs"]["tokens"]))
@@ -282,11 +318,16 @@ def compare_greedy(outcomes: list[Outcome]) -> dict[str, Any]:
             if a == b:
                 same += 1
             elif first_diff is None:
-                pos = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                           min(len(a), len(b)))
+                pos = next(
+                    (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                    min(len(a), len(b)),
+                )
                 first_diff = {"prompt": i, "token": pos}
-        report[o.config] = {"identical": same, "prompts": len(ref.greedy_tokens),
-                            "first_difference": first_diff}
+        report[o.config] = {
+            "identical": same,
+            "prompts": len(ref.greedy_tokens),
+            "first_difference": first_diff,
+        }
     return report
 
 
@@ -294,35 +335,62 @@ def run_config(cfg: Config, a: argparse.Namespace, log_dir: Path) -> Outcome:
     out = Outcome(cfg.name)
     port, stats_port = free_port(), free_port()
     base = f"http://{HOST}:{port}"
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("FLEXNPU_", "JAX_", "XLA_FLAGS"))} | cfg.env
-    cmd = [sys.executable, str(Path(__file__).resolve()), "_serve", str(stats_port), "--",
-           "--host", HOST, "--port", str(port), *a.server_args]
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_", "XLA_FLAGS"))
+    } | cfg.env
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.policies",
+        "_serve",
+        str(stats_port),
+        "--",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        *a.server_args,
+    ]
     log = log_dir / (cfg.name.replace("/", "_").replace(" ", "_") + ".log")
     print(f"[{cfg.name}] starting server on {base} (log {log})", flush=True)
     t0 = time.monotonic()
     with open(log, "wb") as logf:
-        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=REPO)
         try:
             wait_ready(proc, base, a.startup_timeout)
             out.startup_s = time.monotonic() - t0
-            print(f"[{cfg.name}] ready in {out.startup_s:.0f}s; warm-up "
-                  f"{a.warmup_prompts} requests", flush=True)
+            print(
+                f"[{cfg.name}] ready in {out.startup_s:.0f}s; warm-up {a.warmup_prompts} requests",
+                flush=True,
+            )
             if a.warmup_prompts:
-                asyncio.run(run_workload(workload_args(a, base, a.warmup_prompts, a.seed + 1,
-                                                       float("inf"))))
+                asyncio.run(
+                    run_workload(workload_args(a, base, a.warmup_prompts, a.seed + 1, float("inf")))
+                )
             before = get_json(f"http://{HOST}:{stats_port}/") if cfg.flexnpu else []
             for seed in a.seeds:
                 wargs = workload_args(a, base, a.num_prompts, seed, a.request_rate)
                 results, duration = asyncio.run(run_workload(wargs))
                 out.per_seed[seed] = serving.summarize(results, duration, wargs)
-                out.requests += [{"seed": seed, "ok": r.ok, "prompt_tokens": r.prompt_tokens,
-                                  "output_tokens": r.output_tokens, "ttft_s": r.ttft,
-                                  "tpot_s": tpot(r), "e2e_s": r.latency, "error": r.error}
-                                 for r in results]
+                out.requests += [
+                    {
+                        "seed": seed,
+                        "ok": r.ok,
+                        "prompt_tokens": r.prompt_tokens,
+                        "output_tokens": r.output_tokens,
+                        "ttft_s": r.ttft,
+                        "tpot_s": tpot(r),
+                        "e2e_s": r.latency,
+                        "error": r.error,
+                    }
+                    for r in results
+                ]
                 s = out.per_seed[seed]
-                print(f"[{cfg.name}] seed {seed}: {s['completed']}/{a.num_prompts} done in "
-                      f"{duration:.1f}s", flush=True)
+                print(
+                    f"[{cfg.name}] seed {seed}: {s['completed']}/{a.num_prompts} done in "
+                    f"{duration:.1f}s",
+                    flush=True,
+                )
             after = get_json(f"http://{HOST}:{stats_port}/") if cfg.flexnpu else []
             out.summary = average_summaries(list(out.per_seed.values()))
             out.placement = placement_delta(before, after) if cfg.flexnpu else None
@@ -340,11 +408,15 @@ def run_config(cfg: Config, a: argparse.Namespace, log_dir: Path) -> Outcome:
 
 def print_table(outcomes: list[Outcome], a: argparse.Namespace) -> None:
     slo = " ".join(a.goodput or [])
-    head = (f"{'config':<24}{'done':>6}{'req/s':>7}{'out tok/s':>10}"
-            f"{'TTFT mean':>10}{'p50':>8}{'p99':>8}{'TPOT mean':>10}{'p50':>8}{'p99':>8}"
-            f"{'goodput':>9}")
-    print(f"\nTTFT/TPOT in ms, means over seeds {a.seeds}; goodput = req/s meeting "
-          f"{slo or '(no SLO)'}; x direct = mean TTFT, mean TPOT / the direct plugin's")
+    head = (
+        f"{'config':<24}{'done':>6}{'req/s':>7}{'out tok/s':>10}"
+        f"{'TTFT mean':>10}{'p50':>8}{'p99':>8}{'TPOT mean':>10}{'p50':>8}{'p99':>8}"
+        f"{'goodput':>9}"
+    )
+    print(
+        f"\nTTFT/TPOT in ms, means over seeds {a.seeds}; goodput = req/s meeting "
+        f"{slo or '(no SLO)'}; x direct = mean TTFT, mean TPOT / the direct plugin's"
+    )
     print(head + f"{'x direct':>14}")
     print("-" * (len(head) + 14))
     ref = next((o for o in outcomes if o.config == DIRECT and o.summary), None)
@@ -354,30 +426,43 @@ def print_table(outcomes: list[Outcome], a: argparse.Namespace) -> None:
             continue
         s, t, p = o.summary, o.summary["ttft_ms"], o.summary["tpot_ms"]
         done = f"{s['completed']:.0f}/{s['completed'] + s['failed']:.0f}"
-        rel = (f"{t['mean'] / ref.summary['ttft_ms']['mean']:>7.2f}"
-               f"{p['mean'] / ref.summary['tpot_ms']['mean']:>7.2f}") if ref else ""
-        print(f"{o.config:<24}{done:>6}{s['request_throughput']:>7.2f}"
-              f"{s['output_throughput']:>10.2f}{t['mean']:>10.0f}{t['p50']:>8.0f}{t['p99']:>8.0f}"
-              f"{p['mean']:>10.1f}{p['p50']:>8.1f}{p['p99']:>8.1f}"
-              f"{s.get('request_goodput', float('nan')):>9.2f}{rel}")
+        rel = (
+            (
+                f"{t['mean'] / ref.summary['ttft_ms']['mean']:>7.2f}"
+                f"{p['mean'] / ref.summary['tpot_ms']['mean']:>7.2f}"
+            )
+            if ref
+            else ""
+        )
+        print(
+            f"{o.config:<24}{done:>6}{s['request_throughput']:>7.2f}"
+            f"{s['output_throughput']:>10.2f}{t['mean']:>10.0f}{t['p50']:>8.0f}{t['p99']:>8.0f}"
+            f"{p['mean']:>10.1f}{p['p50']:>8.1f}{p['p99']:>8.1f}"
+            f"{s.get('request_goodput', float('nan')):>9.2f}{rel}"
+        )
     cmp = compare_greedy(outcomes)
     if cmp:
         print(f"\ngreedy tokens, token by token, against {cmp['reference']}:")
         for name, r in cmp.items():
             if name != "reference":
-                diff = f", first difference {r['first_difference']}" if \
-                    r["first_difference"] else ""
+                diff = (
+                    f", first difference {r['first_difference']}" if r["first_difference"] else ""
+                )
                 print(f"{name:<24}{r['identical']}/{r['prompts']} prompts identical{diff}")
     print("\nplacement during the workload (executions prefill/decode/small per physical device)")
     for o in outcomes:
         pl = o.placement
         if not pl:
             continue
-        per = "  ".join(f"{d['device']}:{d['executions'].get('prefill', 0)}/"
-                        f"{d['executions'].get('decode', 0)}/{d['executions'].get('small', 0)}"
-                        for d in pl["physical"])
-        print(f"{o.config:<24}{per}  migrations {pl['migrations']} "
-              f"({pl['bytes_migrated'] / 1e6:.1f} MB), compiles {pl['compiles']}")
+        per = "  ".join(
+            f"{d['device']}:{d['executions'].get('prefill', 0)}/"
+            f"{d['executions'].get('decode', 0)}/{d['executions'].get('small', 0)}"
+            for d in pl["physical"]
+        )
+        print(
+            f"{o.config:<24}{per}  migrations {pl['migrations']} "
+            f"({pl['bytes_migrated'] / 1e6:.1f} MB), compiles {pl['compiles']}"
+        )
 
 
 def plot(outcomes: list[Outcome], path: Path, title: str) -> None:
@@ -405,8 +490,12 @@ def plot(outcomes: list[Outcome], path: Path, title: str) -> None:
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "cpu_count": os.cpu_count(), "loadavg_start": os.getloadavg()}
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+    }
     try:
         import jax
 
@@ -415,8 +504,9 @@ def machine() -> dict[str, Any]:
         pass
     try:
         with open("/proc/cpuinfo") as f:
-            info["cpu"] = next((ln.split(":", 1)[1].strip() for ln in f
-                                if ln.startswith("model name")), "")
+            info["cpu"] = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), ""
+            )
     except OSError:
         pass
     return info
@@ -426,14 +516,21 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_serve"]:  # the server subprocess: _serve STATS_PORT -- SERVE_ARGS...
         return _serve(int(argv[1]), argv[3:] if argv[2:3] == ["--"] else argv[2:])
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
-                   help="comma-separated subset of the configuration names")
-    p.add_argument("--server-args", default="--max-model-len 256 --max-num-seqs 4 "
-                   "--max-num-batched-tokens 64 --chunk-buckets 32,64",
-                   help="examples/serve.py flags, the same for every configuration "
-                        "(default model: SmolLM2-135M-Instruct)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--configs",
+        default=",".join(c.name for c in CONFIGS),
+        help="comma-separated subset of the configuration names",
+    )
+    p.add_argument(
+        "--server-args",
+        default="--max-model-len 256 --max-num-seqs 4 "
+        "--max-num-batched-tokens 64 --chunk-buckets 32,64",
+        help="examples/serve.py flags, the same for every configuration "
+        "(default model: SmolLM2-135M-Instruct)",
+    )
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--warmup-prompts", type=int, default=4, help="unmeasured, before each run")
     p.add_argument("--request-rate", type=float, default=0.5)
@@ -444,8 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-output-len", type=int, default=32)
     p.add_argument("--goodput", nargs="*", default=["ttft:5000", "tpot:500"], metavar="KEY:MS")
     p.add_argument("--seeds", default="0,1,2", help="one workload per seed (comma-separated)")
-    p.add_argument("--greedy-prompts", type=int, default=8,
-                   help=f"fixed greedy prompts compared token by token (<= {len(GREEDY_PROMPTS)})")
+    p.add_argument(
+        "--greedy-prompts",
+        type=int,
+        default=8,
+        help=f"fixed greedy prompts compared token by token (<= {len(GREEDY_PROMPTS)})",
+    )
     p.add_argument("--greedy-tokens", type=int, default=24)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--startup-timeout", type=float, default=300)
@@ -466,20 +567,45 @@ def main(argv: list[str] | None = None) -> int:
     info["loadavg_end"] = os.getloadavg()
     info["wall_s"] = time.monotonic() - t0
     print_table(outcomes, a)
-    print(f"\nmachine: {info.get('cpu', '?')}, {info['cpu_count']} cores, load "
-          f"{info['loadavg_start'][0]:.1f} -> {info['loadavg_end'][0]:.1f}; "
-          f"whole run {info['wall_s']:.0f}s")
-    workload = {k: getattr(a, k) for k in ("num_prompts", "warmup_prompts", "request_rate",
-                                          "burstiness", "length_scale", "min_len",
-                                          "max_prompt_len", "max_output_len", "goodput", "seeds")}
+    print(
+        f"\nmachine: {info.get('cpu', '?')}, {info['cpu_count']} cores, load "
+        f"{info['loadavg_start'][0]:.1f} -> {info['loadavg_end'][0]:.1f}; "
+        f"whole run {info['wall_s']:.0f}s"
+    )
+    workload = {
+        k: getattr(a, k)
+        for k in (
+            "num_prompts",
+            "warmup_prompts",
+            "request_rate",
+            "burstiness",
+            "length_scale",
+            "min_len",
+            "max_prompt_len",
+            "max_output_len",
+            "goodput",
+            "seeds",
+        )
+    }
     with open(out_dir / "policies.json", "w") as f:
-        json.dump({"machine": info, "server_args": a.server_args, "workload": workload,
-                   "configs": [{"name": c.name, "env": c.env} for c in configs],
-                   "greedy": compare_greedy(outcomes),
-                   "results": [o.__dict__ for o in outcomes]}, f, indent=2, default=str)
-    title = (f"{' '.join(a.server_args)}; {a.num_prompts} prompts at {a.request_rate} req/s, "
-             f"seeds {a.seeds}; "
-             f"{info['cpu_count']} CPU cores ({info.get('cpu', '?')})")
+        json.dump(
+            {
+                "machine": info,
+                "server_args": a.server_args,
+                "workload": workload,
+                "configs": [{"name": c.name, "env": c.env} for c in configs],
+                "greedy": compare_greedy(outcomes),
+                "results": [o.__dict__ for o in outcomes],
+            },
+            f,
+            indent=2,
+            default=str,
+        )
+    title = (
+        f"{' '.join(a.server_args)}; {a.num_prompts} prompts at {a.request_rate} req/s, "
+        f"seeds {a.seeds}; "
+        f"{info['cpu_count']} CPU cores ({info.get('cpu', '?')})"
+    )
     plot(outcomes, out_dir / "policies.png", title)
     print(f"wrote {out_dir / 'policies.json'} and {out_dir / 'policies.png'}")
     return 0 if all(o.summary.get("completed") for o in outcomes) else 1

@@ -1,7 +1,7 @@
 """Serving benchmark (like `vllm bench serve`): open-loop load against an OpenAI-compatible
 server, measured through the HTTP API with streaming.
 
-    python bench/serving.py --base-url http://127.0.0.1:8000 --num-prompts 50 --request-rate 2
+    python -m bench.serving --base-url http://127.0.0.1:8000 --num-prompts 50 --request-rate 2
 
 Arrivals: Poisson at --request-rate (req/s), or Gamma with --burstiness < 1 (burstier; 1 =
 Poisson), inf = all at once. Lengths: a synthetic ShareGPT-like distribution (the PyPI
@@ -25,14 +25,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at "
-         "which but have an they you were her she there been one all we their has would when "
-         "if more will about time some only other new these two may first then do any like my "
-         "now over such our man me even most made after also did many before must through back "
-         "years where much your way well down should because each just those people how too "
-         "little state good very make world still own see men work long get here between both "
-         "life being under never day same another know while last might us great old year off "
-         "come since against go came right used take three").split()
+WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at "
+    "which but have an they you were her she there been one all we their has would when "
+    "if more will about time some only other new these two may first then do any like my "
+    "now over such our man me even most made after also did many before must through back "
+    "years where much your way well down should because each just those people how too "
+    "little state good very make world still own see men work long get here between both "
+    "life being under never day same another know while last might us great old year off "
+    "come since against go came right used take three"
+).split()
 
 SHAREGPT_MEDIAN_PROMPT, SHAREGPT_MEDIAN_OUTPUT, SHAREGPT_SIGMA = 150, 140, 0.9
 
@@ -54,8 +56,13 @@ def sample_lengths(n: int, rng: np.random.Generator, args) -> list[tuple[int, in
         x = rng.lognormal(np.log(median * args.length_scale), SHAREGPT_SIGMA, n)
         return np.clip(np.round(x), args.min_len, cap).astype(int)
 
-    return list(zip(draw(SHAREGPT_MEDIAN_PROMPT, args.max_prompt_len).tolist(),
-                    draw(SHAREGPT_MEDIAN_OUTPUT, args.max_output_len).tolist(), strict=True))
+    return list(
+        zip(
+            draw(SHAREGPT_MEDIAN_PROMPT, args.max_prompt_len).tolist(),
+            draw(SHAREGPT_MEDIAN_OUTPUT, args.max_output_len).tolist(),
+            strict=True,
+        )
+    )
 
 
 def make_prompt(n_tokens: int, rng: np.random.Generator) -> str:
@@ -72,8 +79,14 @@ def arrival_gaps(n: int, rate: float, burstiness: float, rng: np.random.Generato
 
 async def one_request(client, args, model: str, prompt: str, out_len: int) -> Result:
     r = Result(start=time.perf_counter())
-    body: dict = {"model": model, "max_tokens": out_len, "stream": True, "ignore_eos": True,
-                  "stream_options": {"include_usage": True}, "temperature": 0.0}
+    body: dict = {
+        "model": model,
+        "max_tokens": out_len,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.0,
+    }
     if args.endpoint.endswith("chat/completions"):
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -127,13 +140,20 @@ def summarize(results: list[Result], duration: float, args) -> dict:
     out_tok = sum(r.output_tokens for r in ok)
     in_tok = sum(r.prompt_tokens for r in ok)
     s = {
-        "completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
-        "request_rate": args.request_rate, "burstiness": args.burstiness,
-        "total_input_tokens": in_tok, "total_output_tokens": out_tok,
-        "request_throughput": len(ok) / duration, "output_throughput": out_tok / duration,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
+        "request_rate": args.request_rate,
+        "burstiness": args.burstiness,
+        "total_input_tokens": in_tok,
+        "total_output_tokens": out_tok,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tok / duration,
         "total_token_throughput": (in_tok + out_tok) / duration,
-        "ttft_ms": _stats([r.ttft for r in ok]), "tpot_ms": _stats(tpot),
-        "itl_ms": _stats(itl), "e2e_ms": _stats([r.latency for r in ok]),
+        "ttft_ms": _stats([r.ttft for r in ok]),
+        "tpot_ms": _stats(tpot),
+        "itl_ms": _stats(itl),
+        "e2e_ms": _stats([r.latency for r in ok]),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
     }
     if args.goodput:
@@ -156,22 +176,29 @@ def summarize(results: list[Result], duration: float, args) -> dict:
 def print_table(s: dict, title: str = "Serving Benchmark Result") -> None:
     w = 50
     print("{s:{c}^{n}}".format(s=f" {title} ", n=w, c="="))
-    rows = [("Successful requests:", s["completed"]), ("Failed requests:", s["failed"]),
-            ("Request rate configured (RPS):", s["request_rate"]),
-            ("Benchmark duration (s):", f"{s['duration_s']:.2f}"),
-            ("Total input tokens:", s["total_input_tokens"]),
-            ("Total generated tokens:", s["total_output_tokens"]),
-            ("Request throughput (req/s):", f"{s['request_throughput']:.2f}")]
+    rows = [
+        ("Successful requests:", s["completed"]),
+        ("Failed requests:", s["failed"]),
+        ("Request rate configured (RPS):", s["request_rate"]),
+        ("Benchmark duration (s):", f"{s['duration_s']:.2f}"),
+        ("Total input tokens:", s["total_input_tokens"]),
+        ("Total generated tokens:", s["total_output_tokens"]),
+        ("Request throughput (req/s):", f"{s['request_throughput']:.2f}"),
+    ]
     if "request_goodput" in s:
         rows.append(("Request goodput (req/s):", f"{s['request_goodput']:.2f}"))
-    rows += [("Output token throughput (tok/s):", f"{s['output_throughput']:.2f}"),
-             ("Total Token throughput (tok/s):", f"{s['total_token_throughput']:.2f}")]
+    rows += [
+        ("Output token throughput (tok/s):", f"{s['output_throughput']:.2f}"),
+        ("Total Token throughput (tok/s):", f"{s['total_token_throughput']:.2f}"),
+    ]
     for k, v in rows:
         print(f"{k:<40}{v:<10}")
-    for key, name, label in (("ttft_ms", "Time to First Token", "TTFT"),
-                             ("tpot_ms", "Time per Output Token (excl. 1st token)", "TPOT"),
-                             ("itl_ms", "Inter-token Latency", "ITL"),
-                             ("e2e_ms", "End-to-end Latency", "E2EL")):
+    for key, name, label in (
+        ("ttft_ms", "Time to First Token", "TTFT"),
+        ("tpot_ms", "Time per Output Token (excl. 1st token)", "TPOT"),
+        ("itl_ms", "Inter-token Latency", "ITL"),
+        ("e2e_ms", "End-to-end Latency", "E2EL"),
+    ):
         print("{s:{c}^{n}}".format(s=name, n=w, c="-"))
         st = s[key]
         for stat, lab in (("mean", "Mean"), ("p50", "Median"), ("p90", "P90"), ("p99", "P99")):
@@ -209,31 +236,52 @@ async def run(args) -> dict:
         duration = time.perf_counter() - t0
         bar.close()
     s = summarize(results, duration, args)
-    s.update(model=model, base_url=args.base_url, endpoint=args.endpoint,
-             num_prompts=args.num_prompts, label=args.label,
-             dataset="synthetic-sharegpt-lognormal", length_scale=args.length_scale)
+    s.update(
+        model=model,
+        base_url=args.base_url,
+        endpoint=args.endpoint,
+        num_prompts=args.num_prompts,
+        label=args.label,
+        dataset="synthetic-sharegpt-lognormal",
+        length_scale=args.length_scale,
+    )
     return s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
-    p.add_argument("--endpoint", default="/v1/completions",
-                   choices=["/v1/completions", "/v1/chat/completions"])
+    p.add_argument(
+        "--endpoint", default="/v1/completions", choices=["/v1/completions", "/v1/chat/completions"]
+    )
     p.add_argument("--model", default=None, help="default: the first of /v1/models")
     p.add_argument("--num-prompts", type=int, default=50)
     p.add_argument("--request-rate", type=float, default=float("inf"), help="req/s (inf)")
-    p.add_argument("--burstiness", type=float, default=1.0,
-                   help="Gamma shape: 1 = Poisson, < 1 burstier, > 1 more regular")
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="Gamma shape: 1 = Poisson, < 1 burstier, > 1 more regular",
+    )
     p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--length-scale", type=float, default=1.0,
-                   help="scales both ShareGPT medians (e.g. 0.25 for a CPU)")
+    p.add_argument(
+        "--length-scale",
+        type=float,
+        default=1.0,
+        help="scales both ShareGPT medians (e.g. 0.25 for a CPU)",
+    )
     p.add_argument("--min-len", type=int, default=4)
     p.add_argument("--max-prompt-len", type=int, default=500)
     p.add_argument("--max-output-len", type=int, default=500)
-    p.add_argument("--goodput", nargs="*", default=None, metavar="KEY:MS",
-                   help="SLOs, e.g. ttft:2000 tpot:200 (e2el too)")
+    p.add_argument(
+        "--goodput",
+        nargs="*",
+        default=None,
+        metavar="KEY:MS",
+        help="SLOs, e.g. ttft:2000 tpot:200 (e2el too)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--label", default="")
@@ -246,9 +294,16 @@ def main(argv: list[str] | None = None) -> int:
         print("errors:", s["errors"])
     if args.result_json:
         with open(args.result_json, "w") as f:
-            json.dump({**s, "args": {k: v for k, v in vars(args).items()
-                                     if k != "goodput"} | {"goodput": args.goodput}}, f,
-                      indent=2, default=str)
+            json.dump(
+                {
+                    **s,
+                    "args": {k: v for k, v in vars(args).items() if k != "goodput"}
+                    | {"goodput": args.goodput},
+                },
+                f,
+                indent=2,
+                default=str,
+            )
     return 0 if s["completed"] else 1
 
 

@@ -15,8 +15,8 @@ with FLOPs and bytes of each padded program from the simulator's HLO-derived cos
 (default python/flexnpu/sim/data/cpu_calibration.json, read by flexnpu.sim.hardware) and prints
 the per-program error.
 
-    JAX_PLATFORMS=cpu python bench/sim_calibrate.py            # ~1-2 min on 2 shared cores
-    JAX_PLATFORMS=flexnpu python bench/sim_calibrate.py --max-model-len 256 \\
+    JAX_PLATFORMS=cpu python -m bench.sim_calibrate            # ~1-2 min on 2 shared cores
+    JAX_PLATFORMS=flexnpu python -m bench.sim_calibrate --max-model-len 256 \\
         --max-num-batched-tokens 128 --out /tmp/cal.json
 
 The 2 vCPUs are shared by every device of the machine: the fit describes one device that has
@@ -37,6 +37,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
 
+from bench.common import smollm2_engine, time_program  # noqa: E402
 from flexnpu.sim.hardware import CPU_CALIBRATION, get_preset  # noqa: E402
 from flexnpu.sim.models import get_model  # noqa: E402
 from flexnpu.sim.steptime import CostModel, EngineShapes  # noqa: E402
@@ -44,42 +45,34 @@ from flexnpu.sim.steptime import CostModel, EngineShapes  # noqa: E402
 
 def measure(args: argparse.Namespace) -> tuple[EngineShapes, list[dict]]:
     """Median seconds of every program of the engine built with these settings."""
-    import jax
-    import jax.numpy as jnp
-
-    from flexnpu.serving import model
-    from flexnpu.serving.config import SMOLLM2_135M
-    from flexnpu.serving.engine import Engine, EngineConfig
-
-    ec = EngineConfig(max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                      max_num_batched_tokens=args.max_num_batched_tokens,
-                      block_size=args.block_size, num_devices=1)
-    shapes = EngineShapes.of_engine(ec.max_num_seqs, ec.max_num_batched_tokens, ec.block_size,
-                                    ec.max_model_len)
-    params = model.random_params(SMOLLM2_135M, dtype=jnp.float32)
-    dev = jax.devices()[0]
-    eng = Engine(None, params, ec, devices=[dev], model_config=SMOLLM2_135M, eos_ids=())
+    eng = smollm2_engine(
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+    )
+    ec = eng.ec
+    shapes = EngineShapes.of_engine(
+        ec.max_num_seqs, ec.max_num_batched_tokens, ec.block_size, ec.max_model_len
+    )
     runner = eng.instances[0].runner
     t0 = time.perf_counter()
     eng.warmup()
-    print(f"{dev.platform}: compiled {eng.num_warmup_programs()} programs in "
-          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    print(
+        f"{eng.instances[0].device.platform}: compiled {eng.num_warmup_programs()} programs "
+        f"in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
     rows = []
     for chunk, width in shapes.programs():
-        inp = runner._padding_inputs(chunk, width)
-        ts = []
-        for _ in range(args.repeats + 1):
-            t = time.perf_counter()
-            out = runner.steps.step(runner.params, runner.ck, runner.cv,
-                                    runner.device_inputs(inp))
-            runner.ck, runner.cv = out[4], out[5]
-            np.asarray(out[0])
-            ts.append(time.perf_counter() - t)
+        ts = [time_program(runner, chunk, width) for _ in range(args.repeats + 1)]
         s = statistics.median(ts[1:])
-        rows.append({"chunk": chunk, "width": width, "seconds": s,
-                     "min_seconds": min(ts[1:])})
-        print(f"program chunk={chunk:4d} width={width:3d}: {s * 1e3:8.1f} ms "
-              f"(min {min(ts[1:]) * 1e3:.1f})", flush=True)
+        rows.append({"chunk": chunk, "width": width, "seconds": s, "min_seconds": min(ts[1:])})
+        print(
+            f"program chunk={chunk:4d} width={width:3d}: {s * 1e3:8.1f} ms "
+            f"(min {min(ts[1:]) * 1e3:.1f})",
+            flush=True,
+        )
     return shapes, rows
 
 
@@ -88,8 +81,12 @@ def fit(shapes: EngineShapes, rows: list[dict]) -> tuple[float, float, float, li
     m = get_model("smollm2-135m")
     cm = CostModel.load(m)
     dev = get_preset("cpu").device
-    fb = np.array([cm.flops_bytes(shapes.features(r["chunk"], r["width"]),
-                                  fused_attention=False) for r in rows])
+    fb = np.array(
+        [
+            cm.flops_bytes(shapes.features(r["chunk"], r["width"]), fused_attention=False)
+            for r in rows
+        ]
+    )
     meas = np.array([r["seconds"] for r in rows])
     ecs = np.geomspace(0.005, 1.0, 80)
     ems = np.geomspace(0.005, 2.0, 80)
@@ -109,8 +106,9 @@ def fit(shapes: EngineShapes, rows: list[dict]) -> tuple[float, float, float, li
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
@@ -126,22 +124,34 @@ def main(argv: list[str] | None = None) -> int:
     ec, em, launch, rel = fit(shapes, rows)
     for r, e in zip(rows, rel, strict=True):
         r["model_error"] = float(e)
-        print(f"chunk={r['chunk']:4d} width={r['width']:3d} measured {r['seconds'] * 1e3:8.1f} ms"
-              f"  model error {e * 100:+6.1f}%")
-    print(f"eff_compute {ec:.4f}  eff_memory {em:.4f}  launch_s {launch * 1e3:.1f} ms  "
-          f"(load average {load_before[0]:.1f} -> {load_after[0]:.1f})")
+        print(
+            f"chunk={r['chunk']:4d} width={r['width']:3d} measured {r['seconds'] * 1e3:8.1f} ms"
+            f"  model error {e * 100:+6.1f}%"
+        )
+    print(
+        f"eff_compute {ec:.4f}  eff_memory {em:.4f}  launch_s {launch * 1e3:.1f} ms  "
+        f"(load average {load_before[0]:.1f} -> {load_after[0]:.1f})"
+    )
     import jax
 
-    doc = {"eff_compute": ec, "eff_memory": em, "launch_s": launch,
-           "engine": {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len,
-                      "max_num_batched_tokens": args.max_num_batched_tokens,
-                      "block_size": args.block_size},
-           "platform": jax.devices()[0].platform,
-           "measured_at_unix": t0, "load_average_1m": [load_before[0], load_after[0]],
-           "programs": rows,
-           "source": "fitted to the serving engine's padded SmolLM2-135M programs (f32) timed "
-                     "on this machine by bench/sim_calibrate.py",
-           "regenerate": "JAX_PLATFORMS=cpu python bench/sim_calibrate.py"}
+    doc = {
+        "eff_compute": ec,
+        "eff_memory": em,
+        "launch_s": launch,
+        "engine": {
+            "max_num_seqs": args.max_num_seqs,
+            "max_model_len": args.max_model_len,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "block_size": args.block_size,
+        },
+        "platform": jax.devices()[0].platform,
+        "measured_at_unix": t0,
+        "load_average_1m": [load_before[0], load_after[0]],
+        "programs": rows,
+        "source": "fitted to the serving engine's padded SmolLM2-135M programs (f32) timed "
+        "on this machine by bench/sim_calibrate.py",
+        "regenerate": "JAX_PLATFORMS=cpu python -m bench.sim_calibrate",
+    }
     if not args.dry_run:
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.out}")

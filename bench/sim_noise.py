@@ -8,7 +8,7 @@ With sched_autogroup_enabled=1 (this machine's kernel) a process's nice only ord
 processes of its own autogroup (its session); against other sessions' work the autogroup's nice
 decides, so `nice -n -15` alone does nothing against other users' `nice -n 10` jobs.
 
-    nice -n -15 python bench/sim_noise.py --phases 3 --seconds 20   # root, for negative nice
+    nice -n -15 python -m bench.sim_noise --phases 3 --seconds 20   # root, for negative nice
 
 Prints per phase and program: median, p10, p90, max and the (p90-p10)/median spread.
 """
@@ -24,6 +24,8 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
+
+from bench.common import smollm2_engine, time_program  # noqa: E402
 
 AUTOGROUP = Path("/proc/self/autogroup")
 
@@ -46,8 +48,9 @@ def set_fifo(on: bool) -> str:
             os.sched_setscheduler(int(tid), policy, os.sched_param(prio))
         except OSError:
             failed += 1
-    return ("SCHED_FIFO 1" if on else "SCHED_OTHER") + (f" ({failed} threads not set)"
-                                                         if failed else "")
+    return ("SCHED_FIFO 1" if on else "SCHED_OTHER") + (
+        f" ({failed} threads not set)" if failed else ""
+    )
 
 
 def set_priority(prio: str) -> str:
@@ -68,74 +71,72 @@ def set_priority(prio: str) -> str:
 
 
 def build(engine: dict):
-    import jax
-    import jax.numpy as jnp
-
-    from flexnpu.serving import model
-    from flexnpu.serving.config import SMOLLM2_135M
-    from flexnpu.serving.engine import Engine, EngineConfig
-
-    ec = EngineConfig(num_devices=1, **engine)
-    params = model.random_params(SMOLLM2_135M, dtype=jnp.float32)
-    eng = Engine(None, params, ec, devices=[jax.devices()[0]], model_config=SMOLLM2_135M,
-                 eos_ids=())
+    eng = smollm2_engine(**engine)
     eng.warmup()
     return eng.instances[0].runner
-
-
-def time_program(runner, chunk: int, width: int) -> float:
-    inp = runner._padding_inputs(chunk, width)
-    t = time.perf_counter()
-    out = runner.steps.step(runner.params, runner.ck, runner.cv, runner.device_inputs(inp))
-    runner.ck, runner.cv = out[4], out[5]
-    np.asarray(out[0])
-    return time.perf_counter() - t
 
 
 def stats(xs: list[float]) -> dict:
     a = np.array(xs)
     p10, p50, p90 = np.percentile(a, [10, 50, 90])
-    return {"n": len(xs), "median_s": float(p50), "p10_s": float(p10), "p90_s": float(p90),
-            "max_s": float(a.max()), "spread": float((p90 - p10) / p50)}
+    return {
+        "n": len(xs),
+        "median_s": float(p50),
+        "p10_s": float(p10),
+        "p90_s": float(p90),
+        "max_s": float(a.max()),
+        "spread": float((p90 - p10) / p50),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--priorities", default="0,-15",
-                   help="nice values or 'fifo' (SCHED_FIFO), alternated")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--priorities", default="0,-15", help="nice values or 'fifo' (SCHED_FIFO), alternated"
+    )
     p.add_argument("--phases", type=int, default=3, help="rounds over --priorities")
     p.add_argument("--seconds", type=float, default=20.0, help="per phase")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     prios = [x.strip() for x in args.priorities.split(",")]
-    engine = {"max_num_seqs": 8, "max_model_len": 256, "max_num_batched_tokens": 128,
-              "block_size": 16}
+    engine = {
+        "max_num_seqs": 8,
+        "max_model_len": 256,
+        "max_num_batched_tokens": 128,
+        "block_size": 16,
+    }
     runner = build(engine)
     programs = [(0, 4), (64, 16)]
     samples: dict[str, dict[tuple[int, int], list[float]]] = {
-        n: {pr: [] for pr in programs} for n in prios}
+        n: {pr: [] for pr in programs} for n in prios
+    }
     loads: dict[str, list[float]] = {n: [] for n in prios}
     for _ in range(args.phases):
         for n in prios:
-            print(f"phase: {set_priority(n)}; load average {os.getloadavg()[0]:.1f}",
-                  flush=True)
+            print(f"phase: {set_priority(n)}; load average {os.getloadavg()[0]:.1f}", flush=True)
             end = time.perf_counter() + args.seconds
             while time.perf_counter() < end:
                 for pr in programs:
                     samples[n][pr].append(time_program(runner, *pr))
             loads[n].append(os.getloadavg()[0])
     set_priority("0")
-    doc = {"programs": {}, "load_average": loads,
-           "autogroups": Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()}
+    doc = {
+        "programs": {},
+        "load_average": loads,
+        "autogroups": Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip(),
+    }
     for pr in programs:
         for n in prios:
             s = stats(samples[n][pr])
             doc["programs"].setdefault(f"chunk={pr[0]} width={pr[1]}", {})[n] = s
-            print(f"chunk={pr[0]:3d} width={pr[1]:2d} {n:>4}: median "
-                  f"{s['median_s'] * 1e3:7.1f} ms  p10 {s['p10_s'] * 1e3:7.1f}  p90 "
-                  f"{s['p90_s'] * 1e3:7.1f}  max {s['max_s'] * 1e3:7.1f}  spread "
-                  f"{s['spread'] * 100:5.1f}%  (n={s['n']})")
+            print(
+                f"chunk={pr[0]:3d} width={pr[1]:2d} {n:>4}: median "
+                f"{s['median_s'] * 1e3:7.1f} ms  p10 {s['p10_s'] * 1e3:7.1f}  p90 "
+                f"{s['p90_s'] * 1e3:7.1f}  max {s['max_s'] * 1e3:7.1f}  spread "
+                f"{s['spread'] * 100:5.1f}%  (n={s['n']})"
+            )
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     return 0

@@ -25,10 +25,10 @@ nice AND their autogroup's nice. With sched_autogroup_enabled=1 a plain `nice -n
 process only within its own session; against other sessions the autogroup nice decides
 (bench/sim_noise.py measures both).
 
-    nice -n -15 python bench/sim_validate.py --nice -15 --platform cpu \
+    nice -n -15 python -m bench.sim_validate --nice -15 --platform cpu \
         --compilation-cache /tmp/cc --probe-repeats 3        # light and heavy, ~8 min
-    python bench/sim_validate.py --nice -15 --platform cpu --devices 2 --configs heavy,double
-    python bench/sim_validate.py --configs light --json /tmp/simval.json --keep DIR
+    python -m bench.sim_validate --nice -15 --platform cpu --devices 2 --configs heavy,double
+    python -m bench.sim_validate --configs light --json /tmp/simval.json --keep DIR
 
 Each configuration takes 1.5-2.5 min of compiling here (under load; with --compilation-cache
 DIR the second one loads its programs in ~50 s), ~1 min of probes, --duration (default 100 s)
@@ -42,7 +42,6 @@ import asyncio
 import csv
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,15 +51,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-# This tree's flexnpu, as the subprocesses get it, where the tree has its native modules built
-# (an editable or in-tree build); otherwise (a plain `pip install .`) the installed copy.
-TREE_PYTHON = [str(ROOT / "python")] if any((ROOT / "python" / "flexnpu").glob("_native*.so")) \
-    else []
-sys.path[:0] = TREE_PYTHON
+from bench.common import REPO as ROOT
+from bench.common import free_port
+
 CPU_CALIBRATION = ROOT / "python" / "flexnpu" / "sim" / "data" / "cpu_calibration.json"
-ENGINE = {"max_num_seqs": 8, "max_model_len": 256, "max_num_batched_tokens": 128,
-          "block_size": 16}
+ENGINE = {"max_num_seqs": 8, "max_model_len": 256, "max_num_batched_tokens": 128, "block_size": 16}
 
 
 @dataclass(frozen=True)
@@ -104,8 +99,10 @@ def make_trace(cfg: Config, duration: float, seed: int) -> list[Sent]:
         x = rng.lognormal(np.log(median), cfg.sigma, n)
         return np.clip(np.round(x), *lo_hi).astype(int)
 
-    p, o = lengths(cfg.prompt_median, cfg.prompt_range), lengths(cfg.output_median,
-                                                                  cfg.output_range)
+    p, o = (
+        lengths(cfg.prompt_median, cfg.prompt_range),
+        lengths(cfg.output_median, cfg.output_range),
+    )
     o = np.minimum(o, ENGINE["max_model_len"] - p)
     return [Sent(i, int(p[i]), int(o[i]), float(t[i])) for i in range(n)]
 
@@ -132,47 +129,53 @@ def raise_priority(nice: int) -> str:
         return f"nice {nice}; autogroup nice not set ({e.strerror})"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _load() -> float:
     return os.getloadavg()[0]
 
 
 def _env(**extra: str) -> dict[str, str]:
-    """The subprocesses run this working tree's flexnpu where it is built (even where the
-    installed copy is not an editable one), else the installed one."""
-    path = os.pathsep.join(x for x in (*TREE_PYTHON, os.environ.get("PYTHONPATH")) if x)
-    return {**os.environ, "PYTHONPATH": path, **extra}
+    """The subprocesses' environment: this one's (so they import the flexnpu this process
+    imports: PYTHONPATH=python runs this tree's build) plus `extra`."""
+    return {**os.environ, **extra}
 
 
 def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "flexnpu", "serve", "--port", str(port),
-           "--devices", str(args.devices),
-           "--max-num-seqs", str(ENGINE["max_num_seqs"]),
-           "--max-model-len", str(ENGINE["max_model_len"]),
-           "--max-num-batched-tokens", str(ENGINE["max_num_batched_tokens"]),
-           "--block-size", str(ENGINE["block_size"])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flexnpu",
+        "serve",
+        "--port",
+        str(port),
+        "--devices",
+        str(args.devices),
+        "--max-num-seqs",
+        str(ENGINE["max_num_seqs"]),
+        "--max-model-len",
+        str(ENGINE["max_model_len"]),
+        "--max-num-batched-tokens",
+        str(ENGINE["max_num_batched_tokens"]),
+        "--block-size",
+        str(ENGINE["block_size"]),
+    ]
     if args.model:
         cmd += ["--model", args.model]
     if args.compilation_cache:
         cmd += ["--compilation-cache", str(args.compilation_cache)]
     env = _env(JAX_PLATFORMS=args.platform)
     if args.devices > 1:  # jaxlib's cpu client: N devices sharing the machine's cores
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                            f" --xla_force_host_platform_device_count={args.devices}").strip()
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                            cwd=ROOT)
+        env["XLA_FLAGS"] = (
+            env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+        ).strip()
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     deadline = time.time() + args.startup_timeout
     import httpx
 
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}); log: {log}\n"
-                               + log.read_text()[-2000:])
+            raise RuntimeError(
+                f"the server exited ({proc.returncode}); log: {log}\n" + log.read_text()[-2000:]
+            )
         try:
             if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
                 return proc
@@ -185,9 +188,15 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
 
 async def _one(client, r: Sent, t0: float, vocab_ids: np.ndarray) -> None:
     await asyncio.sleep(max(0.0, t0 + r.planned - time.perf_counter()))
-    body = {"prompt": vocab_ids[: r.prompt].tolist(), "max_tokens": r.output, "stream": True,
-            "ignore_eos": True, "temperature": 0.0, "logprobs": 1,  # a chunk for every token
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": vocab_ids[: r.prompt].tolist(),
+        "max_tokens": r.output,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "logprobs": 1,  # a chunk for every token
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     r.sent = start - t0
     try:
@@ -224,16 +233,24 @@ async def drive(port: int, reqs: list[Sent], seed: int) -> None:
     # Ordinary vocabulary ids (no control tokens): every request's prompt is a prefix.
     ids = rng.integers(300, 40000, max(r.prompt for r in reqs))
     limits = httpx.Limits(max_connections=len(reqs) + 4)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600,
-                                 limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits
+    ) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(_one(client, r, t0, ids) for r in reqs))
 
 
 def bare_calibration(args: argparse.Namespace, out: Path) -> dict:
     """bench/sim_calibrate.py: the engine's programs timed bare, in a process of their own."""
-    cmd = [sys.executable, str(ROOT / "bench" / "sim_calibrate.py"), "--out", str(out),
-           "--repeats", str(args.calibrate_repeats)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.sim_calibrate",
+        "--out",
+        str(out),
+        "--repeats",
+        str(args.calibrate_repeats),
+    ]
     for k, v in ENGINE.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     subprocess.run(cmd, check=True, env=_env(JAX_PLATFORMS=args.platform), cwd=ROOT)
@@ -274,8 +291,15 @@ async def probe(port: int, repeats: int, seed: int) -> list[dict]:
                 if r.error:
                     raise RuntimeError(f"probe request failed: {r.error}")
                 xs.append(r.ttft if what == "ttft" else r.tpot)
-            rows.append({"chunk": chunk, "width": width, "seconds": float(np.median(xs)),
-                         "samples": xs, "from": f"{what} of prompt {prompt}, {output} tokens"})
+            rows.append(
+                {
+                    "chunk": chunk,
+                    "width": width,
+                    "seconds": float(np.median(xs)),
+                    "samples": xs,
+                    "from": f"{what} of prompt {prompt}, {output} tokens",
+                }
+            )
     return rows
 
 
@@ -297,57 +321,97 @@ async def probe_rows(port: int, counts: tuple[int, ...], seed: int) -> list[dict
             if bad:
                 raise RuntimeError(f"row probe failed: {bad[0]}")
             started = max(r.times[0] for r in reqs)
-            gaps = [b - a for r in reqs for a, b in zip(r.times, r.times[1:], strict=False)
-                    if a >= started]
+            gaps = [
+                b - a
+                for r in reqs
+                for a, b in zip(r.times, r.times[1:], strict=False)
+                if a >= started
+            ]
             out.append({"rows": k, "step_s": float(np.median(gaps)), "gaps": len(gaps)})
     return out
 
 
 def calibration_doc(rows: list[dict], label: str) -> dict:
     """The simulator's cpu calibration fitted to program times (sim_calibrate.fit)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import sim_calibrate
-
+    from bench import sim_calibrate
     from flexnpu.sim.steptime import EngineShapes
 
     ec, em, launch, rel = sim_calibrate.fit(EngineShapes.of_engine(**ENGINE), rows)
     for r, e in zip(rows, rel, strict=True):
         r["model_error"] = float(e)
-    return {"eff_compute": ec, "eff_memory": em, "launch_s": launch, "engine": ENGINE,
-            "programs": rows, "source": f"bench/sim_validate.py: {label}"}
+    return {
+        "eff_compute": ec,
+        "eff_memory": em,
+        "launch_s": launch,
+        "engine": ENGINE,
+        "programs": rows,
+        "source": f"bench/sim_validate.py: {label}",
+    }
 
 
 def _mean_rows(a: list[dict], b: list[dict]) -> list[dict]:
-    return [{"chunk": x["chunk"], "width": x["width"],
-             "seconds": (x["seconds"] + y["seconds"]) / 2} for x, y in zip(a, b, strict=True)]
+    return [
+        {"chunk": x["chunk"], "width": x["width"], "seconds": (x["seconds"] + y["seconds"]) / 2}
+        for x, y in zip(a, b, strict=True)
+    ]
 
 
 def preset_calibration(results: list[dict], platform: str, nice: int | None) -> dict:
     """The cpu preset's calibration: fitted to the mean of every configuration's in-server
     probes (before and after each load), never to the loads themselves."""
     sets = [res["calibrations"][k]["programs"] for res in results for k in ("before", "after")]
-    rows = [{"chunk": r["chunk"], "width": r["width"],
-             "seconds": float(np.mean([s[i]["seconds"] for s in sets])),
-             "samples": [x for s in sets for x in s[i].get("samples", [])]}
-            for i, r in enumerate(sets[0])]
+    rows = [
+        {
+            "chunk": r["chunk"],
+            "width": r["width"],
+            "seconds": float(np.mean([s[i]["seconds"] for s in sets])),
+            "samples": [x for s in sets for x in s[i].get("samples", [])],
+        }
+        for i, r in enumerate(sets[0])
+    ]
     names = ", ".join(res["config"]["name"] for res in results)
     return calibration_doc(rows, f"mean of the in-server probes around the loads {names}") | {
-        "platform": platform, "measured_at_unix": time.time(), "nice": nice,
+        "platform": platform,
+        "measured_at_unix": time.time(),
+        "nice": nice,
         "load_average_1m": {res["config"]["name"]: res["load_average"] for res in results},
-        "regenerate": "python bench/sim_validate.py --nice -15 --platform cpu "
-                      "--write-calibration (in-server probes), or JAX_PLATFORMS=cpu python "
-                      "bench/sim_calibrate.py (bare)"}
+        "regenerate": "python -m bench.sim_validate --nice -15 --platform cpu "
+        "--write-calibration (in-server probes), or JAX_PLATFORMS=cpu python -m "
+        "bench.sim_calibrate (bare)",
+    }
 
 
-def simulate(trace: Path, duration: float, calibration: Path, out: Path,
-             devices: int = 1) -> dict:
+def simulate(trace: Path, duration: float, calibration: Path, out: Path, devices: int = 1) -> dict:
     """devices: independent cpu devices (each with the calibrated step times)."""
-    cmd = [sys.executable, "-m", "flexnpu", "simulate", "--devices", str(devices),
-           "--device", "cpu",
-           "--model", "smollm2-135m", "--policies", "chunked-colocate", "--trace", str(trace),
-           "--rate", "0", "--duration", f"{duration:.3f}", "--seeds", "1",
-           "--max-prompt", str(ENGINE["max_model_len"]),
-           "--max-output", str(ENGINE["max_model_len"]), "--json", str(out), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flexnpu",
+        "simulate",
+        "--devices",
+        str(devices),
+        "--device",
+        "cpu",
+        "--model",
+        "smollm2-135m",
+        "--policies",
+        "chunked-colocate",
+        "--trace",
+        str(trace),
+        "--rate",
+        "0",
+        "--duration",
+        f"{duration:.3f}",
+        "--seeds",
+        "1",
+        "--max-prompt",
+        str(ENGINE["max_model_len"]),
+        "--max-output",
+        str(ENGINE["max_model_len"]),
+        "--json",
+        str(out),
+        "--no-progress",
+    ]
     for k, v in ENGINE.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
     env = _env(FLEXNPU_SIM_CPU_CALIBRATION=str(calibration))
@@ -364,14 +428,18 @@ def measure_config(cfg: Config, args: argparse.Namespace, work: Path) -> dict:
     """The real side of one configuration: serve, probe, load, probe; stored at once as
     work/measured_<name>.json (--from-measured analyses such files again)."""
     reqs = make_trace(cfg, args.duration, args.seed)
-    print(f"\n== {cfg.name} on {args.devices} device(s): {len(reqs)} requests over "
-          f"{args.duration:.0f} s (rate {cfg.rate} req/s, prompt median {cfg.prompt_median}, "
-          f"output median {cfg.output_median}); load average {_load():.1f}", flush=True)
-    port = _free_port()
+    print(
+        f"\n== {cfg.name} on {args.devices} device(s): {len(reqs)} requests over "
+        f"{args.duration:.0f} s (rate {cfg.rate} req/s, prompt median {cfg.prompt_median}, "
+        f"output median {cfg.output_median}); load average {_load():.1f}",
+        flush=True,
+    )
+    port = free_port()
     t = time.time()
     proc = start_server(args, port, work / f"server_{cfg.name}.log")
-    print(f"server up in {time.time() - t:.0f} s (compiled); load average {_load():.1f}",
-          flush=True)
+    print(
+        f"server up in {time.time() - t:.0f} s (compiled); load average {_load():.1f}", flush=True
+    )
     loads = {}
     try:
         loads["probe_before"] = _load()
@@ -393,14 +461,28 @@ def measure_config(cfg: Config, args: argparse.Namespace, work: Path) -> dict:
     bad = [r for r in reqs if r.error]
     if bad:
         raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error}")
-    per_request = [{"prompt": r.prompt, "output": r.output, "sent_s": r.sent, "ttft_s": r.ttft,
-                    "tpot_s": r.tpot,
-                    "token_times_s": [r.sent + t - r.times[0] + r.ttft for t in r.times]}
-                   for r in reqs]
-    doc = {"config": cfg.__dict__, "devices": args.devices, "platform": args.platform,
-           "nice": args.nice, "seed": args.seed, "load_average": loads,
-           "probes": {"before": before, "after": after}, "tpot_by_rows": rows_tpot,
-           "per_request": per_request}
+    per_request = [
+        {
+            "prompt": r.prompt,
+            "output": r.output,
+            "sent_s": r.sent,
+            "ttft_s": r.ttft,
+            "tpot_s": r.tpot,
+            "token_times_s": [r.sent + t - r.times[0] + r.ttft for t in r.times],
+        }
+        for r in reqs
+    ]
+    doc = {
+        "config": cfg.__dict__,
+        "devices": args.devices,
+        "platform": args.platform,
+        "nice": args.nice,
+        "seed": args.seed,
+        "load_average": loads,
+        "probes": {"before": before, "after": after},
+        "tpot_by_rows": rows_tpot,
+        "per_request": per_request,
+    }
     (work / f"measured_{cfg.name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
@@ -414,52 +496,80 @@ def analyse_config(m: dict, work: Path, fixed: dict[str, Path]) -> dict:
     print(f"\n== {name} on {m['devices']} device(s), {len(m['per_request'])} requests")
     for b, a in zip(before, after, strict=True):
         xs = np.array(b["samples"] + a["samples"])
-        print(f"program chunk={b['chunk']:3d} width={b['width']:2d} in the server: "
-              f"{b['seconds'] * 1e3:6.0f} ms before the load, {a['seconds'] * 1e3:6.0f} ms "
-              f"after ({(a['seconds'] / b['seconds'] - 1) * 100:+.0f}%); all {len(xs)} "
-              f"samples {xs.min() * 1e3:.0f}-{xs.max() * 1e3:.0f} ms")
+        print(
+            f"program chunk={b['chunk']:3d} width={b['width']:2d} in the server: "
+            f"{b['seconds'] * 1e3:6.0f} ms before the load, {a['seconds'] * 1e3:6.0f} ms "
+            f"after ({(a['seconds'] / b['seconds'] - 1) * 100:+.0f}%); all {len(xs)} "
+            f"samples {xs.min() * 1e3:.0f}-{xs.max() * 1e3:.0f} ms"
+        )
     if m["tpot_by_rows"]:
-        print("decode step with k requests decoding together (width 4): " + ", ".join(
-            f"k={x['rows']} {x['step_s'] * 1e3:.0f} ms" for x in m["tpot_by_rows"]))
+        print(
+            "decode step with k requests decoding together (width 4): "
+            + ", ".join(f"k={x['rows']} {x['step_s'] * 1e3:.0f} ms" for x in m["tpot_by_rows"])
+        )
     per_request = m["per_request"]
-    reqs = [Sent(i, r["prompt"], r["output"], r["sent_s"], sent=r["sent_s"])
-            for i, r in enumerate(per_request)]
+    reqs = [
+        Sent(i, r["prompt"], r["output"], r["sent_s"], sent=r["sent_s"])
+        for i, r in enumerate(per_request)
+    ]
     trace = work / f"trace_{name}.csv"
     write_trace(reqs, trace)
-    cals = {"before": calibration_doc(before, f"in-server probes before the {name} load"),
-            "after": calibration_doc(after, f"in-server probes after the {name} load"),
-            "mean": calibration_doc(_mean_rows(before, after),
-                                    f"mean of the in-server probes around the {name} load")}
+    cals = {
+        "before": calibration_doc(before, f"in-server probes before the {name} load"),
+        "after": calibration_doc(after, f"in-server probes after the {name} load"),
+        "mean": calibration_doc(
+            _mean_rows(before, after), f"mean of the in-server probes around the {name} load"
+        ),
+    }
     # Diagnostic, not a validation: the programs' times as they ran in this very load (in-run
     # step means; probes where a program did not run). What error remains with it is the
     # model's structure (queueing, pipelining, first-token path), not the calibration's drift.
     # One device's steps only: the completions of several devices interleave.
-    steps = steps_from_tokens(per_request, EngineShapes.of_engine(**ENGINE)) \
-        if m["devices"] == 1 else []
-    in_run = {(r["chunk"], r["width"]): r["mean_s"] for r in step_summary(steps, cals["mean"])
-              if r["steps"] >= 3}
-    rows = [{"chunk": r["chunk"], "width": r["width"],
-             "seconds": in_run.get((r["chunk"], r["width"]), r["seconds"])}
-            for r in _mean_rows(before, after)]
+    steps = (
+        steps_from_tokens(per_request, EngineShapes.of_engine(**ENGINE))
+        if m["devices"] == 1
+        else []
+    )
+    in_run = {
+        (r["chunk"], r["width"]): r["mean_s"]
+        for r in step_summary(steps, cals["mean"])
+        if r["steps"] >= 3
+    }
+    rows = [
+        {
+            "chunk": r["chunk"],
+            "width": r["width"],
+            "seconds": in_run.get((r["chunk"], r["width"]), r["seconds"]),
+        }
+        for r in _mean_rows(before, after)
+    ]
     if steps:
-        cals["in-run"] = calibration_doc(rows, f"step times during the {name} load itself "
-                                         "(diagnostic)")
+        cals["in-run"] = calibration_doc(
+            rows, f"step times during the {name} load itself (diagnostic)"
+        )
     paths = {}
     for k, doc in cals.items():
         paths[k] = work / f"calibration_{name}_{k}.json"
         paths[k].write_text(json.dumps(doc, indent=1) + "\n")
     paths.update(fixed)
     duration = max(r.sent for r in reqs) + 1.0
-    sims = {k: simulate(trace, duration, path, work / f"sim_{name}_{k}.json", m["devices"])
-            for k, path in paths.items()}
-    real = {"ttft_s": _pct([r["ttft_s"] for r in per_request]),
-            "tpot_s": _pct([r["tpot_s"] for r in per_request if r["tpot_s"] >= 0])}
-    return m | {"requests": len(per_request), "steps": step_summary(steps, cals["mean"]),
-                "sim_requests_finished": {k: v["requests_finished"] for k, v in sims.items()},
-                "real": real, "calibrations": cals,
-                "sim": {k: {"ttft_s": v["ttft_s"], "tpot_s": v["tpot_s"]}
-                        for k, v in sims.items()},
-                "trace": str(trace)}
+    sims = {
+        k: simulate(trace, duration, path, work / f"sim_{name}_{k}.json", m["devices"])
+        for k, path in paths.items()
+    }
+    real = {
+        "ttft_s": _pct([r["ttft_s"] for r in per_request]),
+        "tpot_s": _pct([r["tpot_s"] for r in per_request if r["tpot_s"] >= 0]),
+    }
+    return m | {
+        "requests": len(per_request),
+        "steps": step_summary(steps, cals["mean"]),
+        "sim_requests_finished": {k: v["requests_finished"] for k, v in sims.items()},
+        "real": real,
+        "calibrations": cals,
+        "sim": {k: {"ttft_s": v["ttft_s"], "tpot_s": v["tpot_s"]} for k, v in sims.items()},
+        "trace": str(trace),
+    }
 
 
 def steps_from_tokens(per_request: list[dict], shapes, gap_s: float = 0.03) -> list[dict]:
@@ -470,8 +580,9 @@ def steps_from_tokens(per_request: list[dict], shapes, gap_s: float = 0.03) -> l
     i.e. the steady-state time per step of the two-in-flight pipeline. Its program is what the
     runner would pick: the chunk bucket of the prompt whose first token it streams (one chunk
     per prompt: prompts <= the token budget), else the decode width holding the longest row."""
-    events = sorted((t, i, k) for i, r in enumerate(per_request)
-                    for k, t in enumerate(r["token_times_s"]))
+    events = sorted(
+        (t, i, k) for i, r in enumerate(per_request) for k, t in enumerate(r["token_times_s"])
+    )
     clusters: list[list[tuple[float, int, int]]] = []
     for ev in events:
         if clusters and ev[0] - clusters[-1][-1][0] < gap_s:
@@ -491,36 +602,58 @@ def steps_from_tokens(per_request: list[dict], shapes, gap_s: float = 0.03) -> l
             c = next((b for b in shapes.chunk_buckets if b >= chunk), shapes.chunk_buckets[-1])
             program = (c, shapes.max_blocks)
         else:
-            blocks = max(-(-(per_request[i]["prompt"] + k) // shapes.block_size)
-                         for _, i, k in cur)
+            blocks = max(-(-(per_request[i]["prompt"] + k) // shapes.block_size) for _, i, k in cur)
             program = (0, next(w for w in shapes.decode_widths if w >= blocks))
-        steps.append({"t_s": t1, "seconds": t1 - t0, "rows": len(cur),
-                      "first_tokens": len(firsts), "chunk": program[0], "width": program[1]})
+        steps.append(
+            {
+                "t_s": t1,
+                "seconds": t1 - t0,
+                "rows": len(cur),
+                "first_tokens": len(firsts),
+                "chunk": program[0],
+                "width": program[1],
+            }
+        )
     return steps
 
 
 def step_summary(steps: list[dict], calibration: dict) -> list[dict]:
     """Per program: the in-run step times against the calibration's (probe-fitted) model."""
-    model = {(r["chunk"], r["width"]): r["seconds"] * (1 + r.get("model_error", 0.0))
-             for r in calibration["programs"]}
+    model = {
+        (r["chunk"], r["width"]): r["seconds"] * (1 + r.get("model_error", 0.0))
+        for r in calibration["programs"]
+    }
     out = []
     for key in sorted({(s["chunk"], s["width"]) for s in steps}):
         xs = np.array([s["seconds"] for s in steps if (s["chunk"], s["width"]) == key])
         p10, p50, p90 = np.percentile(xs, [10, 50, 90])
-        out.append({"chunk": key[0], "width": key[1], "steps": len(xs), "mean_s": float(xs.mean()),
-                    "p10_s": float(p10), "p50_s": float(p50), "p90_s": float(p90),
-                    "model_s": model.get(key, float("nan"))})
+        out.append(
+            {
+                "chunk": key[0],
+                "width": key[1],
+                "steps": len(xs),
+                "mean_s": float(xs.mean()),
+                "p10_s": float(p10),
+                "p50_s": float(p50),
+                "p90_s": float(p90),
+                "model_s": model.get(key, float("nan")),
+            }
+        )
     return out
 
 
 def print_steps(name: str, summary: list[dict]) -> None:
     print(f"\n{name}: steps in the run (from the clients' token times) vs the probe-fitted model")
-    print("| program | steps | p10 | p50 | p90 | mean | model | model/mean |\n"
-          "|---|---|---|---|---|---|---|---|")
+    print(
+        "| program | steps | p10 | p50 | p90 | mean | model | model/mean |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
     for r in summary:
-        print(f"| chunk {r['chunk']} width {r['width']} | {r['steps']} | {r['p10_s'] * 1e3:.0f} | "
-              f"{r['p50_s'] * 1e3:.0f} | {r['p90_s'] * 1e3:.0f} | {r['mean_s'] * 1e3:.0f} | "
-              f"{r['model_s'] * 1e3:.0f} | {(r['model_s'] / r['mean_s'] - 1) * 100:+.0f}% |")
+        print(
+            f"| chunk {r['chunk']} width {r['width']} | {r['steps']} | {r['p10_s'] * 1e3:.0f} | "
+            f"{r['p50_s'] * 1e3:.0f} | {r['p90_s'] * 1e3:.0f} | {r['mean_s'] * 1e3:.0f} | "
+            f"{r['model_s'] * 1e3:.0f} | {(r['model_s'] / r['mean_s'] - 1) * 100:+.0f}% |"
+        )
 
 
 def print_table(results: list[dict], which: str) -> None:
@@ -536,40 +669,69 @@ def print_table(results: list[dict], which: str) -> None:
             for p in ("p50", "p90"):
                 real, sim = res["real"][metric][p], res["sim"][which][metric][p]
                 err = (sim / real - 1) * 100 if real > 0 else float("nan")
-                print(f"| {c} | {res['requests']} | {metric[:4].upper()} {p} | "
-                      f"{real * 1e3:.0f} ms | {sim * 1e3:.0f} ms | {err:+.1f}% |")
+                print(
+                    f"| {c} | {res['requests']} | {metric[:4].upper()} {p} | "
+                    f"{real * 1e3:.0f} ms | {sim * 1e3:.0f} ms | {err:+.1f}% |"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", default="light,heavy",
-                   help=f"comma-separated, of {', '.join(CONFIGS)}")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--configs", default="light,heavy", help=f"comma-separated, of {', '.join(CONFIGS)}"
+    )
     p.add_argument("--duration", type=float, default=100.0, help="arrival window, seconds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--platform", default="flexnpu", help="JAX_PLATFORMS of the server")
     p.add_argument("--model", default=None, help="serve --model (default: SmolLM2 GGUF)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
-    p.add_argument("--compilation-cache", type=Path, default=None, metavar="DIR",
-                   help="serve --compilation-cache DIR (later configurations load the "
-                   "programs instead of compiling them)")
-    p.add_argument("--probe-repeats", type=int, default=2,
-                   help="runs of each in-server probe request (median)")
-    p.add_argument("--bare-calibration", action="store_true",
-                   help="also time the programs bare (bench/sim_calibrate.py, own process) "
-                   "before the runs and simulate with that calibration too")
+    p.add_argument(
+        "--compilation-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve --compilation-cache DIR (later configurations load the "
+        "programs instead of compiling them)",
+    )
+    p.add_argument(
+        "--probe-repeats", type=int, default=2, help="runs of each in-server probe request (median)"
+    )
+    p.add_argument(
+        "--bare-calibration",
+        action="store_true",
+        help="also time the programs bare (bench/sim_calibrate.py, own process) "
+        "before the runs and simulate with that calibration too",
+    )
     p.add_argument("--calibrate-repeats", type=int, default=7)
-    p.add_argument("--write-calibration", action="store_true",
-                   help="store the last configuration's mean in-server calibration as the "
-                   "package's cpu preset (python/flexnpu/sim/data/cpu_calibration.json)")
-    p.add_argument("--devices", type=int, default=1,
-                   help="serve --devices N (cpu: N jaxlib devices on the shared cores) and "
-                   "simulate N independent devices")
-    p.add_argument("--nice", type=int, default=None,
-                   help="run this process and the server at this nice and autogroup nice "
-                   "(negative: root)")
-    p.add_argument("--from-measured", type=Path, nargs="+", default=None, metavar="FILE",
-                   help="no serving: analyse measured_<config>.json files of an earlier run")
+    p.add_argument(
+        "--write-calibration",
+        action="store_true",
+        help="store the last configuration's mean in-server calibration as the "
+        "package's cpu preset (python/flexnpu/sim/data/cpu_calibration.json)",
+    )
+    p.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="serve --devices N (cpu: N jaxlib devices on the shared cores) and "
+        "simulate N independent devices",
+    )
+    p.add_argument(
+        "--nice",
+        type=int,
+        default=None,
+        help="run this process and the server at this nice and autogroup nice (negative: root)",
+    )
+    p.add_argument(
+        "--from-measured",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="no serving: analyse measured_<config>.json files of an earlier run",
+    )
     p.add_argument("--keep", type=Path, default=None, help="keep traces, logs, JSON here")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
@@ -609,9 +771,14 @@ def main(argv: list[str] | None = None) -> int:
         doc = preset_calibration(results, args.platform, args.nice)
         CPU_CALIBRATION.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {CPU_CALIBRATION}")
-    doc = {"engine": ENGINE, "platform": args.platform, "seed": args.seed,
-           "devices": args.devices, "nice": args.nice,
-           "results": results}
+    doc = {
+        "engine": ENGINE,
+        "platform": args.platform,
+        "seed": args.seed,
+        "devices": args.devices,
+        "nice": args.nice,
+        "results": results,
+    }
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.json}")

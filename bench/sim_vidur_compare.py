@@ -11,7 +11,7 @@ same per-request definition on both sides) and E2E p50/p90/p99 and the ratio our
 first table times single steps (whole prompts, decode batches, a mixed chunk) with Vidur's own
 predictor and this simulator's StepTimer, attention parts apart.
 
-    python bench/sim_vidur_compare.py --vidur-profiles DIR \
+    python -m bench.sim_vidur_compare --vidur-profiles DIR \
         --vidur-python /tmp/vidur-venv/bin/python [--device a100] [--rates 2,6,9]
 
 DIR is a Vidur data/profiling directory (compute/<device>/meta-llama/Meta-Llama-3-8B/{mlp,
@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
+from flexnpu.sim.experiments import SimSpec, simulate_once
 from flexnpu.sim.hardware import StepTimer, get_preset
 from flexnpu.sim.models import get_model
-from flexnpu.sim.runner import SimSpec, simulate_once
 
 VIDUR_MODELS = {"llama-3-8b": ("meta-llama/Llama-3-8B", "meta-llama/Meta-Llama-3-8B")}
 VIDUR_NODES = {"a100": "a100_pairwise_nvlink", "h100": "h100_pairwise_nvlink"}
@@ -97,6 +97,7 @@ else:
     print("STEPS " + json.dumps(out))
 """
 
+
 @dataclass(frozen=True)
 class Trace:
     arrivals: np.ndarray  # seconds from the first request
@@ -140,8 +141,9 @@ class Forest:
     cv_splits: int = 2
 
 
-def make_trace(n: int, rate: float, seed: int, prompt: tuple[int, int],
-               output: tuple[int, int]) -> Trace:
+def make_trace(
+    n: int, rate: float, seed: int, prompt: tuple[int, int], output: tuple[int, int]
+) -> Trace:
     """Poisson arrivals at `rate` requests/s, uniform prompt and output lengths (inclusive)."""
     if n < 1 or rate <= 0:
         raise ValueError(f"need n >= 1 and rate > 0, got n={n}, rate={rate}")
@@ -161,8 +163,7 @@ def write_flexnpu_trace(trace: Trace, path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["timestamp", "input_tokens", "output_tokens"])
-        for t, p, o in zip(trace.arrivals, trace.prompt_tokens, trace.output_tokens,
-                           strict=True):
+        for t, p, o in zip(trace.arrivals, trace.prompt_tokens, trace.output_tokens, strict=True):
             w.writerow([f"{t:.6f}", int(p), int(o)])
 
 
@@ -171,8 +172,7 @@ def write_vidur_trace(trace: Trace, path: Path) -> None:
     with path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["Date", "Time", "PromptTokenCount", "CompletionTokenCount"])
-        for t, p, o in zip(trace.arrivals, trace.prompt_tokens, trace.output_tokens,
-                           strict=True):
+        for t, p, o in zip(trace.arrivals, trace.prompt_tokens, trace.output_tokens, strict=True):
             w.writerow([VIDUR_TRACE_DATE, f"{t:.6f}", int(p), int(o)])
 
 
@@ -187,8 +187,12 @@ def summarize(ttft: np.ndarray, e2e: np.ndarray, n_out: np.ndarray) -> dict[str,
     """Per-request TTFT, TPOT ((e2e - ttft) / (n_out - 1), requests with n_out > 1), E2E."""
     multi = n_out > 1
     tpot = (e2e[multi] - ttft[multi]) / (n_out[multi] - 1)
-    return {"ttft_s": percentiles(ttft), "tpot_s": percentiles(tpot), "e2e_s": percentiles(e2e),
-            "requests": int(len(e2e))}
+    return {
+        "ttft_s": percentiles(ttft),
+        "tpot_s": percentiles(tpot),
+        "e2e_s": percentiles(e2e),
+        "requests": int(len(e2e)),
+    }
 
 
 def read_vidur_requests(path: Path) -> dict[str, dict]:
@@ -198,8 +202,9 @@ def read_vidur_requests(path: Path) -> dict[str, dict]:
         reader = csv.DictReader(f)
         missing = [c for c in need if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"{path}: no column {', '.join(missing)} (not Vidur's "
-                             "request_metrics.csv?)")
+            raise ValueError(
+                f"{path}: no column {', '.join(missing)} (not Vidur's request_metrics.csv?)"
+            )
         rows = list(reader)
     ttft = np.array([float(r["prefill_e2e_time"]) for r in rows])
     e2e = np.array([float(r["request_e2e_time"]) for r in rows])
@@ -217,16 +222,20 @@ def find_request_metrics(out_dir: Path) -> Path:
 
 def comparison_table(rate: float, vidur: dict[str, dict], ours: dict[str, dict]) -> str:
     """Markdown: one row per metric x quantile, Vidur | ours | ours / Vidur (ms)."""
-    lines = [f"\nrate {rate:g} req/s: {vidur['requests']} requests finished in Vidur, "
-             f"{ours['requests']} here",
-             "\n| metric | Vidur ms | flexnpu ms | flexnpu / Vidur |",
-             "|---|---|---|---|"]
+    lines = [
+        f"\nrate {rate:g} req/s: {vidur['requests']} requests finished in Vidur, "
+        f"{ours['requests']} here",
+        "\n| metric | Vidur ms | flexnpu ms | flexnpu / Vidur |",
+        "|---|---|---|---|",
+    ]
     for m in METRICS:
         for q in QUANTILES:
             v = vidur[m][q] * 1e3
             o = ours[m][q] * 1e3
-            lines.append(f"| {m[:-2].upper()} {q} | {v:.1f} | {o:.1f} | "
-                         f"{o / v if v > 0 else float('nan'):.2f} |")
+            lines.append(
+                f"| {m[:-2].upper()} {q} | {v:.1f} | {o:.1f} | "
+                f"{o / v if v > 0 else float('nan'):.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -235,8 +244,9 @@ def profile_files(profiles: Path, device: str, model: str) -> tuple[Path, Path]:
     mlp, attn = base / "mlp.csv", base / "attention.csv"
     for p in (mlp, attn):
         if not p.exists():
-            raise FileNotFoundError(f"{p} does not exist (--vidur-profiles is Vidur's "
-                                    "data/profiling directory)")
+            raise FileNotFoundError(
+                f"{p} does not exist (--vidur-profiles is Vidur's data/profiling directory)"
+            )
     return mlp, attn
 
 
@@ -247,55 +257,105 @@ def cache_key(files: tuple[Path, ...], forest: Forest) -> str:
     return h.hexdigest()[:12]
 
 
-def vidur_args(*, trace: Path, out_dir: Path, cache_dir: Path, device: str, model: str,
-               engine: Engine, forest: Forest) -> list[str]:
+def vidur_args(
+    *,
+    trace: Path,
+    out_dir: Path,
+    cache_dir: Path,
+    device: str,
+    model: str,
+    engine: Engine,
+    forest: Forest,
+) -> list[str]:
     """Vidur 0.0.26 flags: one replica, TP1, one pipeline stage, the engine's scheduler."""
     rf = "--random_forrest_execution_time_predictor_config_"
     tr = "--trace_request_generator_config_"
     if engine.scheduler == "sarathi":
-        sched = ["--sarathi_scheduler_config_batch_size_cap", str(engine.batch_cap),
-                 "--sarathi_scheduler_config_chunk_size", str(engine.chunk_size)]
+        sched = [
+            "--sarathi_scheduler_config_batch_size_cap",
+            str(engine.batch_cap),
+            "--sarathi_scheduler_config_chunk_size",
+            str(engine.chunk_size),
+        ]
     else:
-        sched = ["--vllm_scheduler_config_batch_size_cap", str(engine.batch_cap),
-                 "--vllm_scheduler_config_max_tokens_in_batch", str(engine.max_tokens_in_batch)]
+        sched = [
+            "--vllm_scheduler_config_batch_size_cap",
+            str(engine.batch_cap),
+            "--vllm_scheduler_config_max_tokens_in_batch",
+            str(engine.max_tokens_in_batch),
+        ]
     return [
-        "--replica_config_model_name", VIDUR_MODELS[model][0],
-        "--replica_config_device", device,
-        "--replica_config_network_device", VIDUR_NODES[device],
-        "--replica_config_tensor_parallel_size", "1",
-        "--replica_config_num_pipeline_stages", "1",
-        "--cluster_config_num_replicas", "1",
-        "--replica_scheduler_config_type", SCHEDULERS[engine.scheduler][0],
+        "--replica_config_model_name",
+        VIDUR_MODELS[model][0],
+        "--replica_config_device",
+        device,
+        "--replica_config_network_device",
+        VIDUR_NODES[device],
+        "--replica_config_tensor_parallel_size",
+        "1",
+        "--replica_config_num_pipeline_stages",
+        "1",
+        "--cluster_config_num_replicas",
+        "1",
+        "--replica_scheduler_config_type",
+        SCHEDULERS[engine.scheduler][0],
         *sched,
-        "--cache_config_block_size", str(engine.block_size),
-        "--request_generator_config_type", "trace_replay",
-        tr + "trace_file", str(trace), tr + "date", VIDUR_TRACE_DATE,
-        tr + "prefill_scale_factor", "1", tr + "decode_scale_factor", "1",
-        tr + "time_scale_factor", "1", tr + "max_tokens", str(engine.max_model_len),
-        "--execution_time_predictor_config_type", "random_forrest",
-        rf + "cache_dir", str(cache_dir),
-        rf + "prediction_max_tokens_per_request", str(engine.max_model_len),
-        rf + "num_estimators", str(forest.estimators),
-        rf + "max_depth", str(forest.max_depth),
-        rf + "min_samples_split", str(forest.min_samples_split),
-        rf + "k_fold_cv_splits", str(forest.cv_splits),
-        rf + "num_training_job_threads", "2",
-        "--metrics_config_output_dir", str(out_dir),
+        "--cache_config_block_size",
+        str(engine.block_size),
+        "--request_generator_config_type",
+        "trace_replay",
+        tr + "trace_file",
+        str(trace),
+        tr + "date",
+        VIDUR_TRACE_DATE,
+        tr + "prefill_scale_factor",
+        "1",
+        tr + "decode_scale_factor",
+        "1",
+        tr + "time_scale_factor",
+        "1",
+        tr + "max_tokens",
+        str(engine.max_model_len),
+        "--execution_time_predictor_config_type",
+        "random_forrest",
+        rf + "cache_dir",
+        str(cache_dir),
+        rf + "prediction_max_tokens_per_request",
+        str(engine.max_model_len),
+        rf + "num_estimators",
+        str(forest.estimators),
+        rf + "max_depth",
+        str(forest.max_depth),
+        rf + "min_samples_split",
+        str(forest.min_samples_split),
+        rf + "k_fold_cv_splits",
+        str(forest.cv_splits),
+        rf + "num_training_job_threads",
+        "2",
+        "--metrics_config_output_dir",
+        str(out_dir),
         "--no-metrics_config_store_plots",
         "--no-metrics_config_enable_chrome_trace",
     ]
 
 
-def run_vidur(python: str, files: tuple[Path, Path], args: list[str], log: Path,
-              timeout_s: float, steps: Path | None = None) -> str:
+def run_vidur(
+    python: str,
+    files: tuple[Path, Path],
+    args: list[str],
+    log: Path,
+    timeout_s: float,
+    steps: Path | None = None,
+) -> str:
     """Runs Vidur (simulation, or step predictions with `steps`); returns its output."""
     driver = log.parent / "vidur_driver.py"
     driver.write_text(VIDUR_DRIVER)
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     cmd = [python, str(driver), str(files[0]), str(files[1]), str(steps or "-"), *args]
     with log.open("w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                            timeout=timeout_s, check=False).returncode
+        rc = subprocess.run(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout_s, check=False
+        ).returncode
     text = log.read_text()
     if rc != 0:
         tail = text.splitlines()[-15:]
@@ -307,7 +367,8 @@ def step_cases(max_batch: int) -> list[tuple[str, list[tuple[int, int]]]]:
     """Steps both simulators time: (label, [(new tokens, kv tokens incl. them)] per sequence).
     Whole prompts (one, and several in one step as vLLM batches them) and decode batches."""
     cases: list[tuple[str, list[tuple[int, int]]]] = [
-        (f"prefill 1 x {p}", [(p, p)]) for p in (128, 512, 1024, 1536, 2048, 4096)]
+        (f"prefill 1 x {p}", [(p, p)]) for p in (128, 512, 1024, 1536, 2048, 4096)
+    ]
     cases.append(("prefill 4 x 1024", [(1024, 1024)] * 4))
     for ctx in (256, 1024, 2048):
         for b in sorted({1, 16, 32, max_batch}):
@@ -321,7 +382,7 @@ def parse_vidur_steps(text: str) -> list[dict[str, float]]:
     lines = [ln for ln in text.splitlines() if ln.startswith("STEPS ")]
     if not lines:
         raise ValueError("Vidur printed no STEPS line")
-    return json.loads(lines[-1][len("STEPS "):])
+    return json.loads(lines[-1][len("STEPS ") :])
 
 
 def our_step_seconds(timer: StepTimer, seqs: list[tuple[int, int]]) -> tuple[float, float]:
@@ -334,33 +395,53 @@ def our_step_seconds(timer: StepTimer, seqs: list[tuple[int, int]]) -> tuple[flo
     return total, total - timer.seconds(*timer.flops_bytes(no_attention))
 
 
-def step_table(labels: list[str], vidur: list[dict[str, float]],
-               ours: list[tuple[float, float]]) -> str:
+def step_table(
+    labels: list[str], vidur: list[dict[str, float]], ours: list[tuple[float, float]]
+) -> str:
     """Markdown of step times."""
-    lines = ["\nstep times (ms; attention: Vidur's prefill/decode attention kernels, ours the "
-             "time its attention terms add)",
-             "\n| step | Vidur | Vidur attention | flexnpu | flexnpu attention | "
-             "flexnpu / Vidur |", "|---|---|---|---|---|---|"]
+    lines = [
+        "\nstep times (ms; attention: Vidur's prefill/decode attention kernels, ours the "
+        "time its attention terms add)",
+        "\n| step | Vidur | Vidur attention | flexnpu | flexnpu attention | flexnpu / Vidur |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, v, (o, oa) in zip(labels, vidur, ours, strict=True):
-        lines.append(f"| {label} | {v['total'] * 1e3:.2f} | {v['attention'] * 1e3:.2f} "
-                     f"| {o * 1e3:.2f} | {oa * 1e3:.2f} | {o / v['total']:.2f} |")
+        lines.append(
+            f"| {label} | {v['total'] * 1e3:.2f} | {v['attention'] * 1e3:.2f} "
+            f"| {o * 1e3:.2f} | {oa * 1e3:.2f} | {o / v['total']:.2f} |"
+        )
     return "\n".join(lines)
 
 
-def run_ours(trace_csv: Path, trace: Trace, device: str, model: str,
-             engine: Engine) -> dict[str, dict]:
+def run_ours(
+    trace_csv: Path, trace: Trace, device: str, model: str, engine: Engine
+) -> dict[str, dict]:
     policy = SCHEDULERS[engine.scheduler][1]
-    spec = SimSpec(devices=1, device=device, model=model, parallel=1, trace=str(trace_csv),
-                   workload="trace", rate=0.0, duration=float(trace.arrivals[-1]) + 1.0,
-                   policies=(policy,), seeds=1, max_num_seqs=engine.batch_cap,
-                   max_num_batched_tokens=engine.step_tokens,
-                   block_size=engine.block_size, max_model_len=engine.max_model_len,
-                   max_prompt=engine.max_model_len, max_output=engine.max_model_len).resolved()
+    spec = SimSpec(
+        devices=1,
+        device=device,
+        model=model,
+        parallel=1,
+        trace=str(trace_csv),
+        workload="trace",
+        rate=0.0,
+        duration=float(trace.arrivals[-1]) + 1.0,
+        policies=(policy,),
+        seeds=1,
+        max_num_seqs=engine.batch_cap,
+        max_num_batched_tokens=engine.step_tokens,
+        block_size=engine.block_size,
+        max_model_len=engine.max_model_len,
+        max_prompt=engine.max_model_len,
+        max_output=engine.max_model_len,
+    ).resolved()
     r = simulate_once(spec, policy, 0)
     fin = [q for q in r.requests if q.finish >= 0]
-    return summarize(np.array([q.first_token - q.arrival for q in fin]),
-                     np.array([q.finish - q.arrival for q in fin]),
-                     np.array([q.n_out for q in fin]))
+    return summarize(
+        np.array([q.first_token - q.arrival for q in fin]),
+        np.array([q.finish - q.arrival for q in fin]),
+        np.array([q.n_out for q in fin]),
+    )
 
 
 def _rate(text: str) -> float:
@@ -379,8 +460,9 @@ def _range(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--vidur-profiles", type=Path, required=True, metavar="DIR")
     p.add_argument("--vidur-python", required=True, help="interpreter with vidur installed")
     p.add_argument("--device", default="a100", choices=sorted(VIDUR_NODES))
@@ -390,14 +472,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt", type=_range, default=(128, 1536), metavar="LO:HI")
     p.add_argument("--output", type=_range, default=(32, 512), metavar="LO:HI")
-    p.add_argument("--scheduler", default="vllm", choices=sorted(SCHEDULERS),
-                   help="vllm: Vidur's vllm vs passthrough; sarathi: Vidur's sarathi vs "
-                        "chunked-colocate")
+    p.add_argument(
+        "--scheduler",
+        default="vllm",
+        choices=sorted(SCHEDULERS),
+        help="vllm: Vidur's vllm vs passthrough; sarathi: Vidur's sarathi vs chunked-colocate",
+    )
     p.add_argument("--batch-cap", type=int, default=Engine.batch_cap)
-    p.add_argument("--max-tokens-in-batch", type=int, default=Engine.max_tokens_in_batch,
-                   help="vllm: prompt tokens per prefill step")
-    p.add_argument("--chunk-size", type=int, default=Engine.chunk_size,
-                   help="sarathi: tokens per step, decodes included")
+    p.add_argument(
+        "--max-tokens-in-batch",
+        type=int,
+        default=Engine.max_tokens_in_batch,
+        help="vllm: prompt tokens per prefill step",
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=Engine.chunk_size,
+        help="sarathi: tokens per step, decodes included",
+    )
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sim_vidur_compare"))
     p.add_argument("--vidur-timeout", type=float, default=1200.0, help="seconds per Vidur run")
     p.add_argument("--json", type=Path, help="write both sides' percentiles here")
@@ -405,13 +498,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rates = [_rate(r) for r in args.rates.split(",")]
         files = profile_files(args.vidur_profiles, args.device, args.model)
-        engine = Engine(args.batch_cap, args.max_tokens_in_batch, scheduler=args.scheduler,
-                        chunk_size=args.chunk_size)
+        engine = Engine(
+            args.batch_cap,
+            args.max_tokens_in_batch,
+            scheduler=args.scheduler,
+            chunk_size=args.chunk_size,
+        )
         if args.prompt[1] + args.output[1] > engine.max_model_len:
-            raise ValueError(f"prompt + output may reach {args.prompt[1] + args.output[1]} "
-                             f"tokens, over max_model_len {engine.max_model_len}")
-        traces = [make_trace(args.requests, r, args.seed, args.prompt, args.output)
-                  for r in rates]
+            raise ValueError(
+                f"prompt + output may reach {args.prompt[1] + args.output[1]} "
+                f"tokens, over max_model_len {engine.max_model_len}"
+            )
+        traces = [make_trace(args.requests, r, args.seed, args.prompt, args.output) for r in rates]
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -422,30 +520,49 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def compare(args: argparse.Namespace, rates: list[float], files: tuple[Path, Path],
-            engine: Engine, traces: list[Trace]) -> int:
+def compare(
+    args: argparse.Namespace,
+    rates: list[float],
+    files: tuple[Path, Path],
+    engine: Engine,
+    traces: list[Trace],
+) -> int:
     forest = Forest()
     cache_dir = args.work_dir / f"vidur_cache_{cache_key(files, forest)}"
-    print(f"{args.model} on {args.device}, 1 replica, TP1; engine {engine}; Vidur forest "
-          f"{forest}; profiles {files[0].parent}")
+    print(
+        f"{args.model} on {args.device}, 1 replica, TP1; engine {engine}; Vidur forest "
+        f"{forest}; profiles {files[0].parent}"
+    )
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    common = {"cache_dir": cache_dir, "device": args.device, "model": args.model,
-              "engine": engine, "forest": forest}
+    common = {
+        "cache_dir": cache_dir,
+        "device": args.device,
+        "model": args.model,
+        "engine": engine,
+        "forest": forest,
+    }
     # Step times first (this also trains Vidur's models into the cache on a cold start).
     cases = step_cases(engine.batch_cap)
     steps_json, steps_trace = args.work_dir / "steps.json", args.work_dir / "steps_trace.csv"
     steps_json.write_text(json.dumps([seqs for _, seqs in cases]))
     write_vidur_trace(traces[0], steps_trace)
     t0 = time.monotonic()
-    vidur_steps = parse_vidur_steps(run_vidur(
-        args.vidur_python, files,
-        vidur_args(trace=steps_trace, out_dir=args.work_dir / "steps_out", **common),
-        args.work_dir / "vidur_steps.log", args.vidur_timeout, steps=steps_json))
+    vidur_steps = parse_vidur_steps(
+        run_vidur(
+            args.vidur_python,
+            files,
+            vidur_args(trace=steps_trace, out_dir=args.work_dir / "steps_out", **common),
+            args.work_dir / "vidur_steps.log",
+            args.vidur_timeout,
+            steps=steps_json,
+        )
+    )
     timer = StepTimer.create(get_model(args.model), get_preset(args.device), 1)
     ours_steps = [our_step_seconds(timer, seqs) for _, seqs in cases]
     print(step_table([label for label, _ in cases], vidur_steps, ours_steps))
-    print(f"(wall: Vidur {time.monotonic() - t0:.0f} s, with its training when {cache_dir} "
-          "was cold)")
+    print(
+        f"(wall: Vidur {time.monotonic() - t0:.0f} s, with its training when {cache_dir} was cold)"
+    )
     results = []
     for rate, trace in zip(rates, traces, strict=True):
         run_dir = args.work_dir / f"rate_{rate:g}"
@@ -454,9 +571,13 @@ def compare(args: argparse.Namespace, rates: list[float], files: tuple[Path, Pat
         write_flexnpu_trace(trace, ours_csv)
         write_vidur_trace(trace, vidur_csv)
         t0 = time.monotonic()
-        run_vidur(args.vidur_python, files,
-                  vidur_args(trace=vidur_csv, out_dir=run_dir / "vidur_out", **common),
-                  run_dir / "vidur.log", args.vidur_timeout)
+        run_vidur(
+            args.vidur_python,
+            files,
+            vidur_args(trace=vidur_csv, out_dir=run_dir / "vidur_out", **common),
+            run_dir / "vidur.log",
+            args.vidur_timeout,
+        )
         t1 = time.monotonic()
         vidur = read_vidur_requests(find_request_metrics(run_dir / "vidur_out"))
         ours = run_ours(ours_csv, trace, args.device, args.model, engine)
@@ -465,10 +586,21 @@ def compare(args: argparse.Namespace, rates: list[float], files: tuple[Path, Pat
         print(f"(wall: Vidur {t1 - t0:.0f} s, flexnpu {t2 - t1:.1f} s)")
         results.append({"rate": rate, "vidur": vidur, "flexnpu": ours})
     if args.json:
-        steps = [{"step": label, "vidur_s": v, "flexnpu_s": {"total": o, "attention": oa}}
-                 for (label, _), v, (o, oa) in zip(cases, vidur_steps, ours_steps, strict=True)]
-        args.json.write_text(json.dumps({"engine": engine.__dict__, "forest": forest.__dict__,
-                                         "steps": steps, "results": results}, indent=1))
+        steps = [
+            {"step": label, "vidur_s": v, "flexnpu_s": {"total": o, "attention": oa}}
+            for (label, _), v, (o, oa) in zip(cases, vidur_steps, ours_steps, strict=True)
+        ]
+        args.json.write_text(
+            json.dumps(
+                {
+                    "engine": engine.__dict__,
+                    "forest": forest.__dict__,
+                    "steps": steps,
+                    "results": results,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -6,7 +6,7 @@ there. This runs the same small jitted program on flexnpu (CPU backend, policy d
 telemetry none and with the fake AscendCL (tests/fakes, built here) sampled every 1 ms and every
 500 ms, and prints the median per-call time and its ratio to `none`.
 
-    python bench/telemetry_overhead.py [--calls 3000] [--repeats 3]
+    python -m bench.telemetry_overhead [--calls 3000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "python"))
-
-from _fakes import build_fakes  # noqa: E402
+from bench.common import build_fakes
 
 PROGRAM = r"""
 import json, sys, time

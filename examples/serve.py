@@ -14,7 +14,7 @@ tokenizer from `python -m flexnpu export-tokenizer DIR`.
 
 import sys
 
-from flexnpu.serving.cli import main
+from flexnpu.cli.serve import main
 
 if __name__ == "__main__":
     sys.exit(main())

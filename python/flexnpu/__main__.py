@@ -1,5 +1,5 @@
-"""`python -m flexnpu` / `flexnpu`: command line. Each subcommand lives in its own module
-with an `add_parser(subparsers)` that registers it; list it in _SUBCOMMANDS."""
+"""`python -m flexnpu` / `flexnpu`: command line. Each subcommand lives in its own module of
+flexnpu.cli with an `add_parser(subparsers)` that registers it; list it in _SUBCOMMANDS."""
 
 from __future__ import annotations
 
@@ -7,9 +7,15 @@ import argparse
 import importlib
 import sys
 
-_SUBCOMMANDS = ("flexnpu._cli_analyze", "flexnpu._cli_stats", "flexnpu._cli_simulate",
-                "flexnpu._cli_serve", "flexnpu._cli_export_tokenizer", "flexnpu._cli_devices",
-                "flexnpu.daemon")
+_SUBCOMMANDS = (
+    "flexnpu.cli.analyze",
+    "flexnpu.cli.stats",
+    "flexnpu.cli.simulate",
+    "flexnpu.cli.serve",
+    "flexnpu.cli.export_tokenizer",
+    "flexnpu.cli.devices",
+    "flexnpu.cli.daemon",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,10 +30,8 @@ import pytest
 from jax import lax
 
 import flexnpu
+from bench import llama_corpus as lc
 from flexnpu import analysis as fa
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import llama_corpus as lc  # noqa: E402
 
 f32 = jnp.float32
 

@@ -42,8 +42,9 @@ import pytest
 from flexnpu import analysis as fa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import llama_corpus as lc  # noqa: E402
 from test_analysis import cpu_device  # noqa: E402
+
+from bench import llama_corpus as lc  # noqa: E402
 
 QWEN = replace(lc.QWEN25_7B, scan_layers=False)
 CONTEXT = 256  # decode attends over a 256-token KV cache
@@ -80,9 +81,9 @@ def test_small_llama_phases_on_cpu() -> None:
 # the pytest session configured (conftest.py runs the session on flexnpu + xla-cpu-pjrt).
 _CHILD = """
 import json, sys
-sys.path.insert(0, {tests!r})
+sys.path.insert(0, {root!r})
 from dataclasses import replace
-import llama_corpus as lc
+from bench import llama_corpus as lc
 from flexnpu import analysis as fa
 q = replace(lc.QWEN25_7B, scan_layers=False)
 out = []
@@ -97,7 +98,7 @@ print(json.dumps(out))
 
 
 def _profiles(requests: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
-    code = _CHILD.format(tests=str(Path(__file__).resolve().parent), requests=requests)
+    code = _CHILD.format(root=str(Path(__file__).resolve().parents[2]), requests=requests)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEXNPU_")}
     env["JAX_PLATFORMS"] = "cpu"
     proc = subprocess.run(

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
-import daemon_tenants as bench  # noqa: E402
-from serving import Result  # noqa: E402
+from bench import daemon_tenants as bench
+from bench.serving import Result
 
 
 def _args(**kw: object) -> argparse.Namespace:

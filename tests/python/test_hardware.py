@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _fakes import build_fakes
 
+from bench.common import build_fakes
 from flexnpu import hardware
 
 FOUR_NPUS = (

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _fakes import build_fakes
+
+from bench.common import build_fakes
 
 FOUR_NPUS = (
     "devices=4\nsoc=Ascend910B2\nmemory_total=68719476736\nmemory_free=60000000000\n"

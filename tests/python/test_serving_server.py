@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -249,14 +248,8 @@ def test_metrics(server, client) -> None:
 
 
 def test_serving_benchmark_client(server, tmp_path, capsys) -> None:
-    import importlib.util
-    from pathlib import Path
+    from bench import serving as bench
 
-    path = Path(__file__).parents[2] / "bench" / "serving.py"
-    spec = importlib.util.spec_from_file_location("bench_serving", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench_serving"] = bench  # dataclasses look their module up
-    spec.loader.exec_module(bench)
     out = tmp_path / "r.json"
     rc = bench.main(["--base-url", server[0], "--num-prompts", "6", "--request-rate", "20",
                      "--burstiness", "0.5", "--length-scale", "0.1", "--max-prompt-len", "8",

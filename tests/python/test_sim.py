@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from flexnpu.__main__ import main as flexnpu_main
-from flexnpu.sim.engine import InstanceConfig, Simulation
+from flexnpu.sim.experiments import SimSpec, run_all
 from flexnpu.sim.hardware import get_preset
 from flexnpu.sim.models import get_model
-from flexnpu.sim.runner import SimSpec, run_all
+from flexnpu.sim.simulation import InstanceConfig, Simulation
 from flexnpu.sim.workload import Workload, load_trace, make_workload
 
 SMALL = dict(devices=4, device="h100", model="qwen2.5-7b", rate=8.0, duration=6.0, seeds=2,

@@ -10,7 +10,7 @@ import pytest
 
 from flexnpu import placement as fp
 from flexnpu.__main__ import main as flexnpu_main
-from flexnpu.sim.runner import SimSpec, run_all, simulate_once
+from flexnpu.sim.experiments import SimSpec, run_all, simulate_once
 
 SEC = 1_000_000_000
 

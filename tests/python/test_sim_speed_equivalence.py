@@ -29,11 +29,11 @@ from flexnpu.serving.scheduler import (
     Sequence,
     least_loaded,
 )
-from flexnpu.sim import engine as sim_engine
-from flexnpu.sim.engine import POLICIES
+from flexnpu.sim import simulation as sim_simulation
+from flexnpu.sim.experiments import SimSpec, run_metrics, simulate_once
 from flexnpu.sim.hardware import StepTimer, get_preset
 from flexnpu.sim.models import get_model
-from flexnpu.sim.runner import SimSpec, run_metrics, simulate_once
+from flexnpu.sim.simulation import POLICIES
 
 # name -> (SchedulerConfig kwargs, async depth (plans in flight), steps)
 SCENARIOS: dict[str, tuple[dict[str, Any], int, int]] = {
@@ -182,7 +182,7 @@ def test_simulation_is_identical_with_and_without_aggregate_decodes(monkeypatch,
                                                                      policy):
     spec = SimSpec(**case).resolved()
     fast = _sim_json(spec, policy)
-    monkeypatch.setattr(sim_engine, "Scheduler", _PerSequenceScheduler)
+    monkeypatch.setattr(sim_simulation, "Scheduler", _PerSequenceScheduler)
     slow = _sim_json(spec, policy)
     assert json.loads(fast)["steps"] > 100
     assert fast == slow
@@ -220,9 +220,9 @@ def test_router_picks_as_least_loaded(role):
     rng = random.Random(5)
     cfg = dict(max_num_seqs=6, max_num_batched_tokens=40, block_size=4, num_blocks=60,
                max_model_len=120, role=role)
-    insts = [sim_engine._Instance(i, Scheduler(SchedulerConfig(**cfg)), role, 0, 1)
+    insts = [sim_simulation.Instance(i, Scheduler(SchedulerConfig(**cfg)), role, 0, 1)
              for i in range(5)]
-    router = sim_engine._Router(insts)
+    router = sim_simulation.Router(insts)
     scheds = [x.sched for x in insts]
     assert router.pick() is insts[0]  # all equal: the lowest index
     plans: list = []

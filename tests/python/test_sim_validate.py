@@ -3,10 +3,8 @@ the cpu preset costs them, the calibration file override and the calibration fit
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,22 +13,17 @@ from flexnpu.__main__ import main as flexnpu_main
 from flexnpu.serving.engine import EngineConfig
 from flexnpu.serving.runner import RunnerShapes
 from flexnpu.serving.scheduler import ScheduledSeq, Sequence
-from flexnpu.sim.engine import InstanceConfig, Simulation
 from flexnpu.sim.hardware import CPU_CALIBRATION_ENV, StepTimer, get_preset
 from flexnpu.sim.models import get_model
+from flexnpu.sim.simulation import InstanceConfig, Simulation
 from flexnpu.sim.steptime import EngineShapes
 from flexnpu.sim.workload import load_trace
 
-BENCH = Path(__file__).parents[2] / "bench"
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=128, block_size=16, max_model_len=256)
 
 
 def _bench(name: str):
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module(f"bench.{name}")
 
 
 def _entry(start: int, n: int, blocks: int, prompt: int = 10_000) -> ScheduledSeq:

@@ -4,28 +4,14 @@ trace formats, Vidur's request metrics, the per-request summary, the table and V
 from __future__ import annotations
 
 import csv
-import importlib.util
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from bench import sim_vidur_compare as svc
 from flexnpu.sim.workload import load_trace
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("_bench_sim_vidur_compare",
-                                                  BENCH / "sim_vidur_compare.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-svc = _load()
 
 
 def test_make_trace_is_seeded_and_within_ranges():

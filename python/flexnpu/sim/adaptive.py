@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from flexnpu import placement as fp
-from flexnpu.sim.engine import Simulation, _Instance, _Request, _Router
+from flexnpu.sim.simulation import Instance, Request, Router, Simulation
 
 # Defaults of the advisor here (split.h explains them): prefill units sized for 75% load,
 # prompt rate averaged over 2 s, one decision per simulated second.
@@ -23,8 +23,8 @@ SPLIT_TARGET_UTILIZATION = 0.75
 SPLIT_AVERAGE_NS = 2_000_000_000
 SPLIT_TICK_NS = 1_000_000_000
 # A decode unit counts as full at 3/4 of its batch cap (max_num_seqs): sized at the cap, the
-# advisor left prompt-heavy overload with too few decode units (384 x 910C phase-shift 1600
-# req/s, 10 s: goodput 1576 vs 1605 at 0.75; 0.5 starved prefill in the long run's phase 2).
+# advisor leaves prompt-heavy overload with too few decode units; at 1/2 it starves prefill
+# (chosen on the phase-shift workload over 384 x 910C, `python -m bench.paper`).
 SPLIT_DECODE_BATCH_FRACTION = 0.75
 
 
@@ -32,9 +32,13 @@ class AdaptiveSimulation(Simulation):
     """Simulation of policy "dynamic" over the colocated virtual layout, its routers limited to
     the advisor's split. `num_prefill`: the split before the first decision (0: half)."""
 
-    def __init__(self, *, num_prefill: int = 0,
-                 split_target_utilization: float = SPLIT_TARGET_UTILIZATION,
-                 **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        num_prefill: int = 0,
+        split_target_utilization: float = SPLIT_TARGET_UTILIZATION,
+        **kw: Any,
+    ) -> None:
         kw.pop("dynamic_layout", None)
         if kw.get("policy", "dynamic") != "dynamic":
             raise ValueError("the adaptive layout is dynamic's: policy must be 'dynamic'")
@@ -53,15 +57,19 @@ class AdaptiveSimulation(Simulation):
         n = max(1, budget // prompt)
         seconds = t.seconds(*t.flops_bytes(t.features([(0, prompt, True)] * n)))
         return fp.SplitAdvisor(
-            self.units, n * prompt / seconds,
+            self.units,
+            n * prompt / seconds,
             self.back[0].sched.config.max_num_seqs * SPLIT_DECODE_BATCH_FRACTION,
-            target_utilization=self.split_target, average_ns=SPLIT_AVERAGE_NS,
-            tick_ns=SPLIT_TICK_NS, initial_prefill_units=self.initial_prefill)
+            target_utilization=self.split_target,
+            average_ns=SPLIT_AVERAGE_NS,
+            tick_ns=SPLIT_TICK_NS,
+            initial_prefill_units=self.initial_prefill,
+        )
 
     def _run(self, wl: Any) -> Any:
         self.advisor = self._make_advisor()
         self.split_timeline: list[tuple[float, int]] = []
-        self._outside: list[_Instance] = []  # the `changed` list of instances no router takes
+        self._outside: list[Instance] = []  # the `changed` list of instances no router takes
         self._routed = False
         result = super()._run(wl)
         result.split_timeline = self.split_timeline  # type: ignore[attr-defined]
@@ -71,11 +79,11 @@ class AdaptiveSimulation(Simulation):
         n, units = self.advisor.prefill_units, self.units
         for x in self.instances:
             x.changed = self._outside
-        self._front = _Router([x for x in self.front if x.idx % units < n])
-        self._back = _Router([x for x in self.back if x.idx % units >= n])
+        self._front = Router([x for x in self.front if x.idx % units < n])
+        self._back = Router([x for x in self.back if x.idx % units >= n])
         self.split_timeline.append((now, n))
 
-    def _on_arrival(self, req: _Request, now: float) -> None:
+    def _on_arrival(self, req: Request, now: float) -> None:
         adv = self.advisor
         adv.on_prompt(req.prompt)
         now_ns = int(now * 1e9)

@@ -62,9 +62,9 @@ class ServingRuntime:
     # Steps every instance keeps dispatched (0: the simulator's defaults). FlexNPU's engine
     # dispatches step k+1 before it waits for step k (JAX async dispatch), so a request that
     # arrives while step k+1 runs is first planned into step k+2. That holds over jaxlib's
-    # CPU client (an execute returns in ~1 ms); through the flexnpu plugin an execute returned
-    # only when the computation had finished (measured 2026-12-01), so there the overlap is
-    # lost and each step's tokens reach the client after the next step: not modelled here.
+    # CPU client (an execute returns before the computation ends); where an execute returns
+    # only when the computation has finished, the overlap is lost and each step's tokens
+    # reach the client after the next step: not modelled here.
     inflight: int = 0
 
 
@@ -85,11 +85,17 @@ class Preset:
     launch_s: float | None = None  # fixed time per step; None: the roofline's small_work_s
 
 
-_A100 = Device("a100", 312e12, 2.039e12, 20e-6, True,
-               "NVIDIA A100 SXM 80GB datasheet: 312 TFLOPS BF16 dense, 2.039 TB/s HBM2e")
+_A100 = Device(
+    "a100",
+    312e12,
+    2.039e12,
+    20e-6,
+    True,
+    "NVIDIA A100 SXM 80GB datasheet: 312 TFLOPS BF16 dense, 2.039 TB/s HBM2e",
+)
 _BASE = {
     "910b": ("ascend910b", 64e9, "hccs"),
-    "910c": ("ascend910c", 128e9, "hccs"),  # 128 GB: unverified (SIM_FACTS)
+    "910c": ("ascend910c", 128e9, "hccs"),  # 128 GB: unverified
     "h100": ("h100", 80e9, "nvlink"),
     "h200": ("h200", 141e9, "nvlink"),
     "a100": (_A100, 80e9, "nvlink"),
@@ -161,8 +167,13 @@ def get_preset(name: str) -> Preset:
                 raise ValueError(f"{CPU_CALIBRATION_ENV}={path}: no such calibration file")
             return p
         c = json.loads(path.read_text())
-        return replace(p, eff_compute=c["eff_compute"], eff_memory=c["eff_memory"],
-                       launch_s=c.get("launch_s"), efficiency_source=c["source"])
+        return replace(
+            p,
+            eff_compute=c["eff_compute"],
+            eff_memory=c["eff_memory"],
+            launch_s=c.get("launch_s"),
+            efficiency_source=c["source"],
+        )
     if key in ("a100", "h100", "h200"):
         # H200: the H100's compute die with faster HBM; its efficiencies are taken as the H100's.
         gpu = "a100" if key == "a100" else "h100"
@@ -189,15 +200,17 @@ class StepTimer:
     shapes: EngineShapes | None = None  # the engine's padded programs (runtime.padded_programs)
 
     @classmethod
-    def create(cls, model: ModelShape, preset: Preset, parallel: int,
-               instance=None) -> StepTimer:
+    def create(cls, model: ModelShape, preset: Preset, parallel: int, instance=None) -> StepTimer:
         """instance: the instances' InstanceConfig; with a preset whose runtime runs padded
         programs, steps cost what the engine compiles for those settings."""
         shapes = None
         if preset.runtime.padded_programs and instance is not None:
-            shapes = EngineShapes.of_engine(instance.max_num_seqs,
-                                            instance.max_num_batched_tokens,
-                                            instance.block_size, instance.max_model_len)
+            shapes = EngineShapes.of_engine(
+                instance.max_num_seqs,
+                instance.max_num_batched_tokens,
+                instance.block_size,
+                instance.max_model_len,
+            )
         return cls(model, preset, parallel, CostModel.load(model), shapes)
 
     def __post_init__(self) -> None:
@@ -205,16 +218,17 @@ class StepTimer:
         g = self.parallel
         self.peak = d.peak_flops * g
         self.bandwidth = d.mem_bandwidth * g
-        self._ns_flop = 1.0 / (self.peak * self.preset.eff_compute)
-        self._ns_byte = 1.0 / (self.bandwidth * self.preset.eff_memory)
+        self.seconds_per_flop = 1.0 / (self.peak * self.preset.eff_compute)
+        self.seconds_per_byte = 1.0 / (self.bandwidth * self.preset.eff_memory)
         self.launch_s = d.small_work_s if self.preset.launch_s is None else self.preset.launch_s
         fc = self.cost.flop_coef
         bc = self.cost.byte_coefs(self.preset.fused_attention)  # KV read once when fused
         self._fc, self._bc = fc, bc
         self._fcl = [float(v) for v in fc]
         self._bcl = [float(v) for v in bc]
-        self._moe_layers = self.model.num_layers - self.model.num_dense_layers \
-            if self.model.is_moe else 0
+        self._moe_layers = (
+            self.model.num_layers - self.model.num_dense_layers if self.model.is_moe else 0
+        )
         self._ridge = self.peak / self.bandwidth
         self._program_cost: dict[tuple[int, int], tuple[float, float]] = {}
         self._experts: dict[int, float] = {}  # tokens -> experts touched x MoE layers
@@ -229,8 +243,7 @@ class StepTimer:
             self._program_cost[key] = cost
         return cost
 
-    def step_cost(self, scheduled, decodes: int = 0,
-                  decode_starts: int = 0) -> tuple[float, float]:
+    def step_cost(self, scheduled, decodes: int = 0, decode_starts: int = 0) -> tuple[float, float]:
         """FLOPs and bytes of a step straight from the scheduler's entries (the hot path:
         the features of steptime.step_features, summed without building arrays). `decodes`
         more single-token sampling entries whose starts sum to `decode_starts` may be given
@@ -254,8 +267,10 @@ class StepTimer:
                 x = self._experts[n] = self.model.experts_touched(n) * self._moe_layers
         f0, f1, f2, f3, f4, f5 = self._fcl
         b0, b1, b2, b3, b4, b5 = self._bcl
-        return (f0 + f1 * n + f2 * a + f3 * k + f4 * s + f5 * x,
-                b0 + b1 * n + b2 * a + b3 * k + b4 * s + b5 * x)
+        return (
+            f0 + f1 * n + f2 * a + f3 * k + f4 * s + f5 * x,
+            b0 + b1 * n + b2 * a + b3 * k + b4 * s + b5 * x,
+        )
 
     def features(self, entries) -> np.ndarray:
         return step_features(self.model, entries)
@@ -264,7 +279,7 @@ class StepTimer:
         return float(self._fc @ feats), float(self._bc @ feats)
 
     def seconds(self, flops: float, nbytes: float) -> float:
-        return max(flops * self._ns_flop, nbytes * self._ns_byte) + self.launch_s
+        return max(flops * self.seconds_per_flop, nbytes * self.seconds_per_byte) + self.launch_s
 
     def phase(self, flops: float, nbytes: float) -> str:
         """As flexnpu.analysis classifies on the device: compute-bound -> prefill."""

@@ -72,25 +72,53 @@ class ModelShape:
 def _dense(cfg, name: str, qkv_bias: bool, parallel: int = 1) -> ModelShape:
     params = cfg.num_params()
     return ModelShape(
-        name=name, num_layers=cfg.num_layers, d_model=cfg.hidden_size, vocab=cfg.vocab_size,
-        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        ffn=cfg.intermediate_size, qkv_bias=qkv_bias, total_params=float(params),
+        name=name,
+        num_layers=cfg.num_layers,
+        d_model=cfg.hidden_size,
+        vocab=cfg.vocab_size,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        ffn=cfg.intermediate_size,
+        qkv_bias=qkv_bias,
+        total_params=float(params),
         default_parallel=parallel,
     )
 
 
 def _llama3_8b() -> ModelShape:
     return ModelShape(
-        name="llama-3-8b", num_layers=32, d_model=4096, vocab=128256, num_heads=32,
-        num_kv_heads=8, head_dim=128, ffn=14336, total_params=8.03e9,
+        name="llama-3-8b",
+        num_layers=32,
+        d_model=4096,
+        vocab=128256,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        ffn=14336,
+        total_params=8.03e9,
     )
 
 
 DEEPSEEK_R1 = ModelShape(
-    name="deepseek-r1", num_layers=61, d_model=7168, vocab=129280, num_heads=128,
-    head_dim=128, ffn=18432, q_lora_rank=1536, kv_lora_rank=512, rope_dim=64, v_head_dim=128,
-    num_dense_layers=3, num_experts=256, experts_per_token=8, num_shared_experts=1,
-    expert_ffn=2048, total_params=671e9, default_parallel=16,
+    name="deepseek-r1",
+    num_layers=61,
+    d_model=7168,
+    vocab=129280,
+    num_heads=128,
+    head_dim=128,
+    ffn=18432,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    rope_dim=64,
+    v_head_dim=128,
+    num_dense_layers=3,
+    num_experts=256,
+    experts_per_token=8,
+    num_shared_experts=1,
+    expert_ffn=2048,
+    total_params=671e9,
+    default_parallel=16,
     # CloudMatrix-Infer serves DeepSeek-R1 in INT8 (W8A8); weights 1 byte per parameter.
     weight_bytes_per_param=1.0,
 )
@@ -113,7 +141,8 @@ def get_model(name: str) -> ModelShape:
 # ---- the lowered step functions -------------------------------------------------------------
 
 
-def _sds(shape, dtype=None):
+def sds(shape, dtype=None):
+    """An abstract array (jax.ShapeDtypeStruct, bf16 unless `dtype`) to trace a layer with."""
     import jax
     import jax.numpy as jnp
 
@@ -157,10 +186,15 @@ def dense_layer_fns(m: ModelShape):
     h, nh, nkv, d = m.d_model, m.num_heads, m.num_kv_heads, m.head_dim
     g = nh // nkv
     params = {
-        "n1": _sds((h,), jnp.float32), "n2": _sds((h,), jnp.float32),
-        "wq": _sds((h, nh * d)), "wk": _sds((h, nkv * d)), "wv": _sds((h, nkv * d)),
-        "wo": _sds((nh * d, h)), "wg": _sds((h, m.ffn)), "wu": _sds((h, m.ffn)),
-        "wd": _sds((m.ffn, h)),
+        "n1": sds((h,), jnp.float32),
+        "n2": sds((h,), jnp.float32),
+        "wq": sds((h, nh * d)),
+        "wk": sds((h, nkv * d)),
+        "wv": sds((h, nkv * d)),
+        "wo": sds((nh * d, h)),
+        "wg": sds((h, m.ffn)),
+        "wu": sds((h, m.ffn)),
+        "wd": sds((m.ffn, h)),
     }
 
     def qkv(p, x):
@@ -199,22 +233,28 @@ def mla_moe_layer_fns(m: ModelShape, moe: bool, experts: int, tokens_per_expert:
     h, nh, dn, dr, dv = m.d_model, m.num_heads, m.head_dim, m.rope_dim, m.v_head_dim
     r = m.kv_lora_rank
     params = {
-        "n1": _sds((h,), jnp.float32), "n2": _sds((h,), jnp.float32),
-        "wq_a": _sds((h, m.q_lora_rank)), "wq_b": _sds((m.q_lora_rank, nh * (dn + dr))),
-        "wkv_a": _sds((h, r + dr)), "w_uk": _sds((nh, r, dn)), "w_uv": _sds((nh, r, dv)),
-        "wo": _sds((nh * dv, h)),
+        "n1": sds((h,), jnp.float32),
+        "n2": sds((h,), jnp.float32),
+        "wq_a": sds((h, m.q_lora_rank)),
+        "wq_b": sds((m.q_lora_rank, nh * (dn + dr))),
+        "wkv_a": sds((h, r + dr)),
+        "w_uk": sds((nh, r, dn)),
+        "w_uv": sds((nh, r, dv)),
+        "wo": sds((nh * dv, h)),
     }
     if moe:
         f = m.expert_ffn
         params |= {
-            "router": _sds((h, m.num_experts)),
-            "e_g": _sds((experts, h, f)), "e_u": _sds((experts, h, f)),
-            "e_d": _sds((experts, f, h)),
-            "s_g": _sds((h, f * m.num_shared_experts)), "s_u": _sds((h, f * m.num_shared_experts)),
-            "s_d": _sds((f * m.num_shared_experts, h)),
+            "router": sds((h, m.num_experts)),
+            "e_g": sds((experts, h, f)),
+            "e_u": sds((experts, h, f)),
+            "e_d": sds((experts, f, h)),
+            "s_g": sds((h, f * m.num_shared_experts)),
+            "s_u": sds((h, f * m.num_shared_experts)),
+            "s_d": sds((f * m.num_shared_experts, h)),
         }
     else:
-        params |= {"wg": _sds((h, m.ffn)), "wu": _sds((h, m.ffn)), "wd": _sds((m.ffn, h))}
+        params |= {"wg": sds((h, m.ffn)), "wu": sds((h, m.ffn)), "wd": sds((m.ffn, h))}
 
     def ffn(p, x):
         y = _rms(x, p["n2"])
@@ -272,8 +312,11 @@ def head_fn(m: ModelShape):
     """Embedding gather for N tokens + final norm + LM head for S sampled positions."""
     import jax.numpy as jnp
 
-    params = {"embed": _sds((m.vocab, m.d_model)), "norm": _sds((m.d_model,), jnp.float32),
-              "head": _sds((m.d_model, m.vocab))}
+    params = {
+        "embed": sds((m.vocab, m.d_model)),
+        "norm": sds((m.d_model,), jnp.float32),
+        "head": sds((m.d_model, m.vocab)),
+    }
 
     def fn(p, tokens, last):
         x = p["embed"][tokens]

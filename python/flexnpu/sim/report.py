@@ -1,4 +1,4 @@
-"""The simulator's outputs: a markdown table and PNG plots (the JSON is runner.run_all's)."""
+"""The simulator's outputs: a markdown table and PNG plots (the JSON is experiments.run_all's)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ def _gb(x: float) -> str:
 
 def markdown_table(doc: dict[str, Any]) -> str:
     c = doc["config"]
-    head = (f"{c['devices']} x {c['device']} ({c['units']} units of {c['parallel']}), "
-            f"{c['model']}, workload {c['workload']} at {c['rate']:g} req/s for "
-            f"{c['duration']:g} s, {c['seeds']} seeds (mean ± 95% CI)")
+    head = (
+        f"{c['devices']} x {c['device']} ({c['units']} units of {c['parallel']}), "
+        f"{c['model']}, workload {c['workload']} at {c['rate']:g} req/s for "
+        f"{c['duration']:g} s, {c['seeds']} seeds (mean ± 95% CI)"
+    )
     rows = [
         "| policy | tok/s | tok/s/dev | goodput req/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms "
         "| TPOT p99 ms | finished | dropped | KV moved GB | util |",
@@ -31,12 +33,14 @@ def markdown_table(doc: dict[str, Any]) -> str:
             f"| {m['ttft_s']['p50']:.3f} | {m['ttft_s']['p99']:.3f} "
             f"| {m['tpot_s']['p50'] * 1e3:.1f} | {m['tpot_s']['p99'] * 1e3:.1f} "
             f"| {m['requests_finished']} | {m['requests_dropped']} "
-            f"| {_gb(m['kv_bytes_moved'])} | {m['utilisation']:.2f} |")
+            f"| {_gb(m['kv_bytes_moved'])} | {m['utilisation']:.2f} |"
+        )
     reasons = []
     for name, m in doc["policies"].items():
         nz = {k: v for k, v in m["decisions_by_reason"].items() if v}
-        reasons.append(f"- {name} ({m['core_policy']}): " +
-                       ", ".join(f"{k} {v}" for k, v in nz.items()))
+        reasons.append(
+            f"- {name} ({m['core_policy']}): " + ", ".join(f"{k} {v}" for k, v in nz.items())
+        )
     return "\n".join([head, "", *rows, "", "Placement decisions by reason:", *reasons])
 
 
@@ -85,8 +89,9 @@ def plots(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
         written.append(p)
     timelines = {n: m["timeline"] for n, m in doc["policies"].items() if m.get("timeline")}
     if timelines:
-        fig, axes = plt.subplots(len(timelines), 1, figsize=(9, 2.2 * len(timelines)),
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            len(timelines), 1, figsize=(9, 2.2 * len(timelines)), squeeze=False
+        )
         colors = {"prefill": "tab:red", "decode": "tab:blue", "small": "tab:gray"}
         for ax, (name, tl) in zip(axes[:, 0], timelines.items(), strict=True):
             units = sorted({t[0] for t in tl})[:16]

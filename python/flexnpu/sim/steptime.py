@@ -60,16 +60,26 @@ class EngineShapes:
     decode_widths: tuple[int, ...]  # includes max_blocks
 
     @classmethod
-    def of_engine(cls, max_num_seqs: int, max_num_batched_tokens: int, block_size: int,
-                  max_model_len: int) -> EngineShapes:
+    def of_engine(
+        cls, max_num_seqs: int, max_num_batched_tokens: int, block_size: int, max_model_len: int
+    ) -> EngineShapes:
         """The shapes the engine compiles for these settings (its own bucket rules)."""
         from flexnpu.serving.engine import EngineConfig
 
-        ec = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                          max_num_batched_tokens=max_num_batched_tokens, block_size=block_size)
+        ec = EngineConfig(
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            block_size=block_size,
+        )
         ec.validate()
-        return cls(ec.max_num_seqs, ec.block_size, ec.max_blocks_per_seq,
-                   ec.resolved_chunk_buckets(), ec.resolved_decode_widths())
+        return cls(
+            ec.max_num_seqs,
+            ec.block_size,
+            ec.max_blocks_per_seq,
+            ec.resolved_chunk_buckets(),
+            ec.resolved_decode_widths(),
+        )
 
     def program(self, scheduled) -> tuple[int, int]:
         """(chunk bucket or 0, block-table width) of the program a step's entries run, picked
@@ -88,8 +98,10 @@ class EngineShapes:
 
     def programs(self) -> list[tuple[int, int]]:
         """Every program the engine compiles, as runner.Runner.programs lists its steps."""
-        return [*((0, w) for w in self.decode_widths),
-                *((c, self.max_blocks) for c in self.chunk_buckets)]
+        return [
+            *((0, w) for w in self.decode_widths),
+            *((c, self.max_blocks) for c in self.chunk_buckets),
+        ]
 
     def features(self, chunk: int, width: int) -> np.ndarray:
         """Features of the padded program as its graph computes them (see paged_step): every
@@ -97,8 +109,16 @@ class EngineShapes:
         (query, position) pair of the full table, the LM head samples rows (+1 with a chunk)."""
         dec = self.rows * width * self.block_size
         full = self.max_blocks * self.block_size
-        return np.array([1.0, self.rows + chunk, dec + chunk * full,
-                         dec + (full if chunk else 0), self.rows + (1 if chunk else 0), 0.0])
+        return np.array(
+            [
+                1.0,
+                self.rows + chunk,
+                dec + chunk * full,
+                dec + (full if chunk else 0),
+                self.rows + (1 if chunk else 0),
+                0.0,
+            ]
+        )
 
 
 def _row_features(m: ModelShape, row: dict) -> np.ndarray:
@@ -124,13 +144,13 @@ def _layer_cost(m: ModelShape, kind: str, n: int, ctx: int) -> tuple[float, floa
     import jax
     import jax.numpy as jnp
 
-    from flexnpu.sim.models import _sds, dense_layer_fns, mla_moe_layer_fns
+    from flexnpu.sim.models import dense_layer_fns, mla_moe_layer_fns, sds
 
     def one(prefill, decode, params, cache_shapes):
-        x = _sds((n, m.d_model))
+        x = sds((n, m.d_model))
         if kind == "prefill":
             return _analyze(jax.jit(prefill), params, x)
-        return _analyze(jax.jit(decode), params, x, *[_sds(s) for s in cache_shapes])
+        return _analyze(jax.jit(decode), params, x, *[sds(s) for s in cache_shapes])
 
     if not m.is_moe:
         pre, dec, params = dense_layer_fns(m)
@@ -153,10 +173,10 @@ def _head_cost(m: ModelShape, n: int, sampled: int) -> tuple[float, float]:
     import jax
     import jax.numpy as jnp
 
-    from flexnpu.sim.models import _sds, head_fn
+    from flexnpu.sim.models import head_fn, sds
 
     fn, params = head_fn(m)
-    return _analyze(jax.jit(fn), params, _sds((n,), jnp.int32), _sds((sampled,), jnp.int32))
+    return _analyze(jax.jit(fn), params, sds((n,), jnp.int32), sds((sampled,), jnp.int32))
 
 
 def build_table(m: ModelShape, log=print) -> dict:
@@ -170,12 +190,18 @@ def build_table(m: ModelShape, log=print) -> dict:
         sampled = 1 if kind == "prefill" else n
         hf, hb = _head_cost(m, n, sampled)
         rows.append({"kind": kind, "n": n, "ctx": ctx, "flops": lf + hf, "bytes": lb + hb})
-        log(f"{m.name} {kind} n={n} ctx={ctx}: {(lf + hf) / 1e9:.1f} GFLOP "
-            f"{(lb + hb) / 1e9:.2f} GB ({time.perf_counter() - t0:.1f} s)")
-    return {"model": m.name, "features": list(FEATURES), "rows": rows,
-            "regenerate": REGENERATE.format(model=m.name),
-            "analysis": "flexnpu.analysis of each layer kind lowered with jax.ShapeDtypeStruct "
-                        "params (bf16), classified on a native-bf16 device"}
+        log(
+            f"{m.name} {kind} n={n} ctx={ctx}: {(lf + hf) / 1e9:.1f} GFLOP "
+            f"{(lb + hb) / 1e9:.2f} GB ({time.perf_counter() - t0:.1f} s)"
+        )
+    return {
+        "model": m.name,
+        "features": list(FEATURES),
+        "rows": rows,
+        "regenerate": REGENERATE.format(model=m.name),
+        "analysis": "flexnpu.analysis of each layer kind lowered with jax.ShapeDtypeStruct "
+        "params (bf16), classified on a native-bf16 device",
+    }
 
 
 def table_path(model: str) -> Path:

@@ -9,19 +9,30 @@ from typing import Any
 
 import numpy as np
 
+from flexnpu.serving.scheduler import Scheduler
 from flexnpu.sim.adaptive import SPLIT_TARGET_UTILIZATION, AdaptiveSimulation
-from flexnpu.sim.engine import POLICIES, InstanceConfig, RunResult, Simulation, percentiles
 from flexnpu.sim.hardware import LINKS, get_preset
 from flexnpu.sim.models import get_model
-from flexnpu.sim.workload import make_workload
+from flexnpu.sim.simulation import POLICIES, InstanceConfig, RunResult, Simulation, percentiles
+from flexnpu.sim.workload import Workload, make_workload
 
 # dynamic's virtual layouts: a prefill + a decode instance per unit; static-pd's split; the
 # colocated instances with the split the placement core's SplitAdvisor adapts (sim/adaptive.py).
 DYNAMIC_LAYOUTS = ("colocated", "disaggregated", "adaptive")
 
 # Student t 97.5% quantiles for n-1 degrees of freedom (95% two-sided CI).
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-         9: 2.262, 10: 2.228}
+_T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+}
 
 
 @dataclass(frozen=True)
@@ -98,15 +109,15 @@ class SimSpec:
         d = {
             "parallel": self.parallel or m.default_parallel,
             "link": self.link or get_preset(self.device).link,
-            "max_num_seqs": self.max_num_seqs or (1536 if big else (8 if m.d_model < 1024
-                                                                    else 256)),
-            "max_num_batched_tokens": self.max_num_batched_tokens or (
-                16384 if big else (512 if m.d_model < 1024 else 8192)),
+            "max_num_seqs": self.max_num_seqs
+            or (1536 if big else (8 if m.d_model < 1024 else 256)),
+            "max_num_batched_tokens": self.max_num_batched_tokens
+            or (16384 if big else (512 if m.d_model < 1024 else 8192)),
             "block_size": self.block_size or (128 if big else 16),
-            "max_prompt": self.max_prompt or (8192 if big else (1024 if m.d_model < 1024
-                                                                else 4096)),
-            "max_output": self.max_output or (8192 if big else (1024 if m.d_model < 1024
-                                                                else 2048)),
+            "max_prompt": self.max_prompt
+            or (8192 if big else (1024 if m.d_model < 1024 else 4096)),
+            "max_output": self.max_output
+            or (8192 if big else (1024 if m.d_model < 1024 else 2048)),
         }
         d["max_model_len"] = self.max_model_len or d["max_prompt"] + d["max_output"]
         for p in self.policies:
@@ -115,17 +126,25 @@ class SimSpec:
         if self.dynamic_layout not in DYNAMIC_LAYOUTS:
             raise ValueError("--dynamic-layout must be one of " + ", ".join(DYNAMIC_LAYOUTS))
         if not 0 < self.split_target_utilization <= 1:
-            raise ValueError("--split-target must be in (0, 1], got "
-                             f"{self.split_target_utilization}")
+            raise ValueError(
+                f"--split-target must be in (0, 1], got {self.split_target_utilization}"
+            )
         if self.devices < 1 or d["parallel"] < 1 or self.devices % d["parallel"]:
-            raise ValueError(f"--devices {self.devices} must be a positive multiple of "
-                             f"--parallel {d['parallel']}")
+            raise ValueError(
+                f"--devices {self.devices} must be a positive multiple of "
+                f"--parallel {d['parallel']}"
+            )
         units = self.devices // d["parallel"]
-        pd = [p for p in self.policies if p == "static-pd" or (
-            p == "dynamic" and self.dynamic_layout == "disaggregated")]
+        pd = [
+            p
+            for p in self.policies
+            if p == "static-pd" or (p == "dynamic" and self.dynamic_layout == "disaggregated")
+        ]
         if pd and units < 2:
-            raise ValueError(f"{pd[0]} needs at least 2 units; {self.devices} devices / "
-                             f"--parallel {d['parallel']} = {units}")
+            raise ValueError(
+                f"{pd[0]} needs at least 2 units; {self.devices} devices / "
+                f"--parallel {d['parallel']} = {units}"
+            )
         if self.prefill_units and pd and not 1 <= self.prefill_units < units:
             raise ValueError(f"--prefill-units must be in [1, {units - 1}]")
         if self.dynamic_prefill_units and not 1 <= self.dynamic_prefill_units < units:
@@ -145,28 +164,77 @@ class SimSpec:
         return out
 
 
-def simulate_once(spec: SimSpec, policy: str, seed: int, *, rate: float | None = None,
-                  duration: float | None = None, prefill_units: int = 0,
-                  window: tuple[float, float] | None = None) -> RunResult:
+def simulate_once(
+    spec: SimSpec,
+    policy: str,
+    seed: int,
+    *,
+    rate: float | None = None,
+    duration: float | None = None,
+    prefill_units: int = 0,
+    window: tuple[float, float] | None = None,
+) -> RunResult:
+    sim, wl = build_simulation(
+        spec, policy, seed, rate=rate, duration=duration, prefill_units=prefill_units, window=window
+    )
+    return sim.run(wl)
+
+
+def build_simulation(
+    spec: SimSpec,
+    policy: str,
+    seed: int,
+    *,
+    rate: float | None = None,
+    duration: float | None = None,
+    prefill_units: int = 0,
+    window: tuple[float, float] | None = None,
+    scheduler_class: type[Scheduler] | None = None,
+) -> tuple[Simulation, Workload]:
+    """simulate_once's simulation and workload, not run yet (a bench times the run apart)."""
     s = spec
     model, preset = get_model(s.model), get_preset(s.device)
-    wl = make_workload(s.workload, rate if rate is not None else s.rate,
-                       duration if duration is not None else s.duration, seed,
-                       max_prompt=s.max_prompt, max_output=s.max_output,
-                       burstiness=s.burstiness, length_scale=s.length_scale, trace=s.trace)
-    ic = InstanceConfig(s.max_num_seqs, s.max_num_batched_tokens, s.block_size, s.max_model_len,
-                        prefill_inflight=s.prefill_inflight)
+    wl = make_workload(
+        s.workload,
+        rate if rate is not None else s.rate,
+        duration if duration is not None else s.duration,
+        seed,
+        max_prompt=s.max_prompt,
+        max_output=s.max_output,
+        burstiness=s.burstiness,
+        length_scale=s.length_scale,
+        trace=s.trace,
+    )
+    ic = InstanceConfig(
+        s.max_num_seqs,
+        s.max_num_batched_tokens,
+        s.block_size,
+        s.max_model_len,
+        prefill_inflight=s.prefill_inflight,
+    )
     kw: dict[str, Any] = dict(
-        model=model, preset=preset, devices=s.devices, parallel=s.parallel, policy=policy,
-        instance=ic, num_prefill=prefill_units, link=LINKS[s.link], co_run=s.co_run,
-        drain_s=s.drain_s, timeline_window=window, core_tuning=s.core_tuning,
-        request_weights=s.request_weights)
+        model=model,
+        preset=preset,
+        devices=s.devices,
+        parallel=s.parallel,
+        policy=policy,
+        instance=ic,
+        num_prefill=prefill_units,
+        link=LINKS[s.link],
+        co_run=s.co_run,
+        drain_s=s.drain_s,
+        timeline_window=window,
+        core_tuning=s.core_tuning,
+        request_weights=s.request_weights,
+        scheduler_class=scheduler_class,
+    )
     if policy == "dynamic" and s.dynamic_layout == "adaptive":
         sim: Simulation = AdaptiveSimulation(
-            split_target_utilization=s.split_target_utilization, **kw)
+            split_target_utilization=s.split_target_utilization, **kw
+        )
     else:
         sim = Simulation(dynamic_layout=s.dynamic_layout, **kw)
-    return sim.run(wl)
+    return sim, wl
 
 
 def run_metrics(r: RunResult, spec: SimSpec, duration: float) -> dict[str, Any]:
@@ -181,20 +249,29 @@ def run_metrics(r: RunResult, spec: SimSpec, duration: float) -> dict[str, Any]:
     total = len(r.requests)
     slo = {}
     for tier in spec.slos:
-        ok = sum(1 for q in fin if q.first_token - q.arrival <= tier.ttft_s and
-                 (q.n_out <= 1 or (q.finish - q.first_token) / (q.n_out - 1) <= tier.tpot_s))
-        slo[tier.name] = {"attainment": ok / total if total else 1.0,
-                          "goodput_rps": ok / duration}
+        ok = sum(
+            1
+            for q in fin
+            if q.first_token - q.arrival <= tier.ttft_s
+            and (q.n_out <= 1 or (q.finish - q.first_token) / (q.n_out - 1) <= tier.tpot_s)
+        )
+        slo[tier.name] = {"attainment": ok / total if total else 1.0, "goodput_rps": ok / duration}
     dropped: dict[str, int] = {}
     for q in r.requests:
         if q.dropped:
             dropped[q.dropped] = dropped.get(q.dropped, 0) + 1
     units = len(r.busy_s)
     split = getattr(r, "split_timeline", None)  # the adaptive layout's [(time_s, prefill)]
-    extra = {} if split is None else {
-        "split_timeline": [[round(t, 3), n] for t, n in split],
-        "prefill_units_range": [min(n for _, n in split), max(n for _, n in split)]
-        if split else None}
+    extra = (
+        {}
+        if split is None
+        else {
+            "split_timeline": [[round(t, 3), n] for t, n in split],
+            "prefill_units_range": [min(n for _, n in split), max(n for _, n in split)]
+            if split
+            else None,
+        }
+    )
     return extra | {
         "requests_total": total,
         "requests_finished": len(fin),
@@ -235,16 +312,30 @@ def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     """Means over seeds (CI95 half-widths in "ci95"); counts are summed over seeds."""
     out: dict[str, Any] = {}
     ci: dict[str, Any] = {}
-    for key in ("throughput_tok_s", "throughput_tok_s_per_device", "input_tok_s", "goodput_rps",
-                "utilisation"):
+    for key in (
+        "throughput_tok_s",
+        "throughput_tok_s_per_device",
+        "input_tok_s",
+        "goodput_rps",
+        "utilisation",
+    ):
         out[key], ci[key] = _mean_ci([r[key] for r in per_seed])
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         out[key], ci[key] = {}, {}
         for p in ("p50", "p90", "p99"):
             out[key][p], ci[key][p] = _mean_ci([r[key][p] for r in per_seed])
-    for key in ("requests_total", "requests_finished", "requests_dropped", "kv_bytes_moved",
-                "kv_bytes_handoff", "kv_bytes_migrated", "decisions_total", "steps", "events",
-                "preemptions"):
+    for key in (
+        "requests_total",
+        "requests_finished",
+        "requests_dropped",
+        "kv_bytes_moved",
+        "kv_bytes_handoff",
+        "kv_bytes_migrated",
+        "decisions_total",
+        "steps",
+        "events",
+        "preemptions",
+    ):
         out[key] = int(sum(r[key] for r in per_seed))
     reasons: dict[str, int] = {}
     for r in per_seed:
@@ -252,8 +343,10 @@ def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
             reasons[k] = reasons.get(k, 0) + v
     out["decisions_by_reason"] = reasons
     out["slo"] = {
-        name: {"attainment": _mean_ci([r["slo"][name]["attainment"] for r in per_seed])[0],
-               "goodput_rps": _mean_ci([r["slo"][name]["goodput_rps"] for r in per_seed])[0]}
+        name: {
+            "attainment": _mean_ci([r["slo"][name]["attainment"] for r in per_seed])[0],
+            "goodput_rps": _mean_ci([r["slo"][name]["goodput_rps"] for r in per_seed])[0],
+        }
         for name in per_seed[0]["slo"]
     }
     out["core_policy"] = per_seed[0]["core_policy"]
@@ -266,8 +359,7 @@ def _objective(m: dict[str, Any]) -> tuple[float, float]:
     return (m["goodput_rps"], m["throughput_tok_s"])
 
 
-def tune_prefill_units(spec: SimSpec, policy: str, log: Callable[[str], None]) -> tuple[int,
-                                                                                        list]:
+def tune_prefill_units(spec: SimSpec, policy: str, log: Callable[[str], None]) -> tuple[int, list]:
     """The P:D split with the best goodput (then throughput) at the spec's rate, seed 0, over a
     shorter run: all splits for <= 12 units, else a coarse grid refined around its best."""
     units = spec.devices // spec.parallel
@@ -278,15 +370,21 @@ def tune_prefill_units(spec: SimSpec, policy: str, log: Callable[[str], None]) -
         if n not in tried:
             r = simulate_once(spec, policy, spec.seed, duration=dur, prefill_units=n)
             tried[n] = run_metrics(r, spec, dur)
-            log(f"  {policy} P:D {n}:{units - n}: goodput {tried[n]['goodput_rps']:.2f} req/s, "
-                f"{tried[n]['throughput_tok_s']:.0f} tok/s")
+            log(
+                f"  {policy} P:D {n}:{units - n}: goodput {tried[n]['goodput_rps']:.2f} req/s, "
+                f"{tried[n]['throughput_tok_s']:.0f} tok/s"
+            )
         return _objective(tried[n])
 
     if units <= 12:
         cands = list(range(1, units))
     else:
-        cands = sorted({max(1, min(units - 1, round(units * f)))
-                        for f in (0.125, 0.25, 0.375, 0.5, 0.625, 0.75)})
+        cands = sorted(
+            {
+                max(1, min(units - 1, round(units * f)))
+                for f in (0.125, 0.25, 0.375, 0.5, 0.625, 0.75)
+            }
+        )
     best = max(cands, key=evaluate)
     step = max(1, units // 16)
     while step >= 1 and units > 12:
@@ -297,13 +395,21 @@ def tune_prefill_units(spec: SimSpec, policy: str, log: Callable[[str], None]) -
         if new == best:
             step //= 2
         best = new
-    curve = [{"prefill_units": k, "decode_units": units - k, "goodput_rps": v["goodput_rps"],
-              "throughput_tok_s": v["throughput_tok_s"]} for k, v in sorted(tried.items())]
+    curve = [
+        {
+            "prefill_units": k,
+            "decode_units": units - k,
+            "goodput_rps": v["goodput_rps"],
+            "throughput_tok_s": v["throughput_tok_s"],
+        }
+        for k, v in sorted(tried.items())
+    ]
     return best, curve
 
 
-def search_goodput(spec: SimSpec, policy: str, prefill_units: int,
-                   log: Callable[[str], None]) -> tuple[float, list]:
+def search_goodput(
+    spec: SimSpec, policy: str, prefill_units: int, log: Callable[[str], None]
+) -> tuple[float, list]:
     """DistServe goodput: the largest rate with >= 90% of requests meeting the first SLO tier
     (mean attainment over the seeds); bisection between 0 and the first failing doubling."""
     tier = spec.slos[0].name
@@ -336,13 +442,18 @@ def search_goodput(spec: SimSpec, policy: str, prefill_units: int,
 
 def request_samples(r: RunResult) -> dict[str, list[float]]:
     fin = [q for q in r.requests if q.finish >= 0]
-    return {"ttft": [q.first_token - q.arrival for q in fin],
-            "tpot": [(q.finish - q.first_token) / (q.n_out - 1) for q in fin if q.n_out > 1]}
+    return {
+        "ttft": [q.first_token - q.arrival for q in fin],
+        "tpot": [(q.finish - q.first_token) / (q.n_out - 1) for q in fin if q.n_out > 1],
+    }
 
 
-def run_all(spec: SimSpec, log: Callable[[str], None] = lambda s: None,
-            progress: Callable[[int], None] | None = None,
-            keep_samples: bool = False) -> dict[str, Any]:
+def run_all(
+    spec: SimSpec,
+    log: Callable[[str], None] = lambda s: None,
+    progress: Callable[[int], None] | None = None,
+    keep_samples: bool = False,
+) -> dict[str, Any]:
     """The JSON document: {"config": ..., "policies": {name: metrics}}. keep_samples adds
     "_samples" (seed 0's per-request TTFT / TPOT, for the CDF plots; not part of the JSON)."""
     spec = spec.resolved()
@@ -350,19 +461,25 @@ def run_all(spec: SimSpec, log: Callable[[str], None] = lambda s: None,
     result: dict[str, Any] = {"config": spec.to_json() | {"units": units}, "policies": {}}
     tuned: dict[str, Any] = {}
     needs_split = "static-pd" in spec.policies or (
-        "dynamic" in spec.policies and spec.dynamic_layout == "disaggregated" and
-        not spec.dynamic_prefill_units)
+        "dynamic" in spec.policies
+        and spec.dynamic_layout == "disaggregated"
+        and not spec.dynamic_prefill_units
+    )
     split = spec.prefill_units
     if needs_split and not split:
         log(f"tuning the static-PD prefill:decode split over {units} units")
         split, curve = tune_prefill_units(spec, "static-pd", log)
         tuned = {"prefill_units": split, "decode_units": units - split, "search": curve}
     result["config"]["static_pd_split"] = tuned or (
-        {"prefill_units": split, "decode_units": units - split} if split else None)
+        {"prefill_units": split, "decode_units": units - split} if split else None
+    )
     for policy in spec.policies:
         per_seed = []
-        units_p = spec.dynamic_prefill_units if policy == "dynamic" and \
-            spec.dynamic_prefill_units else split
+        units_p = (
+            spec.dynamic_prefill_units
+            if policy == "dynamic" and spec.dynamic_prefill_units
+            else split
+        )
         for k in range(spec.seeds):
             window = spec.timeline_window if k == 0 else None
             r = simulate_once(spec, policy, spec.seed + k, prefill_units=units_p, window=window)
@@ -377,13 +494,15 @@ def run_all(spec: SimSpec, log: Callable[[str], None] = lambda s: None,
         agg = aggregate(per_seed)
         if "timeline" in per_seed[0]:
             agg["timeline"] = per_seed[0].pop("timeline")
-        if policy == "static-pd" or (policy == "dynamic" and spec.dynamic_layout ==
-                                      "disaggregated"):
+        if policy == "static-pd" or (
+            policy == "dynamic" and spec.dynamic_layout == "disaggregated"
+        ):
             agg["prefill_units"], agg["decode_units"] = units_p, units - units_p
         if "prefill_units_range" in per_seed[0]:
             ranges = [m["prefill_units_range"] for m in per_seed if m["prefill_units_range"]]
-            agg["prefill_units_range"] = [min(a for a, _ in ranges), max(b for _, b in ranges)] \
-                if ranges else None
+            agg["prefill_units_range"] = (
+                [min(a for a, _ in ranges), max(b for _, b in ranges)] if ranges else None
+            )
         if spec.goodput_search:
             log(f"goodput search for {policy}")
             agg["goodput_rps"], agg["goodput_curve"] = search_goodput(spec, policy, units_p, log)
@@ -391,6 +510,7 @@ def run_all(spec: SimSpec, log: Callable[[str], None] = lambda s: None,
         else:
             agg["goodput_definition"] = (
                 "requests meeting " + spec.slos[0].name + " per second at --rate "
-                "(run with --goodput-search for the largest rate with >= 90% attainment)")
+                "(run with --goodput-search for the largest rate with >= 90% attainment)"
+            )
         result["policies"][policy] = agg
     return result

@@ -20,8 +20,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--trace", help="write a Chrome/Perfetto timeline to this file")
     parser.add_argument("--json", action="store_true", help="print the raw state as JSON")
     parser.add_argument("--prometheus", action="store_true", help="print the Prometheus exposition")
-    parser.add_argument("--daemon", metavar="SOCKET",
-                        help="report a flexnpu daemon's sessions and tenants instead of a script")
+    parser.add_argument(
+        "--daemon",
+        metavar="SOCKET",
+        help="report a flexnpu daemon's sessions and tenants instead of a script",
+    )
     parser.add_argument("script", nargs="?", help="the Python script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     parser.set_defaults(func=run)
@@ -52,18 +55,24 @@ def _table(client: dict[str, Any]) -> str:
 
 
 def _daemon_table(state: dict[str, Any]) -> str:
-    lines = [f"daemon {state['socket']} over {state['platform']} ({state['devices']} devices), "
-             f"sessions served {state['sessions_served']}, reclaimed {state['sessions_reclaimed']}",
-             f"{'session':>8} {'tenant':>12} {'buffers':>8} {'executables':>11}"]
+    lines = [
+        f"daemon {state['socket']} over {state['platform']} ({state['devices']} devices), "
+        f"sessions served {state['sessions_served']}, reclaimed {state['sessions_reclaimed']}",
+        f"{'session':>8} {'tenant':>12} {'buffers':>8} {'executables':>11}",
+    ]
     for s in state["sessions"]:
         lines.append(f"{s['id']:>8} {s['tenant']:>12} {s['buffers']:>8} {s['executables']:>11}")
-    lines.append(f"{'tenant':>12} {'sessions':>8} {'MB held':>8} {'quota MB':>8} {'priority':>8} "
-                 f"{'executions':>10} {'held':>6}")
+    lines.append(
+        f"{'tenant':>12} {'sessions':>8} {'MB held':>8} {'quota MB':>8} {'priority':>8} "
+        f"{'executions':>10} {'held':>6}"
+    )
     for name, t in state["tenants"].items():
         quota = "-" if t["memory_quota_bytes"] < 0 else f"{t['memory_quota_bytes'] / 1e6:.2f}"
-        lines.append(f"{name:>12} {t['sessions']:>8} {t['bytes_in_use'] / 1e6:>8.2f} "
-                     f"{quota:>8} {t['priority']:>8} {t.get('executions', 0):>10} "
-                     f"{t.get('held_for_latency', 0):>6}")
+        lines.append(
+            f"{name:>12} {t['sessions']:>8} {t['bytes_in_use'] / 1e6:>8.2f} "
+            f"{quota:>8} {t['priority']:>8} {t.get('executions', 0):>10} "
+            f"{t.get('held_for_latency', 0):>6}"
+        )
     # Served over FlexNPU's runtime (daemon --policy): its one placer's decisions.
     for client in state.get("runtime", []):
         lines.append("placements by reason (the daemon's placer, all sessions):")

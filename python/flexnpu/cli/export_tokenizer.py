@@ -9,16 +9,29 @@ import argparse
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "export-tokenizer", help="write the served model's tokenizer as a Hugging Face "
-                                 "tokenizer directory", description=__doc__)
+        "export-tokenizer",
+        help="write the served model's tokenizer as a Hugging Face tokenizer directory",
+        description=__doc__,
+    )
     p.add_argument("out_dir", metavar="DIR")
-    p.add_argument("--model", default=None,
-                   help="the model `serve --model` takes (default: SmolLM2-135M-Instruct); "
-                        "a llama .gguf path or random:<preset>")
-    p.add_argument("--from-export", metavar="EXPORT_DIR", default=None,
-                   help="the tokenizer of `serve --export` artifacts instead")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="model_max_length to record (default: the model's context length)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="the model `serve --model` takes (default: SmolLM2-135M-Instruct); "
+        "a llama .gguf path or random:<preset>",
+    )
+    p.add_argument(
+        "--from-export",
+        metavar="EXPORT_DIR",
+        default=None,
+        help="the tokenizer of `serve --export` artifacts instead",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="model_max_length to record (default: the model's context length)",
+    )
     p.set_defaults(func=run)
 
 

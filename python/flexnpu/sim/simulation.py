@@ -54,7 +54,7 @@ POLICIES = ("passthrough", "static-pd", "static-colocate", "chunked-colocate", "
 # A decode delay of t spreads over the sequence's hundreds of output tokens (its TPOT grows by
 # t / output length) while a prefill delay lands whole on TTFT, so it is well below 1. 0.25 is
 # from a sweep (1, 0.5, 0.25, 0.1) on DeepSeek-R1 / 96 x 910C ShareGPT and phase-shift: it
-# ties static-pd on ShareGPT and keeps most of the phase-shift gain (see sim_report2).
+# ties static-pd on ShareGPT and keeps most of the phase-shift gain.
 WEIGHTED_CORE_TUNING = {"tpot_weight": 0.25}
 _ARRIVAL, _START, _DONE, _KV = 0, 1, 2, 3
 _PREFILL_ROLE = Role.PREFILL  # a global: an Enum member read via its class is slow on 3.11
@@ -104,16 +104,20 @@ def make_layout(policy: str, units: int, num_prefill: int, dynamic_layout: str) 
         if not 1 <= num_prefill < units:
             raise ValueError(f"prefill units must be in [1, {units - 1}], got {num_prefill}")
         roles = [Role.PREFILL] * num_prefill + [Role.DECODE] * (units - num_prefill)
-        core = (f"static-pd:prefill=0-{num_prefill - 1};decode={num_prefill}-{units - 1}"
-                if policy == "static-pd" else "dynamic")
+        core = (
+            f"static-pd:prefill=0-{num_prefill - 1};decode={num_prefill}-{units - 1}"
+            if policy == "static-pd"
+            else "dynamic"
+        )
         return Layout(roles, core, chunked=False, mixed=False, num_prefill=num_prefill)
     roles = [Role.PREFILL] * units + [Role.DECODE] * units  # home of virtual v: v mod units
     return Layout(roles, policy, chunked=False, mixed=False, num_prefill=units)
 
 
-class _Request:
-    __slots__ = ("rid", "arrival", "prompt", "output", "first_token", "finish", "n_out",
-                 "dropped")
+class Request:
+    """One request of the workload and what happened to it (times in simulated seconds)."""
+
+    __slots__ = ("rid", "arrival", "prompt", "output", "first_token", "finish", "n_out", "dropped")
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int) -> None:
         self.rid = rid
@@ -126,12 +130,24 @@ class _Request:
         self.dropped = ""
 
 
-class _Instance:
-    __slots__ = ("idx", "sched", "role", "kv_unit", "inflight", "max_inflight", "steps", "pos",
-                 "changed")
+class Instance:
+    """A serving instance on a virtual device: its scheduler, role and where its KV is."""
 
-    def __init__(self, idx: int, sched: Scheduler, role: Role, kv_unit: int,
-                 max_inflight: int) -> None:
+    __slots__ = (
+        "idx",
+        "sched",
+        "role",
+        "kv_unit",
+        "inflight",
+        "max_inflight",
+        "steps",
+        "pos",
+        "changed",
+    )
+
+    def __init__(
+        self, idx: int, sched: Scheduler, role: Role, kv_unit: int, max_inflight: int
+    ) -> None:
         self.idx = idx
         self.sched = sched
         self.role = role
@@ -141,11 +157,12 @@ class _Instance:
         self.steps = 0
         self.pos = 0  # index in its router (front: takes arrivals; back: takes handoffs)
         # Its router's list of instances whose scheduler changed since it last routed.
-        self.changed: list[_Instance] = []
+        self.changed: list[Instance] = []
 
 
-def _core_calls(core: Any) -> tuple[Callable[..., tuple], Callable[[int, int], None],
-                                     Callable[[int, int], None]]:
+def _core_calls(
+    core: Any,
+) -> tuple[Callable[..., tuple], Callable[[int, int], None], Callable[[int, int], None]]:
     """place(virtual, executable_id, phase, flops, bytes, inputs, now_ns, weight) -> the
     decision's fields, on_start and on_finish of `core`. For a flexnpu.placement.Core these
     are the bindings its methods call (same call, same decision) without the Profile and
@@ -155,17 +172,37 @@ def _core_calls(core: Any) -> tuple[Callable[..., tuple], Callable[[int, int], N
         native = core._core
         return native.place, native.on_start, native.on_finish  # on_finish's ok: True
 
-    def place(v: int, exe: int, phase: str, flops: float, nbytes: float,
-              inputs: list[tuple[int, int]], now_ns: int, weight: float) -> tuple:
-        d = core.place(v, fp.Profile(phase, flops, nbytes), now_ns=now_ns, inputs=inputs,
-                       executable_id=exe, weight=weight)
-        return (d.physical_device, d.reason, d.predicted_start_ns, d.predicted_finish_ns,
-                d.migrate_bytes, d.ticket)
+    def place(
+        v: int,
+        exe: int,
+        phase: str,
+        flops: float,
+        nbytes: float,
+        inputs: list[tuple[int, int]],
+        now_ns: int,
+        weight: float,
+    ) -> tuple:
+        d = core.place(
+            v,
+            fp.Profile(phase, flops, nbytes),
+            now_ns=now_ns,
+            inputs=inputs,
+            executable_id=exe,
+            weight=weight,
+        )
+        return (
+            d.physical_device,
+            d.reason,
+            d.predicted_start_ns,
+            d.predicted_finish_ns,
+            d.migrate_bytes,
+            d.ticket,
+        )
 
     return place, core.on_start, core.on_finish
 
 
-class _Router:
+class Router:
     """least_loaded (flexnpu.serving.scheduler) over a fixed list of instances, kept
     incrementally: each instance's (key, index) (the index breaks ties to the lowest, as
     there) is recomputed only after its scheduler changed, which only the Simulation's calls
@@ -176,9 +213,9 @@ class _Router:
 
     __slots__ = ("insts", "keys", "changed", "heap", "limit")
 
-    def __init__(self, insts: list[_Instance]) -> None:
+    def __init__(self, insts: list[Instance]) -> None:
         self.insts = insts
-        self.changed: list[_Instance] = []
+        self.changed: list[Instance] = []
         for i, x in enumerate(insts):
             x.pos, x.changed = i, self.changed
         self.keys = [(x.sched._load_key(), i) for i, x in enumerate(insts)]
@@ -186,7 +223,7 @@ class _Router:
         # Stale entries above the top are dropped only by a rebuild, past this size.
         self.limit = 4 * len(insts) + 16
 
-    def pick(self) -> _Instance:
+    def pick(self) -> Instance:
         insts = self.insts
         if len(insts) == 1:
             return insts[0]
@@ -216,7 +253,7 @@ class _Router:
 class RunResult:
     policy: str
     layout: str
-    requests: list[_Request]
+    requests: list[Request]
     decisions_by_reason: dict[str, int]
     core_decisions: int
     kv_bytes_moved: int
@@ -234,18 +271,32 @@ class RunResult:
 
 
 class Simulation:
-    """One policy, one workload, one seed."""
+    """One policy, one workload, one seed. `scheduler_class`: the instances' scheduler (None:
+    flexnpu.serving's Scheduler; a bench passes a variant of it to compare code paths)."""
 
-    def __init__(self, *, model: ModelShape, preset: Preset, devices: int, parallel: int,
-                 policy: str, instance: InstanceConfig, num_prefill: int = 0,
-                 dynamic_layout: str = "colocated", link: Link | None = None,
-                 co_run: bool = False, drain_s: float = 600.0,
-                 timeline_window: tuple[float, float] | None = None,
-                 core_tuning: dict[str, float] | None = None,
-                 request_weights: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        model: ModelShape,
+        preset: Preset,
+        devices: int,
+        parallel: int,
+        policy: str,
+        instance: InstanceConfig,
+        num_prefill: int = 0,
+        dynamic_layout: str = "colocated",
+        link: Link | None = None,
+        co_run: bool = False,
+        drain_s: float = 600.0,
+        timeline_window: tuple[float, float] | None = None,
+        core_tuning: dict[str, float] | None = None,
+        request_weights: bool = True,
+        scheduler_class: type[Scheduler] | None = None,
+    ) -> None:
         if devices < 1 or parallel < 1 or devices % parallel:
-            raise ValueError(f"--devices {devices} must be a positive multiple of --parallel "
-                             f"{parallel}")
+            raise ValueError(
+                f"--devices {devices} must be a positive multiple of --parallel {parallel}"
+            )
         self.model, self.preset, self.policy = model, preset, policy
         self.units = devices // parallel
         self.timer = StepTimer.create(model, preset, parallel, instance)
@@ -258,18 +309,28 @@ class Simulation:
         roles = self.layout.roles
         v = len(roles)
         unit_model = fp.DeviceModel(
-            peak_flops=self.timer.peak, bandwidth_bytes_per_s=self.timer.bandwidth,
-            link_bytes_per_s=self.link.bytes_per_s * parallel, can_overlap=co_run,
-            launch_s=self.timer.launch_s)
+            peak_flops=self.timer.peak,
+            bandwidth_bytes_per_s=self.timer.bandwidth,
+            link_bytes_per_s=self.link.bytes_per_s * parallel,
+            can_overlap=co_run,
+            launch_s=self.timer.launch_s,
+        )
         self.request_weights = request_weights
         tuning = {**(WEIGHTED_CORE_TUNING if request_weights else {}), **(core_tuning or {})}
-        self.core = fp.Core(self.layout.core_policy, [unit_model] * self.units,
-                            num_virtual_devices=v, **tuning)
+        self.core = fp.Core(
+            self.layout.core_policy, [unit_model] * self.units, num_virtual_devices=v, **tuning
+        )
         self.link_bw = self.link.bytes_per_s * parallel
         depth = preset.runtime.inflight  # the preset's serving runtime (0: as below)
+        make_scheduler = scheduler_class or Scheduler
         self.instances = [
-            _Instance(i, Scheduler(self._sched_config(r, instance, roles)), r, i % self.units,
-                      depth or (instance.prefill_inflight if r is Role.PREFILL else 1))
+            Instance(
+                i,
+                make_scheduler(self._sched_config(r, instance, roles)),
+                r,
+                i % self.units,
+                depth or (instance.prefill_inflight if r is Role.PREFILL else 1),
+            )
             for i, r in enumerate(roles)
         ]
         self.front = [x for x in self.instances if x.role is not Role.DECODE]
@@ -286,12 +347,14 @@ class Simulation:
             raise ValueError(
                 f"{self.model.name} ({self.model.weight_bytes / 1e9:.0f} GB of weights) does not "
                 f"fit {self.timer.parallel} x {self.preset.name} "
-                f"({mem / 1e9:.0f} GB); raise --parallel")
+                f"({mem / 1e9:.0f} GB); raise --parallel"
+            )
         block_bytes = ic.block_size * self.kv_per_token
         max_useful = math.ceil(ic.max_num_seqs * ic.max_model_len / ic.block_size)
         shares_unit = len(roles) > self.units
-        prefill_pool = math.ceil(2 * max(ic.max_model_len, ic.max_num_batched_tokens)
-                                 / ic.block_size)
+        prefill_pool = math.ceil(
+            2 * max(ic.max_model_len, ic.max_num_batched_tokens) / ic.block_size
+        )
         if role is Role.PREFILL:
             blocks = prefill_pool
         else:
@@ -321,7 +384,7 @@ class Simulation:
     def run(self, wl: Workload) -> RunResult:
         # A run allocates millions of objects that live to its end (requests, sequences, KV
         # block lists) and builds no reference cycles: the cyclic collector would only rescan
-        # them (~5% of a 384-device run). Off for the run, as it was after.
+        # them. Off for the run, as it was after.
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -347,13 +410,20 @@ class Simulation:
         self._timeline: list[tuple[int, float, float, str]] = []
         self._window_end = wl.duration
         self._tokens_in_window = 0
-        self._front = _Router(self.front)
-        self._back = _Router(self.back)
+        self._front = Router(self.front)
+        self._back = Router(self.back)
         self._place, self._on_start, self._on_finish = _core_calls(self.core)
-        reqs = [_Request(i, t, p, o) for i, (t, p, o) in
-                enumerate(zip(np.asarray(wl.arrivals, dtype=float).tolist(),
-                              np.asarray(wl.prompt_tokens, dtype=np.int64).tolist(),
-                              np.asarray(wl.output_tokens, dtype=np.int64).tolist(), strict=True))]
+        reqs = [
+            Request(i, t, p, o)
+            for i, (t, p, o) in enumerate(
+                zip(
+                    np.asarray(wl.arrivals, dtype=float).tolist(),
+                    np.asarray(wl.prompt_tokens, dtype=np.int64).tolist(),
+                    np.asarray(wl.output_tokens, dtype=np.int64).tolist(),
+                    strict=True,
+                )
+            )
+        ]
         self._requests = reqs
         horizon = (reqs[-1].arrival if reqs else 0.0) + self.drain_s
         heap = self._heap
@@ -395,14 +465,22 @@ class Simulation:
         for d in stats["physical"]:
             core_reasons.update(d["decisions"])
         return RunResult(
-            policy=self.policy, layout=self.layout.core_policy, requests=reqs,
+            policy=self.policy,
+            layout=self.layout.core_policy,
+            requests=reqs,
             decisions_by_reason={k: int(core_reasons[k]) for k in fp.REASONS},
             core_decisions=int(stats["decisions_total"]),
             kv_bytes_moved=self._kv_handoff + self._kv_migrated,
-            kv_bytes_handoff=self._kv_handoff, kv_bytes_migrated=self._kv_migrated,
-            busy_s=list(self._busy), makespan_s=end, events=self._events, steps=self._steps,
-            placements=self._placements, timeline=self._timeline,
-            preemptions=self._preempted, tokens_in_window=self._tokens_in_window,
+            kv_bytes_handoff=self._kv_handoff,
+            kv_bytes_migrated=self._kv_migrated,
+            busy_s=list(self._busy),
+            makespan_s=end,
+            events=self._events,
+            steps=self._steps,
+            placements=self._placements,
+            timeline=self._timeline,
+            preemptions=self._preempted,
+            tokens_in_window=self._tokens_in_window,
             window_s=wl.duration,
         )
 
@@ -410,7 +488,7 @@ class Simulation:
         self._order += 1
         heapq.heappush(self._heap, (t, self._order, kind, *payload))
 
-    def _on_arrival(self, req: _Request, now: float) -> None:
+    def _on_arrival(self, req: Request, now: float) -> None:
         inst = self._front.pick()
         seq = Sequence(req.rid, req.prompt, req.output, now, payload=req)
         sched = inst.sched
@@ -427,7 +505,7 @@ class Simulation:
         else:
             inst.changed.append(inst)
 
-    def _on_kv(self, inst: _Instance, seq: Sequence, now: float) -> None:
+    def _on_kv(self, inst: Instance, seq: Sequence, now: float) -> None:
         try:
             inst.sched.add_prefilled(seq)
         except RequestTooLongError:
@@ -438,12 +516,12 @@ class Simulation:
         else:
             inst.changed.append(inst)
 
-    def _start_step(self, inst: _Instance, now: float) -> None:
+    def _start_step(self, inst: Instance, now: float) -> None:
         while inst.inflight < inst.max_inflight and inst.sched.has_work:
             if not self._dispatch(inst, now):
                 return
 
-    def _dispatch(self, inst: _Instance, now: float) -> bool:
+    def _dispatch(self, inst: Instance, now: float) -> bool:
         """Schedules and places one step of `inst`; False if there was nothing to run."""
         sched = inst.sched
         plan = sched.schedule(now)
@@ -482,15 +560,20 @@ class Simulation:
             inputs = []
         now_ns = int(now * 1e9)
         phase = "decode" if is_decode else "prefill"
-        exe = (_DECODE_EXE if is_decode else _PREFILL_EXE) | \
-            max(1, num_scheduled).bit_length() << 8 | min(255, num_tokens.bit_length())
+        exe = (
+            (_DECODE_EXE if is_decode else _PREFILL_EXE)
+            | max(1, num_scheduled).bit_length() << 8
+            | min(255, num_tokens.bit_length())
+        )
         # weight: the sequences whose latency this step's placement decides (the engine knows
         # them): its batch, and for a prefill also the prompts queued behind it, which wait as
         # long as it does. The core weighs them against the decode sequences it would delay.
-        weight = num_scheduled + (0 if is_decode else sched.num_waiting) \
-            if self.request_weights else 0
+        weight = (
+            num_scheduled + (0 if is_decode else sched.num_waiting) if self.request_weights else 0
+        )
         u, reason, _, _, migrate_bytes, ticket = self._place(
-            inst.idx, exe, phase, float(flops), float(nbytes), inputs, now_ns, float(weight))
+            inst.idx, exe, phase, float(flops), float(nbytes), inputs, now_ns, float(weight)
+        )
         self._placements += 1
         self._reasons[reason] += 1
         ready = now
@@ -500,8 +583,8 @@ class Simulation:
         if self.co_run:
             start = ready
             k1 = self._inflight[u] + 1
-            c = flops * timer._ns_flop
-            m = nbytes * timer._ns_byte
+            c = flops * timer.seconds_per_flop
+            m = nbytes * timer.seconds_per_byte
             hc = max(0.0, self._hc[u] - start)
             hm = max(0.0, self._hm[u] - start)
             end = start + max(min(c * k1, hc + c), min(m * k1, hm + m)) + timer.launch_s
@@ -539,7 +622,7 @@ class Simulation:
         heapq.heappush(heap, (end, order, _DONE, inst, plan, ticket, u))
         return True
 
-    def _on_done(self, inst: _Instance, plan, ticket: int, unit: int, now: float) -> None:
+    def _on_done(self, inst: Instance, plan, ticket: int, unit: int, now: float) -> None:
         self._on_finish(ticket, int(now * 1e9))
         self._inflight[unit] -= 1
         inst.inflight -= 1
@@ -568,13 +651,14 @@ class Simulation:
         # _start_step(inst, now), inline; a dispatch marks `inst` changed (its router recomputes
         # its load key), so only a done step that dispatches nothing marks it here.
         if inst.inflight < inst.max_inflight and sched.has_work:
-            while self._dispatch(inst, now) and inst.inflight < inst.max_inflight and \
-                    sched.has_work:
+            while (
+                self._dispatch(inst, now) and inst.inflight < inst.max_inflight and sched.has_work
+            ):
                 pass
         else:
             inst.changed.append(inst)
 
-    def _handoff(self, src: _Instance, seq: Sequence, now: float) -> None:
+    def _handoff(self, src: Instance, seq: Sequence, now: float) -> None:
         dst = self._back.pick()
         self._order += 1
         if src.kv_unit == dst.kv_unit:  # same unit (co-located): the KV stays in place

