@@ -6,7 +6,8 @@
 #      then the threaded pytest files with that TSan plugin;
 #   3. the Bazel build and tests (offline, Debian's bazel-bootstrap);
 #   4. a bounded fuzz run of the HLO reader, when its script is present;
-#   5. ruff and pytest (JAX programs on flexnpu vs the physical backend, errors, threads, ...).
+#   5. ruff, the layering check (tools/check_layers.py) and pytest (JAX programs on flexnpu vs
+#      the physical backend, errors, threads, ...).
 # Environment: PYTHON (default python3), FLEXNPU_FUZZ_SECONDS (default 60).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -77,7 +78,10 @@ if [[ -x xla_passes/fuzz/run_fuzz.sh ]]; then
 fi
 
 step "ruff"
-"$PYTHON" -m ruff check python tests bench examples
+"$PYTHON" -m ruff check python tests bench examples tools
+
+step "layers (includes and imports run one way)"
+"$PYTHON" tools/check_layers.py
 
 step "pytest"
 "$PYTHON" -m pytest -q

@@ -1,5 +1,5 @@
 // flexnpu._native daemon bindings: the per-host daemon's server (pjrt_flexnpu/daemon) for
-// `python -m flexnpu daemon` (flexnpu/daemon.py). Its threads are C++ threads; Python only
+// `python -m flexnpu daemon` (flexnpu/cli/daemon.py). Its threads are C++ threads; Python only
 // starts it, asks for stats and stops it (on SIGTERM).
 #ifdef FLEXNPU_HAVE_DAEMON
 #include <nanobind/nanobind.h>
