@@ -4,6 +4,7 @@
 #define FLEXNPU_BASE_PHASE_H_
 
 #include <cstdint>
+#include <string_view>
 
 namespace flexnpu {
 
@@ -18,6 +19,17 @@ inline const char* PhaseName(Phase phase) {
     case Phase::kDecode: return "decode";
   }
   return "unknown";
+}
+
+// The phase named `name` (as PhaseName writes it); false for any other name.
+inline bool PhaseFromName(std::string_view name, Phase* phase) {
+  for (int p = 0; p < kNumPhases; ++p) {
+    if (name == PhaseName(static_cast<Phase>(p))) {
+      *phase = static_cast<Phase>(p);
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace flexnpu

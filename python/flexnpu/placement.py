@@ -25,7 +25,9 @@ from typing import Any
 
 from flexnpu._native_loader import native
 
-PHASES = ("prefill", "decode", "small")
+# The phases of the one C++ enum (pjrt_flexnpu/base/phase.h), in code order, and their codes.
+PHASES: tuple[str, ...] = native("PHASE_NAMES", "the base layer").PHASE_NAMES
+PHASE_CODE: dict[str, int] = {name: code for code, name in enumerate(PHASES)}
 REASONS = (
     "passthrough",
     "affinity",

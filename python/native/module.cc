@@ -2,6 +2,8 @@
 // the one way from Python into the loaded plugin's FlexNpu_* entry points.
 #include <nanobind/nanobind.h>
 
+#include "pjrt_flexnpu/base/phase.h"
+
 namespace nb = nanobind;
 
 namespace flexnpu::python {
@@ -16,6 +18,12 @@ void RegisterPlugin(nb::module_& m);
 
 NB_MODULE(_native, m) {
   m.doc() = "FlexNPU native cores";
+  // The one phase enum (base/phase.h), by code: Python's views of it derive from this.
+  nb::list phase_names;
+  for (int p = 0; p < flexnpu::kNumPhases; ++p) {
+    phase_names.append(flexnpu::PhaseName(static_cast<flexnpu::Phase>(p)));
+  }
+  m.attr("PHASE_NAMES") = nb::tuple(phase_names);
 #ifdef FLEXNPU_HAVE_XLA_PASSES
   flexnpu::python::RegisterAnalysis(m);
 #endif

@@ -40,10 +40,13 @@ void Check(const Status& s) {
 }
 
 Phase PhaseFromString(const std::string& name) {
-  if (name == "prefill") return Phase::kPrefill;
-  if (name == "decode") return Phase::kDecode;
-  if (name == "small") return Phase::kSmall;
-  throw nb::value_error(("unknown phase '" + name + "' (prefill, decode, small)").c_str());
+  Phase phase;
+  if (PhaseFromName(name, &phase)) return phase;
+  std::string known;
+  for (int p = 0; p < kNumPhases; ++p) {
+    known += (p ? ", " : "") + std::string(PhaseName(static_cast<Phase>(p)));
+  }
+  throw nb::value_error(("unknown phase '" + name + "' (" + known + ")").c_str());
 }
 
 template <typename T>

@@ -58,9 +58,8 @@ POLICIES = ("passthrough", "static-pd", "static-colocate", "chunked-colocate", "
 WEIGHTED_CORE_TUNING = {"tpot_weight": 0.25}
 _ARRIVAL, _START, _DONE, _KV = 0, 1, 2, 3
 _PREFILL_ROLE = Role.PREFILL  # a global: an Enum member read via its class is slow on 3.11
-_PHASE_CODE = {"small": 0, "prefill": 1, "decode": 2}
 # The phase's bits of a step's executable id (see _dispatch)
-_PREFILL_EXE, _DECODE_EXE = _PHASE_CODE["prefill"] << 32, _PHASE_CODE["decode"] << 32
+_PREFILL_EXE, _DECODE_EXE = fp.PHASE_CODE["prefill"] << 32, fp.PHASE_CODE["decode"] << 32
 
 
 @dataclass
