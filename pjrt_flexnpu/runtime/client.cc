@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "pjrt_flexnpu/daemon/remote_api.h"
+#include "pjrt_flexnpu/backend/remote/remote_backend.h"
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable.h"
 #include "pjrt_flexnpu/runtime/executable_serialization.h"
@@ -71,8 +71,8 @@ Status VirtualClient::Init() {
   if (!backend_path.ok()) return backend_path.status();
   const std::string& path = *backend_path;
   // "daemon:SOCKET": the physical backend is the FlexNPU daemon's, over its remote API.
-  auto backend = daemon::IsDaemonBackend(path) ? daemon::RemoteBackend(path)
-                                               : PhysicalBackend::Load(path);
+  auto backend = path.rfind(remote::kBackendPrefix, 0) == 0 ? remote::RemoteBackend(path)
+                                                           : PhysicalBackend::Load(path);
   if (!backend.ok()) return backend.status();
   backend_ = *backend;
   const PhysicalBackend& b = *backend_;

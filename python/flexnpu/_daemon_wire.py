@@ -1,4 +1,4 @@
-"""The daemon protocol's frames (pjrt_flexnpu/daemon/daemon.proto) from Python: enough for
+"""The daemon protocol's frames (pjrt_flexnpu/backend/remote/daemon.proto) from Python: enough for
 observers (`flexnpu stats --daemon`) and protocol-level tests. Clients use the C++ side."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-PROTOCOL_VERSION = 6  # = kProtocolVersion in pjrt_flexnpu/daemon/protocol.h (a test checks)
+# = kProtocolVersion in pjrt_flexnpu/backend/remote/protocol.h (a test checks)
+PROTOCOL_VERSION = 6
 OP_HELLO = 1
 OP_BUFFER_FROM_HOST = 2
 OP_BUFFER_TO_HOST_SIZE = 3
