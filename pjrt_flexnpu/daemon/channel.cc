@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "pjrt_flexnpu/daemon/protocol.h"
+#include "pjrt_flexnpu/backend/remote/protocol.h"
 
 namespace flexnpu::daemon {
 namespace {

@@ -17,11 +17,10 @@
 
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
+#include "pjrt_flexnpu/backend/remote/protocol.h"
 #include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/daemon/physical_client.h"
 #include "pjrt_flexnpu/daemon/priority_gate.h"
-// protocol.h (Frame, the ops, BufferMeta) comes through quota.h: its second half has no
-// include guard, so a translation unit includes it once.
 #include "pjrt_flexnpu/daemon/quota.h"
 #include "pjrt_flexnpu/daemon/reaper.h"
 #include "pjrt_flexnpu/daemon/server.h"

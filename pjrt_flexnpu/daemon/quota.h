@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "pjrt_flexnpu/base/status.h"
-#include "pjrt_flexnpu/daemon/protocol.h"
+#include "pjrt_flexnpu/backend/remote/protocol.h"
 #include "pjrt_flexnpu/daemon/server.h"
 
 namespace flexnpu::daemon {

@@ -1,5 +1,5 @@
 // The FlexNPU daemon: owns the physical PJRT client and serves client processes' remote
-// PJRT_Api calls (remote_api.cc) over a Unix-domain socket. Each connection is a session
+// PJRT_Api calls (backend/remote/) over a Unix-domain socket. Each connection is a session
 // with its own handle tables; closing it (or the client dying) destroys what it owned.
 #ifndef FLEXNPU_DAEMON_SERVER_H_
 #define FLEXNPU_DAEMON_SERVER_H_

@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "pjrt_flexnpu/daemon/remote_api.h"
+#include "pjrt_flexnpu/backend/factory.h"
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable.h"
 #include "pjrt_flexnpu/runtime/executable_serialization.h"
@@ -70,9 +70,7 @@ Status VirtualClient::Init() {
   auto backend_path = BackendPath(options_);
   if (!backend_path.ok()) return backend_path.status();
   const std::string& path = *backend_path;
-  // "daemon:SOCKET": the physical backend is the FlexNPU daemon's, over its remote API.
-  auto backend = daemon::IsDaemonBackend(path) ? daemon::RemoteBackend(path)
-                                               : PhysicalBackend::Load(path);
+  auto backend = OpenBackend(path);
   if (!backend.ok()) return backend.status();
   backend_ = *backend;
   const PhysicalBackend& b = *backend_;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "pjrt_flexnpu/backend/factory.h"
 #include "pjrt_flexnpu/hardware/hardware.h"
 
 namespace flexnpu {
@@ -249,7 +250,7 @@ std::vector<NamedOption> EffectiveBackendOptions(const Options& options) {
     for (const auto& o : out) has_count |= (o.name == "cpu_device_count");
     if (!has_count) out.push_back({"cpu_device_count", kDefaultCpuDeviceCount});
   }
-  if (!options.tenant.empty() && options.backend.rfind("daemon:", 0) == 0) {
+  if (!options.tenant.empty() && BackendKindOf(options.backend) == BackendKind::kDaemon) {
     bool has_tenant = false;
     for (const auto& o : out) has_tenant |= (o.name == "tenant");
     if (!has_tenant) out.push_back({"tenant", options.tenant});

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "pjrt_flexnpu/daemon/protocol.h"
+#include "pjrt_flexnpu/backend/remote/protocol.h"
 
 namespace nb = nanobind;
 

@@ -15,8 +15,8 @@
 #include <gtest/gtest.h>
 
 #include "pjrt_c_api.h"
-#include "pjrt_flexnpu/daemon/protocol.h"
-#include "pjrt_flexnpu/daemon/remote_api.h"
+#include "pjrt_flexnpu/backend/remote/protocol.h"
+#include "pjrt_flexnpu/backend/remote/remote_backend.h"
 
 namespace flexnpu::daemon {
 namespace {
@@ -275,7 +275,7 @@ struct RemoteSession {
 TEST(DaemonClient, TheSocketIsReadWhileACallbackWaits) {
   ::setenv("FLEXNPU_DAEMON_TIMEOUT_S", "10", 1);
   FakeDaemon daemon;
-  auto backend = RemoteBackend(std::string(kBackendPrefix) + daemon.path());
+  auto backend = remote::RemoteBackend(std::string(remote::kBackendPrefix) + daemon.path());
   ASSERT_TRUE(backend.ok()) << backend.status().message();
   RemoteSession session;
   ASSERT_EQ(session.Open((*backend)->api()), "");
@@ -393,7 +393,7 @@ TEST(DaemonClient, AStuckCallbackCostsOneReaderAndCallsAreAnswered) {
   // A lost reply fails its call in 3 s instead of the default 300 (the bug this guards hung).
   ::setenv("FLEXNPU_DAEMON_TIMEOUT_S", "3", 1);
   FakeDaemon daemon;
-  auto backend = RemoteBackend(std::string(kBackendPrefix) + daemon.path());
+  auto backend = remote::RemoteBackend(std::string(remote::kBackendPrefix) + daemon.path());
   ASSERT_TRUE(backend.ok()) << backend.status().message();
   RemoteSession session;
   ASSERT_EQ(session.Open((*backend)->api()), "");

@@ -622,7 +622,9 @@ def test_the_protocol_version_has_one_source() -> None:
     # Python's copy is checked against protocol.h (the C++ side's, which the daemon speaks).
     import re
 
-    header = (TESTS.parent.parent / "pjrt_flexnpu" / "daemon" / "protocol.h").read_text()
+    header = (
+        TESTS.parent.parent / "pjrt_flexnpu" / "backend" / "remote" / "protocol.h"
+    ).read_text()
     found = re.findall(r"inline constexpr int64_t kProtocolVersion = (\d+);", header)
     assert found == [str(PROTOCOL_VERSION)], found
 

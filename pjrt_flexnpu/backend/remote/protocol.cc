@@ -1,4 +1,4 @@
-#include "pjrt_flexnpu/daemon/protocol.h"
+#include "pjrt_flexnpu/backend/remote/protocol.h"
 
 #include <sys/mman.h>
 #include <sys/socket.h>

@@ -1,7 +1,8 @@
 // The daemon protocol (daemon.proto): frames over a Unix-domain socket, with file
-// descriptors passed as SCM_RIGHTS.
-#ifndef FLEXNPU_DAEMON_PROTOCOL_H_
-#define FLEXNPU_DAEMON_PROTOCOL_H_
+// descriptors passed as SCM_RIGHTS. Shared by the remote backend (this folder, the client)
+// and the daemon's server (pjrt_flexnpu/daemon/), which keeps the namespace flexnpu::daemon.
+#ifndef FLEXNPU_BACKEND_REMOTE_PROTOCOL_H_
+#define FLEXNPU_BACKEND_REMOTE_PROTOCOL_H_
 
 #include <cstdint>
 #include <string>
@@ -26,7 +27,8 @@ inline constexpr size_t kInlinePayloadBytes = 64 * 1024;
 inline constexpr uint32_t kMaxFrameBytes = 1u << 30;
 
 // Positional arguments per op (ints / blobs; "meta" is a buffer or executable description,
-// see remote_api.cc and server.cc which share the helpers in this header).
+// see the remote backend's entry points and the daemon's server, which share the helpers in
+// this header).
 enum Op : uint32_t {
   kHello = 1,              // ints [version, role (0 client, 1 observer)], text tenant
                            // -> ints [session] + topology + [one-way execute offered],
@@ -131,11 +133,6 @@ class SharedSegment {
   size_t size_ = 0;
 };
 
-}  // namespace flexnpu::daemon
-
-#endif  // FLEXNPU_DAEMON_PROTOCOL_H_
-
-namespace flexnpu::daemon {
 
 // What a client learns about a buffer when the daemon creates it (all Buffer_* metadata
 // queries are answered from it, without a round trip).
@@ -179,3 +176,5 @@ void AppendExecutableMeta(std::vector<int64_t>* ints, const ExecutableMeta& meta
 bool ReadExecutableMeta(IntCursor* cursor, ExecutableMeta* meta);
 
 }  // namespace flexnpu::daemon
+
+#endif  // FLEXNPU_BACKEND_REMOTE_PROTOCOL_H_
