@@ -1,325 +1,26 @@
-// The placement core: device state, the cost model and the policies (see placement.h).
+// The placement core (see placement.h): Core's creation, locking, the request checks, the
+// dispatch to the policy in force (policies.h; one file each) and the commit of its choice, the
+// tickets with OnStart / OnFinish / Cancel (online correction, quarantine), and telemetry. The
+// state and the cost model the policies share are in core_state.h; Snapshot is in stats.cc.
 #include <algorithm>
 #include <cmath>
-#include <iterator>
-#include <list>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "pjrt_flexnpu/placement/core_state.h"
 #include "pjrt_flexnpu/placement/placement.h"
+#include "pjrt_flexnpu/placement/policies.h"
 
 namespace flexnpu::placement {
-namespace {
 
-constexpr double kUnhealthy = 1e30;  // added to the cost of a quarantined device
-constexpr double kMaxExternal = 0.9;  // external load share at most (times at most 10x)
-// Added to a decode move's cost on a device serving another instance's prefills (its role),
-// and to a prefill's on a device whose decode streams' stall budget it exceeds; below
-// kUnhealthy, so work that has nowhere else to go may still go there.
-constexpr double kOtherRole = 1e20;
-
-struct TicketRecord {
-  uint32_t generation = 0;
-  bool live = false;
-  int device = -1;
-  int virtual_device = -1;
-  Phase phase = Phase::kSmall;
-  uint64_t executable_id = 0;     // keys the correction (it may be forgotten meanwhile)
-  int64_t placed_ns = 0;
-  int64_t start_ns = -1;          // from OnStart
-  double mig_ns = 0;
-  double pred_start = 0;          // as predicted at placement (before later shifts)
-  double pred_finish = 0;
-  double shift_at_place = 0;      // device shift when placed
-  double c_ns = 0, m_ns = 0;      // compute / memory time (co-run horizons)
-  double factor_at_place = 1;     // k_exec * k_dev * external slowdown the prediction used
-  int64_t memory_bytes = 0;       // counted against the device's free memory
-  uint32_t memory_epoch = 0;      // the device's telemetry reading it was counted against
-};
-
-}  // namespace
-
-// Executable corrections, least recently placed last; bounded (Tuning::max_executables). Nodes
-// are recycled on eviction, so a full table allocates only for the map's new key.
-class ExecFactors {
- public:
-  explicit ExecFactors(size_t capacity) : capacity_(std::max<size_t>(1, capacity)) {
-    index_.reserve(std::min<size_t>(capacity_, 1024));
-  }
-  // The correction of `id`, created at 1 (evicting the least recent one when full).
-  double* Touch(uint64_t id) {
-    auto it = index_.find(id);
-    if (it != index_.end()) {
-      order_.splice(order_.begin(), order_, it->second);
-      return &it->second->factor;
-    }
-    if (index_.size() >= capacity_) {
-      auto last = std::prev(order_.end());
-      index_.erase(last->id);
-      order_.splice(order_.begin(), order_, last);
-    } else {
-      order_.emplace_front();
-    }
-    Entry& e = order_.front();
-    e.id = id;
-    e.factor = 1.0;
-    index_.emplace(id, order_.begin());
-    return &e.factor;
-  }
-  double* Find(uint64_t id) {
-    auto it = index_.find(id);
-    return it == index_.end() ? nullptr : &it->second->factor;
-  }
-  bool Forget(uint64_t id) {
-    auto it = index_.find(id);
-    if (it == index_.end()) return false;
-    order_.erase(it->second);
-    index_.erase(it);
-    return true;
-  }
-  size_t size() const { return index_.size(); }
-
- private:
-  struct Entry {
-    uint64_t id = 0;
-    double factor = 1.0;
-  };
-  size_t capacity_;
-  std::list<Entry> order_;
-  std::unordered_map<uint64_t, std::list<Entry>::iterator> index_;
-};
-
-struct Core::State {
-  std::mutex mu;
-  Tuning tuning;
-  PolicySpec policy;
-  int P = 0;
-  int V = 0;
-  int64_t created_ns = 0;
-  bool have_created = false;
-  uint64_t decisions = 0;
-  uint64_t policy_switches = 0;
-
-  // Devices (structure of arrays for the O(P) scan).
-  std::vector<double> ns_per_flop, ns_per_byte;  // 1e9/peak, 1e9/bw, times k_dev
-  std::vector<double> base_ns_per_flop, base_ns_per_byte;
-  std::vector<double> ns_per_link_byte, launch_ns, k_dev;
-  std::vector<char> overlap;
-  std::vector<char> role;                        // static-pd: 1 prefill pool, 2 decode pool
-  std::vector<double> avail, avail_c, avail_m;   // absolute drain times (ns)
-  std::vector<double> shift;                     // accumulated corrections of the queue
-  std::vector<int> outstanding, prefill_outstanding;
-  std::vector<int64_t> quarantine_until;
-  std::vector<int> consecutive_errors;
-  std::vector<int64_t> last_decode_ns;
-  std::vector<int> decode_streams;
-  std::vector<double> decode_weight;             // sum of stream_weight of the streams there
-  std::vector<int64_t> last_finish, busy_end;
-  std::vector<DeviceStats> dstats;
-  std::vector<double> on;    // scratch: located input bytes per device (zero between calls)
-  std::vector<double> cost;  // scratch: ScanAll's per-device cost
-  std::vector<int> overlap_devices;
-  int64_t max_quarantine_until = INT64_MIN;
-  double move_penalty_ns = 0;  // ScanAll: per active decode stream on a device (decode moves)
-  int move_except = -1;        // ... except on the moving stream's current device
-  int move_home = -1;          // ScanAll: a moving decode's home (>= 0: avoid prefill homes)
-  std::vector<int64_t> prefill_home_ns;  // last prefill placed by a virtual device homed here
-  std::vector<int> prefill_home_outstanding;  // ... and its prefills not finished yet
-  std::vector<double> stall_bank;     // SLO-aware admission: decode stall budget (ns) ...
-  std::vector<double> stall_pending;  // ... and the blocking time of prefills admitted since
-  std::vector<double> away_weight;    // scratch: ComputeAwayWeight (zero outside a prefill)
-  double request_weight = 1;   // scratch: Request::weight of the request being placed
-
-  // Telemetry (UpdateTelemetry).
-  std::vector<int64_t> mem_free;      // reported free bytes; -1: unknown
-  std::vector<int64_t> mem_pending;   // memory_bytes placed on the device since that reading
-  std::vector<uint32_t> mem_epoch;    // readings so far
-  std::vector<double> ext_slow;       // 1 / (1 - external utilisation)
-  std::vector<int64_t> telemetry_ns;  // time of the last reading; INT64_MIN: none
-  std::vector<int64_t> own_busy_at_reading;
-  std::vector<int64_t> inflight_since;  // FlexNPU work outstanding since (when outstanding > 0)
-  bool any_memory_known = false;
-  int64_t need = 0;  // scratch: memory_bytes of the request being placed (0 outside Place)
-
-  // Too little free memory for the request being placed.
-  bool Short(int d) const {
-    return need > 0 && mem_free[d] >= 0 && mem_free[d] - mem_pending[d] < need;
-  }
-  int64_t OwnBusyNs(int d, int64_t now) const {
-    const int64_t running =
-        outstanding[d] > 0 ? std::max<int64_t>(0, now - std::max(inflight_since[d], busy_end[d]))
-                           : 0;
-    return dstats[d].busy_ns + running;
-  }
-
-  // Virtual devices.
-  std::vector<int> home, current, stream_device;
-  std::vector<double> stream_weight;  // weight of the virtual device's last decode
-  std::vector<int64_t> stream_last_ns;  // predicted end of the virtual device's last decode
-  std::vector<double> stream_finish;    // predicted finish of its last decode (ns)
-  std::vector<int64_t> moved_ns;
-  std::vector<VirtualStats> vstats;
-
-  std::unique_ptr<ExecFactors> exec_factor;
-  std::vector<TicketRecord> tickets;
-  std::vector<uint32_t> free_slots;
-
-  bool Healthy(int d, int64_t now) const { return now >= quarantine_until[d] && !Short(d); }
-
-  // Predicted finish of work (c0 flop-units, m0 byte-units, mig_bytes) on d at `now`.
-  double Finish(int d, double now, double c0, double m0, double mig_bytes, double* start,
-                double* c_out, double* m_out) const {
-    const double mig = mig_bytes * ns_per_link_byte[d];
-    const double c = c0 * ns_per_flop[d];
-    const double m = m0 * ns_per_byte[d];
-    *c_out = c;
-    *m_out = m;
-    if (!overlap[d]) {
-      *start = std::max(avail[d], now + mig);
-      return *start + std::max(c, m) + launch_ns[d];
-    }
-    const double k1 = outstanding[d] + 1.0;
-    const double C = std::max(0.0, avail_c[d] - now);
-    const double M = std::max(0.0, avail_m[d] - now);
-    *start = now + mig;
-    return *start + std::max(std::min(c * k1, C + c), std::min(m * k1, M + m)) + launch_ns[d];
-  }
-
-  // The O(P) scan: the candidate with the lowest predicted finish (+ prefill interference
-  // penalty), quarantined devices last. Ties: first candidate. Returns its cost in *best_cost.
-  int Scan(const int* cands, int n, int64_t now_i, double c0, double m0, double located,
-           double penalty, double* best_cost) {
-    if (cands == nullptr) return ScanAll(now_i, c0, m0, located, penalty, best_cost);
-    int best = -1;
-    double best_v = 0;
-    for (int i = 0; i < n; ++i) {
-      const int d = cands[i];
-      const double fin = Cost(d, now_i, c0, m0, located, penalty);
-      if (best < 0 || fin < best_v) {
-        best = d;
-        best_v = fin;
-      }
-    }
-    *best_cost = best_v;
-    return best;
-  }
-
-  // Interference of work (c, m) placed on d with the decode streams active there: the
-  // sequences it delays per sequence it serves, times `weight` (1 for prefill, 0: none).
-  double Penalty(int d, int64_t now_i, double c, double m, double weight) const {
-    const bool active = DecodeActive(d, now_i);
-    const double w = (active ? decode_weight[d] : 0) + away_weight[d];
-    if (w == 0) return 0;
-    const double block = overlap[d] ? m : std::max(c, m);
-    // SLO-aware admission: beyond the streams' stall budget only if nothing else is left.
-    if (active && tuning.tpot_slo_ns > 0 && block > stall_bank[d] - stall_pending[d]) {
-      return kOtherRole;
-    }
-    return weight * tuning.tpot_weight * (w / request_weight) * block;
-  }
-
-  bool DecodeActive(int d, int64_t now_i) const {
-    return decode_streams[d] != 0 && last_decode_ns[d] > now_i - tuning.decode_active_ns;
-  }
-
-  // away_weight: the active decode streams homed at each device but running elsewhere (a
-  // prefill placed on their home keeps them from coming back: it pays as if they were there;
-  // otherwise a displaced stream's empty home draws prefills, which keep it displaced).
-  void ComputeAwayWeight(int64_t now_i) {
-    std::fill(away_weight.begin(), away_weight.end(), 0.0);
-    for (int v = 0; v < V; ++v) {
-      const int at = stream_device[v];
-      if (at >= 0 && at != home[v] && stream_last_ns[v] > now_i - tuning.decode_active_ns) {
-        away_weight[home[v]] += stream_weight[v];
-      }
-    }
-  }
-
-  double Cost(int d, int64_t now_i, double c0, double m0, double located, double penalty) const {
-    double start, c, m;
-    double fin = Finish(d, static_cast<double>(now_i), c0, m0, located - on[d], &start, &c, &m);
-    if (penalty > 0) fin += Penalty(d, now_i, c, m, penalty);
-    if (now_i < quarantine_until[d] || Short(d)) fin += kUnhealthy;
-    return fin;
-  }
-
-  // All devices: one branch-free (vectorizable) pass for the FIFO model into cost[], fix-ups
-  // for the few overlapping / decode-hosting / quarantined devices, then the argmin.
-  int ScanAll(int64_t now_i, double c0, double m0, double located, double penalty,
-              double* best_cost) {
-    const double now = static_cast<double>(now_i);
-    const int n = P;
-    double* __restrict out = cost.data();
-    const double* __restrict av = avail.data();
-    const double* __restrict o = on.data();
-    const double* __restrict pl = ns_per_link_byte.data();
-    const double* __restrict pf = ns_per_flop.data();
-    const double* __restrict pb = ns_per_byte.data();
-    const double* __restrict la = launch_ns.data();
-    for (int d = 0; d < n; ++d) {
-      const double ready = now + (located - o[d]) * pl[d];
-      const double c = c0 * pf[d];
-      const double m = m0 * pb[d];
-      out[d] = (av[d] > ready ? av[d] : ready) + (c > m ? c : m) + la[d];
-    }
-    for (int d : overlap_devices) out[d] = Cost(d, now_i, c0, m0, located, 0);
-    if (penalty > 0) {
-      for (int d = 0; d < n; ++d) {
-        if (decode_streams[d] != 0 || away_weight[d] != 0) {
-          out[d] += Penalty(d, now_i, c0 * pf[d], m0 * pb[d], penalty);
-        }
-      }
-    }
-    if (move_penalty_ns > 0) {
-      for (int d = 0; d < n; ++d) {
-        if (d != move_except && decode_streams[d] != 0 &&
-            last_decode_ns[d] > now_i - tuning.decode_active_ns) {
-          out[d] += move_penalty_ns * decode_weight[d];
-        }
-      }
-    }
-    if (move_home >= 0 && tuning.prefill_role_ns > 0) {
-      const int64_t since = now_i - tuning.prefill_role_ns;
-      for (int d = 0; d < n; ++d) {
-        if (d != move_except && d != move_home &&
-            (prefill_home_ns[d] > since || prefill_home_outstanding[d] > 0)) {
-          out[d] += kOtherRole;
-        }
-      }
-    }
-    if (now_i < max_quarantine_until) {
-      for (int d = 0; d < n; ++d) {
-        if (now_i < quarantine_until[d]) out[d] += kUnhealthy;
-      }
-    }
-    if (need > 0 && any_memory_known) {
-      for (int d = 0; d < n; ++d) {
-        if (Short(d)) out[d] += kUnhealthy;
-      }
-    }
-    int best = 0;
-    double best_v = out[0];
-    for (int d = 1; d < n; ++d) {
-      if (out[d] < best_v) {
-        best_v = out[d];
-        best = d;
-      }
-    }
-    *best_cost = best_v;
-    return best;
-  }
-
-  double CostOf(int d, int64_t now, double c0, double m0, double located) const {
-    return Cost(d, now, c0, m0, located, 0);
-  }
-};
-
-Core::Core(std::unique_ptr<State> state) : s_(std::move(state)) {}
+Core::Core(std::unique_ptr<CoreState> state) : s_(std::move(state)) {}
 Core::~Core() = default;
 
 namespace {
+
+constexpr double kMaxExternal = 0.9;  // external load share at most (times at most 10x)
 
 bool Finite(double x) { return std::isfinite(x); }
 
@@ -377,7 +78,7 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   auto policy = ParsePolicy(config.policy, P);
   if (!policy.ok()) return policy.status();
 
-  auto s = std::make_unique<State>();
+  auto s = std::make_unique<CoreState>();
   s->tuning = config.tuning;
   s->P = P;
   s->V = config.num_virtual_devices > 0 ? config.num_virtual_devices : P;
@@ -458,7 +159,7 @@ Status Core::SetPolicy(std::string_view spec) {
 Status Core::SetPolicy(const PolicySpec& spec) {
   FLEXNPU_RETURN_IF_ERROR(ValidatePolicy(spec, s_->P));
   std::lock_guard<std::mutex> lock(s_->mu);
-  State& s = *s_;
+  CoreState& s = *s_;
   s.policy = spec;
   std::fill(s.role.begin(), s.role.end(), 0);
   for (int d : spec.prefill_pool) s.role[d] |= 1;
@@ -484,7 +185,7 @@ Status Core::PlaceOn(const Request& r, int physical_device, Decision* out) {
 }
 
 Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
-  State& s = *s_;
+  CoreState& s = *s_;
   if (r.virtual_device < 0 || r.virtual_device >= s.V) {
     return InvalidArgument("placement: virtual device " + std::to_string(r.virtual_device) +
                            " does not exist (" + std::to_string(s.V) + " virtual devices)");
@@ -550,142 +251,21 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
     }
   }
 
-  int chosen = -1;
-  Reason reason = Reason::kPassthrough;
-  double best_cost = 0;
-  if (given_device >= 0) {
-    chosen = given_device;
-    reason = Reason::kAffinity;
-  } else switch (s.policy.kind) {
-    case PolicyKind::kPassthrough:
-      chosen = v % s.P;
-      reason = Reason::kPassthrough;
-      break;
-    case PolicyKind::kStaticPd: {
-      const std::vector<int>* pool = nullptr;
-      if (phase == Phase::kPrefill) pool = &s.policy.prefill_pool;
-      if (phase == Phase::kDecode) pool = &s.policy.decode_pool;
-      const char want = phase == Phase::kPrefill ? 1 : 2;
-      if (pool == nullptr || ((s.role[preferred] & want) && phase == Phase::kDecode)) {
-        // Small work anywhere, decode already in its pool: stay with the data.
-        if (s.Healthy(preferred, now)) {
-          chosen = preferred;
-          reason = Reason::kAffinity;
-          break;
-        }
-      }
-      if (pool == nullptr) {
-        chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, 0, &best_cost);
-        reason = best_cost >= kUnhealthy ? Reason::kFallback : Reason::kAvoidFailed;
-        if (best_cost >= kUnhealthy) chosen = preferred;
-        break;
-      }
-      chosen = s.Scan(pool->data(), static_cast<int>(pool->size()), now, c0, m0, loc, 0,
-                      &best_cost);
-      reason = Reason::kPool;
-      if (best_cost >= kUnhealthy) {
-        reason = Reason::kFallback;
-      } else if ((s.role[preferred] & want) && !s.Healthy(preferred, now)) {
-        reason = Reason::kAvoidFailed;
-      }
-      break;
-    }
-    case PolicyKind::kStaticColocate:
-      if (phase != Phase::kPrefill && s.Healthy(preferred, now)) {
-        chosen = preferred;
-        reason = Reason::kAffinity;
-        break;
-      }
-      chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, 0, &best_cost);
-      if (best_cost >= kUnhealthy) {
-        chosen = preferred;
-        reason = Reason::kFallback;
-      } else if (phase != Phase::kPrefill) {
-        reason = Reason::kAvoidFailed;
-      } else {
-        reason = chosen == preferred ? Reason::kAffinity : Reason::kLeastLoaded;
-      }
-      break;
-    case PolicyKind::kDynamic: {
-      if (phase == Phase::kPrefill) {
-        s.ComputeAwayWeight(now);
-        chosen = s.Scan(nullptr, s.P, now, c0, m0, loc, 1.0, &best_cost);
-        std::fill(s.away_weight.begin(), s.away_weight.end(), 0.0);
-        if (best_cost >= kUnhealthy) {
-          chosen = preferred;
-          reason = Reason::kFallback;
-        } else if (!s.Healthy(preferred, now)) {
-          reason = Reason::kAvoidFailed;
-        } else {
-          reason = chosen == preferred ? Reason::kAffinity : Reason::kLeastLoaded;
-        }
-        break;
-      }
-      const int cur = preferred;
-      const double cur_cost = s.CostOf(cur, now, c0, m0, loc);
-      // A decode moving in delays the streams already there by about what it escapes (FIFO
-      // is work-conserving: it only shifts the wait onto them, and pays the KV migration).
-      // Not when it must leave (current device quarantined or short of memory): cur_cost then
-      // carries kUnhealthy, which would make every device hosting a stream look unusable.
-      s.move_penalty_ns = phase == Phase::kDecode && s.Healthy(cur, now)
-                              ? s.tuning.move_weight * (cur_cost - static_cast<double>(now)) /
-                                    s.request_weight
-                              : 0;
-      s.move_except = cur;
-      // Role: the home of a prefill instance that is serving prompts is not a place to escape
-      // to. The decode would sit in front of that instance's next prefills (or push them onto
-      // decode devices, whose streams then escape in turn: roles swap, KV caches travel, the
-      // interference the prefill penalty priced in is paid anyway). Idle prefill homes, and
-      // its own home, stay open.
-      s.move_home = phase == Phase::kDecode && s.Healthy(cur, now) ? home : -1;
-      const int best = s.Scan(nullptr, s.P, now, c0, m0, loc, 0, &best_cost);
-      s.move_penalty_ns = 0;
-      s.move_home = -1;
-      double start, c, m;
-      s.Finish(cur, static_cast<double>(now), c0, m0, 0, &start, &c, &m);
-      const double exec_cur = std::max(c, m) + s.launch_ns[cur];
-      if (!s.Healthy(cur, now)) {
-        if (best_cost >= kUnhealthy) {
-          chosen = cur;
-          reason = Reason::kFallback;
-        } else {
-          chosen = best;
-          reason = Reason::kAvoidFailed;
-        }
-        break;
-      }
-      // Moving away from home is a round trip: the way back costs about the way there.
-      double margin = s.tuning.hysteresis_frac * exec_cur +
-                      static_cast<double>(s.tuning.hysteresis_ns);
-      if (best != home && best >= 0) {
-        margin += (loc - s.on[best]) * s.ns_per_link_byte[best];
-      }
-      if (best != cur && cur_cost - best_cost > margin) {
-        chosen = best;
-        reason = s.outstanding[best] == 0 ? Reason::kIdleSteal : Reason::kLeastLoaded;
-        break;
-      }
-      chosen = cur;
-      reason = Reason::kAffinity;
-      if (phase == Phase::kDecode && cur != home && s.Healthy(home, now) &&
-          now - s.moved_ns[v] >= s.tuning.min_dwell_ns && s.prefill_outstanding[home] == 0) {
-        const double quiet =
-            s.tuning.quiet_ns > 0 ? static_cast<double>(s.tuning.quiet_ns) : exec_cur;
-        const double home_cost = s.CostOf(home, now, c0, m0, loc);
-        if (s.avail[home] - static_cast<double>(now) <= quiet &&
-            home_cost - cur_cost <= s.tuning.return_max_steps * exec_cur) {
-          chosen = home;
-          reason = Reason::kReturnHome;
-        }
-      }
-      break;
+  Choice choice{given_device, Reason::kAffinity};
+  if (given_device < 0) {
+    const PlaceInput in{v, home, preferred, phase, now, c0, m0, loc};
+    switch (s.policy.kind) {
+      case PolicyKind::kPassthrough: choice = PlacePassthrough(in, s); break;
+      case PolicyKind::kStaticPd: choice = PlaceStaticPd(in, s); break;
+      case PolicyKind::kStaticColocate: choice = PlaceStaticColocate(in, s); break;
+      case PolicyKind::kDynamic: choice = PlaceDynamic(in, s); break;
     }
   }
-
   s.need = 0;
 
   // Commit: the chosen device's queue, the ticket, the counters.
-  const int d = chosen;
+  const int d = choice.device;
+  const Reason reason = choice.reason;
   const int64_t memory_bytes = std::max<int64_t>(0, r.profile->memory_bytes);
   s.mem_pending[d] += memory_bytes;
   if (s.outstanding[d] == 0) s.inflight_since[d] = now;
@@ -814,7 +394,7 @@ Status UnknownTicket(uint64_t ticket) {
 }  // namespace
 
 Status Core::OnStart(uint64_t ticket, int64_t now_ns) {
-  State& s = *s_;
+  CoreState& s = *s_;
   std::lock_guard<std::mutex> lock(s.mu);
   TicketRecord* t = Lookup(s.tickets, ticket);
   if (t == nullptr) return UnknownTicket(ticket);
@@ -833,7 +413,7 @@ Status Core::OnStart(uint64_t ticket, int64_t now_ns) {
 }
 
 Status Core::Cancel(uint64_t ticket) {
-  State& s = *s_;
+  CoreState& s = *s_;
   std::lock_guard<std::mutex> lock(s.mu);
   TicketRecord* t = Lookup(s.tickets, ticket);
   if (t == nullptr) return UnknownTicket(ticket);
@@ -863,7 +443,7 @@ Status Core::Cancel(uint64_t ticket) {
 }
 
 Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
-  State& s = *s_;
+  CoreState& s = *s_;
   std::lock_guard<std::mutex> lock(s.mu);
   TicketRecord* t = Lookup(s.tickets, ticket);
   if (t == nullptr) return UnknownTicket(ticket);
@@ -942,7 +522,7 @@ Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
 }
 
 Status Core::UpdateTelemetry(int device, const DeviceTelemetry& telemetry, int64_t now_ns) {
-  State& s = *s_;
+  CoreState& s = *s_;
   if (device < 0 || device >= s.P) {
     return InvalidArgument("placement: telemetry for physical device " + std::to_string(device) +
                            ", which does not exist (" + std::to_string(s.P) +
@@ -990,46 +570,6 @@ Status Core::ForgetExecutable(uint64_t executable_id) {
                     " has no correction to forget");
   }
   return Status::Ok();
-}
-
-Stats Core::Snapshot(int64_t now_ns) const {
-  const State& s = *s_;
-  std::lock_guard<std::mutex> lock(s_->mu);
-  Stats out;
-  out.policy = s.policy.ToString();
-  out.prefill_pool = s.policy.prefill_pool;
-  out.decode_pool = s.policy.decode_pool;
-  out.now_ns = now_ns;
-  out.elapsed_ns = s.have_created ? std::max<int64_t>(0, now_ns - s.created_ns) : 0;
-  out.decisions = s.decisions;
-  out.policy_switches = s.policy_switches;
-  out.executables = s.exec_factor->size();
-  const double elapsed = static_cast<double>(out.elapsed_ns);
-  out.physical = s.dstats;
-  for (int d = 0; d < s.P; ++d) {
-    DeviceStats& ds = out.physical[d];
-    ds.queue_length = s.outstanding[d];
-    ds.prefill_outstanding = s.prefill_outstanding[d];
-    ds.busy_fraction = elapsed > 0 ? std::min(1.0, ds.busy_ns / elapsed) : 0;
-    ds.predicted_drain_ns =
-        s.outstanding[d] > 0
-            ? std::max<int64_t>(0, static_cast<int64_t>(s.avail[d]) - now_ns)
-            : 0;
-    ds.quarantined = now_ns < s.quarantine_until[d];
-    ds.speed_factor = s.k_dev[d];
-    ds.decode_streams = s.decode_streams[d];
-    ds.decode_weight = s.decode_weight[d];
-    ds.memory_free_bytes =
-        s.mem_free[d] >= 0 ? std::max<int64_t>(0, s.mem_free[d] - s.mem_pending[d]) : -1;
-  }
-  out.virtual_devices = s.vstats;
-  for (int v = 0; v < s.V; ++v) {
-    VirtualStats& vs = out.virtual_devices[v];
-    vs.home = s.home[v];
-    vs.current = s.current[v];
-    vs.busy_fraction = elapsed > 0 ? std::min(1.0, vs.busy_ns / elapsed) : 0;
-  }
-  return out;
 }
 
 }  // namespace flexnpu::placement

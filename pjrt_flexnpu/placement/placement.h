@@ -304,6 +304,8 @@ struct Stats {
   std::string ToJson() const;  // one JSON object, keys as the fields above
 };
 
+struct CoreState;  // Core's state and cost model: core_state.h, private to placement/
+
 class Core {
  public:
   static StatusOr<std::unique_ptr<Core>> Create(const Config& config);
@@ -347,11 +349,10 @@ class Core {
   Stats Snapshot(int64_t now_ns) const;
 
  private:
-  struct State;
-  explicit Core(std::unique_ptr<State> state);
+  explicit Core(std::unique_ptr<CoreState> state);
   // Place (given_device < 0: the policy chooses) and PlaceOn.
   Status PlaceImpl(const Request& request, int given_device, Decision* out);
-  std::unique_ptr<State> s_;
+  std::unique_ptr<CoreState> s_;
 };
 
 }  // namespace flexnpu::placement

@@ -1,8 +1,12 @@
-// Stats::ToJson: the observability counters as one JSON object.
+// The observability counters: Core::Snapshot reads them from the state, Stats::ToJson writes
+// them as one JSON object.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
+#include "pjrt_flexnpu/placement/core_state.h"
 #include "pjrt_flexnpu/placement/placement.h"
 
 namespace flexnpu::placement {
@@ -41,6 +45,46 @@ void Pool(std::string& o, const char* key, const std::vector<int>& pool) {
 }
 
 }  // namespace
+
+Stats Core::Snapshot(int64_t now_ns) const {
+  const CoreState& s = *s_;
+  std::lock_guard<std::mutex> lock(s_->mu);
+  Stats out;
+  out.policy = s.policy.ToString();
+  out.prefill_pool = s.policy.prefill_pool;
+  out.decode_pool = s.policy.decode_pool;
+  out.now_ns = now_ns;
+  out.elapsed_ns = s.have_created ? std::max<int64_t>(0, now_ns - s.created_ns) : 0;
+  out.decisions = s.decisions;
+  out.policy_switches = s.policy_switches;
+  out.executables = s.exec_factor->size();
+  const double elapsed = static_cast<double>(out.elapsed_ns);
+  out.physical = s.dstats;
+  for (int d = 0; d < s.P; ++d) {
+    DeviceStats& ds = out.physical[d];
+    ds.queue_length = s.outstanding[d];
+    ds.prefill_outstanding = s.prefill_outstanding[d];
+    ds.busy_fraction = elapsed > 0 ? std::min(1.0, ds.busy_ns / elapsed) : 0;
+    ds.predicted_drain_ns =
+        s.outstanding[d] > 0
+            ? std::max<int64_t>(0, static_cast<int64_t>(s.avail[d]) - now_ns)
+            : 0;
+    ds.quarantined = now_ns < s.quarantine_until[d];
+    ds.speed_factor = s.k_dev[d];
+    ds.decode_streams = s.decode_streams[d];
+    ds.decode_weight = s.decode_weight[d];
+    ds.memory_free_bytes =
+        s.mem_free[d] >= 0 ? std::max<int64_t>(0, s.mem_free[d] - s.mem_pending[d]) : -1;
+  }
+  out.virtual_devices = s.vstats;
+  for (int v = 0; v < s.V; ++v) {
+    VirtualStats& vs = out.virtual_devices[v];
+    vs.home = s.home[v];
+    vs.current = s.current[v];
+    vs.busy_fraction = elapsed > 0 ? std::min(1.0, vs.busy_ns / elapsed) : 0;
+  }
+  return out;
+}
 
 std::string Stats::ToJson() const {
   std::string o = "{";
