@@ -1,12 +1,9 @@
 #include "pjrt_flexnpu/runtime/executable_serialization.h"
 
-#include <chrono>
 #include <sys/stat.h>
 
 #include <cstdio>
 #include <cstring>
-#include <future>
-#include <mutex>
 #include <utility>
 
 #include "pjrt_flexnpu/backend/compile_options.h"
@@ -256,30 +253,24 @@ std::shared_ptr<const SerializableExecutable> VirtualLoadedExecutable::Serializa
   snapshot->backend = client_->shared_backend();
   snapshot->platform_version = client_->platform_version();
   snapshot->backend_platform = client_->backend_platform();
-  snapshot->program_format = program_format_;
-  snapshot->program_code = program_code_;
+  snapshot->program_format = variants_.program_format();
+  snapshot->program_code = variants_.program_code();
   snapshot->compile_options = original_options_;
   snapshot->profile = profile_;
-  auto add = [&](const std::shared_ptr<Compiled>& compiled) {
+  const std::shared_ptr<const PrebuiltVariants>& prebuilt = variants_.prebuilt();
+  for (const std::shared_ptr<CompiledVariant>& compiled : variants_.Variants()) {
     SerializableExecutable::Variant variant;
     for (int p : compiled->physical) variant.physical_ids.push_back(client_->physical(p).id);
     variant.executable = compiled->executable.get();
     variant.compiled = compiled;
-    if (prebuilt_ != nullptr) {  // a mapping the envelope had was loaded from it, not compiled
-      auto it = prebuilt_->by_mapping.find(variant.physical_ids);
-      if (it != prebuilt_->by_mapping.end()) {
-        variant.source = prebuilt_;
+    if (prebuilt != nullptr) {  // a mapping the envelope had was loaded from it, not compiled
+      auto it = prebuilt->by_mapping.find(variant.physical_ids);
+      if (it != prebuilt->by_mapping.end()) {
+        variant.source = prebuilt;
         variant.loaded_from = &it->second;
       }
     }
     snapshot->variants.push_back(std::move(variant));
-  };
-  if (initial_ != nullptr) add(initial_);
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [mapping, entry] : by_mapping_) {
-    if (entry.compiled.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
-    const CompiledResult& result = entry.compiled.get();
-    if (result.ok() && *result != initial_) add(*result);
   }
   return snapshot;
 }
