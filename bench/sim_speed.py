@@ -21,9 +21,10 @@ the code the aggregate path replaced and must decide exactly like): both runs mu
 same steps, events and makespan, or the bench fails.
 
 --baseline REV runs each measurement in a fresh interpreter, alternating between this tree's
-python/flexnpu and a copy of it in which the files of _BASELINE_FILES (the event loop and the
-scheduler whose speed this is about) are REV's: before / after on the same loaded machine,
-with everything else (cost model, placer, compiled modules) the same on both sides.
+python/flexnpu and a copy of it in which the modules of _BASELINE_MODULES (the event loop and
+the scheduler whose speed this is about; each a file or a package, as REV has it) are REV's:
+before / after on the same loaded machine, with everything else (cost model, placer, compiled
+modules) the same on both sides.
 """
 
 from __future__ import annotations
@@ -132,22 +133,38 @@ _SAME = ("requests", "events", "steps", "placer_calls", "makespan_s", "throughpu
          "tpot_p50_ms", "ttft_p50_s")
 
 
-_BASELINE_FILES = ("python/flexnpu/sim/engine.py", "python/flexnpu/serving/scheduler.py")
+# Module paths without ".py": REV's `X.py` or package `X/` replaces this tree's.
+_BASELINE_MODULES = ("python/flexnpu/sim/engine", "python/flexnpu/serving/scheduler")
+
+
+def _git(*args: str) -> bytes:
+    try:
+        return subprocess.run(["git", "-C", str(_ROOT), *args], check=True,
+                              capture_output=True).stdout
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"--baseline: git {' '.join(args)} failed: "
+                         f"{e.stderr.decode().strip()}") from None
 
 
 def baseline_package(rev: str, into: Path) -> Path:
-    """A copy of this tree's python/flexnpu under `into` with REV's _BASELINE_FILES."""
+    """A copy of this tree's python/flexnpu under `into` with REV's _BASELINE_MODULES."""
     pkg = into / "python"
     shutil.copytree(_ROOT / "python" / "flexnpu", pkg / "flexnpu", symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    for path in _BASELINE_FILES:
-        try:
-            text = subprocess.run(["git", "-C", str(_ROOT), "show", f"{rev}:{path}"],
-                                  check=True, capture_output=True).stdout
-        except subprocess.CalledProcessError as e:
-            raise SystemExit(f"--baseline {rev}: git show {rev}:{path} failed: "
-                             f"{e.stderr.decode().strip()}") from None
-        (into / path).write_bytes(text)
+    for module in _BASELINE_MODULES:
+        paths = (module + ".py", module)
+        files = _git("ls-tree", "-r", "--name-only", rev, "--", *paths).decode().split()
+        if not files:
+            raise SystemExit(f"--baseline {rev}: {rev} has neither {paths[0]} nor {module}/")
+        for path in paths:
+            target = into / path
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        for path in files:
+            (into / path).parent.mkdir(parents=True, exist_ok=True)
+            (into / path).write_bytes(_git("show", f"{rev}:{path}"))
     return pkg
 
 
