@@ -236,7 +236,8 @@ class Scheduler:
 
     def _first_chunk(self, seq: Sequence, budget: int) -> tuple[int, int, int]:
         """(KV positions the first step of a waiting sequence covers, the blocks they take, the
-        free blocks it leaves: the watermark kept for running sequences if it is a new prompt)."""
+        blocks that must stay free besides: the watermark kept for running sequences, if it is
+        a new prompt)."""
         if seq.needs_kv_insert:  # handed-off KV plus the first decode
             upto = seq.num_prompt_tokens + seq._output
             return upto, self._pool.blocks_needed(upto), 0
