@@ -1,6 +1,7 @@
 """The daemon protocol from Python: enough for observers (`flexnpu stats --daemon`) and
 protocol-level tests. Frames, their encoding and the socket I/O are the C++ protocol's
-(pjrt_flexnpu/backend/remote/protocol.h, through flexnpu._native); clients use the C++ side whole."""
+(pjrt_flexnpu/backend/remote/protocol.h, through flexnpu._native); clients use the C++ side
+whole."""
 
 from __future__ import annotations
 

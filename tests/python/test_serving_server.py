@@ -465,7 +465,7 @@ def test_failed_generation_is_500_plain_and_an_error_event_streaming(fake) -> No
 def test_request_timeout_is_504_and_aborts(fake, monkeypatch) -> None:
     _, eng = fake
     eng.mode = "hang"  # the engine never answers: the server's guard (timeout + grace) ends it
-    import flexnpu.serving.server as server_lib
+    import flexnpu.serving.streaming as server_lib
 
     monkeypatch.setattr(server_lib, "TIMEOUT_GRACE_S", 0.2)
     with _http(fake) as h:

@@ -106,7 +106,7 @@ def test_logprob_token_strings_spell_partial_characters_as_bytes(tok) -> None:
     from _serving import require
 
     require("fastapi")
-    from flexnpu.serving.server import _token_str
+    from flexnpu.serving.openai_protocol import token_str as _token_str
 
     assert [_token_str(tok, i) for i in tok.encode("世 hi")] == [
         "bytes:\\xe4\\xb8", "bytes:\\x96", " hi"]

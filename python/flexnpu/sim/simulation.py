@@ -217,7 +217,7 @@ class Router:
         self.changed: list[Instance] = []
         for i, x in enumerate(insts):
             x.pos, x.changed = i, self.changed
-        self.keys = [(x.sched._load_key(), i) for i, x in enumerate(insts)]
+        self.keys = [(x.sched.load_key(), i) for i, x in enumerate(insts)]
         self.heap = sorted(self.keys)
         # Stale entries above the top are dropped only by a rebuild, past this size.
         self.limit = 4 * len(insts) + 16
@@ -231,7 +231,7 @@ class Router:
             push = heapq.heappush
             for x in changed:
                 pos = x.pos
-                k = (x.sched._load_key(), pos)
+                k = (x.sched.load_key(), pos)
                 if k != keys[pos]:
                     keys[pos] = k
                     push(heap, k)
