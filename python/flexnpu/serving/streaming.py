@@ -8,7 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import Request
 
@@ -20,9 +20,7 @@ from flexnpu.serving.openai_protocol import (
     finish_error,
 )
 from flexnpu.serving.output import Delta, TextOutput
-
-if TYPE_CHECKING:
-    from flexnpu.serving.server import ServerState
+from flexnpu.serving.tokenizer import Tokenizer
 
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 TIMEOUT_GRACE_S = 5.0  # past its deadline, a request the engine has not finished is ended here
@@ -33,10 +31,19 @@ def engine_health(engine: Any) -> tuple[bool, str | None]:
     return bool(getattr(engine, "healthy", True)), getattr(engine, "error", None)
 
 
+class RunContext(Protocol):
+    """What a Run needs of the server (serving.server.ServerState has it)."""
+
+    engine: Any
+    tokenizer: Tokenizer
+    eos_ids: tuple[int, ...] | None
+    request_timeout: float | None
+
+
 class Run:
     """The engine requests of one HTTP request (prompts x n), their deltas on one queue."""
 
-    def __init__(self, state: ServerState, choices: list[Choice]) -> None:
+    def __init__(self, state: RunContext, choices: list[Choice]) -> None:
         self.state = state
         self.choices = choices
         self.queue: asyncio.Queue[tuple[int, Delta]] = asyncio.Queue()
