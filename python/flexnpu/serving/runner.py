@@ -83,11 +83,7 @@ class RunnerShapes:
         return self.num_blocks
 
     def chunk_bucket(self, n: int) -> int:
-        for b in self.chunk_buckets:
-            if b >= n:
-                return b
-        raise ValueError(f"a prefill chunk of {n} tokens exceeds the largest chunk bucket "
-                         f"{self.chunk_buckets[-1]}")
+        return _bucket(self.chunk_buckets, n, f"a prefill chunk of {n} tokens", "chunk bucket")
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -97,11 +93,16 @@ class RunnerShapes:
         return next(w for w in self.widths if w >= num_blocks)
 
     def handoff_bucket(self, num_blocks: int) -> int:
-        for b in self.handoff_buckets:
-            if b >= num_blocks:
-                return b
-        raise ValueError(f"a KV handoff of {num_blocks} blocks exceeds the largest bucket "
-                         f"{self.handoff_buckets[-1] if self.handoff_buckets else 0}")
+        return _bucket(self.handoff_buckets, num_blocks, f"a KV handoff of {num_blocks} blocks",
+                       "bucket")
+
+
+def _bucket(buckets: tuple[int, ...], n: int, what: str, kind: str) -> int:
+    """The smallest of the ascending `buckets` that holds `n`."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{what} exceeds the largest {kind} {buckets[-1] if buckets else 0}")
 
 
 @dataclass
