@@ -6,8 +6,15 @@ with `data: [DONE]` (`stream_options.include_usage`), logprobs in OpenAI's forma
 Every error is OpenAI-shaped, `{"error": {"message", "type", "param", "code"}}`, whatever the
 status: 400 bad request (including prompt + max_tokens beyond max_model_len and fields that
 would change the result but are not supported), 404, 405, 422, 500, 503 (queue full, engine
-failed), 504 (the per-request timeout). Unknown fields that do not change results are ignored,
-like vLLM. A client that disconnects, streaming or not, has its request aborted at once.
+failed, server shutting down), 504 (the per-request timeout). Unknown fields that do not change
+results are ignored, like vLLM. A client that disconnects, streaming or not, has its request
+aborted at once.
+
+Shutting down (serving.shutdown closes the InFlight): /health and new requests get a 503; the
+requests in flight run on until the grace period ends and are then aborted: a stream ends with
+a chunk whose finish_reason is "abort" (vLLM's spelling) and `data: [DONE]`, a plain request
+gets a 503 saying the server shut down before it finished (not a partial result: a client that
+does not read finish_reason would take a 200 for the whole answer).
 
 This module is the app (routes, error handlers, the life of a request); the wire format is in
 openai_protocol, the engine side and SSE in streaming.
@@ -18,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +50,47 @@ from flexnpu.serving.streaming import Run, engine_health, sse_events
 from flexnpu.serving.tokenizer import Tokenizer
 
 
+class InFlight:
+    """The requests in flight (their Runs) and whether new ones are still admitted: the
+    shutdown closes it, then aborts what is still running when its grace period ends."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.grace_s = 0.0
+        self._runs: weakref.WeakSet[Run] = weakref.WeakSet()  # a finished Run drops out
+
+    def start(self, run: Run) -> None:
+        """Starts the run, or refuses it (503) once the server is shutting down."""
+        if self.closed:
+            raise APIError("The server is shutting down and takes no new requests", 503)
+        run.start()
+        self._runs.add(run)
+
+    def close(self, grace_s: float) -> int:
+        """Admits no more requests; returns how many are still running."""
+        self.closed, self.grace_s = True, grace_s
+        return self.count()
+
+    def count(self) -> int:
+        return sum(1 for run in list(self._runs) if run.pending())
+
+    def abort_all(self) -> int:
+        """Aborts every request still running (through the engine: its KV blocks are
+        freed); returns how many there were."""
+        running = [run for run in list(self._runs) if run.pending()]
+        for run in running:
+            run.abort()
+        return len(running)
+
+    def cut_short(self) -> APIError:
+        """The error of a plain request the shutdown aborted."""
+        return APIError(
+            "The server shut down before the request finished (its shutdown grace period "
+            f"of {self.grace_s:g}s ended)",
+            503,
+        )
+
+
 @dataclass
 class ServerState:
     engine: Any
@@ -51,6 +100,7 @@ class ServerState:
     metrics: Any = None
     eos_ids: tuple[int, ...] | None = None  # None: engine.eos_ids, else the tokenizer's
     request_timeout: float | None = None  # seconds per request; None: the engine's (if any)
+    in_flight: InFlight = field(default_factory=InFlight)
     _template: ChatTemplate = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -136,6 +186,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        if state.in_flight.closed:
+            return APIError("The server is shutting down", 503).response()
         ok, why = engine_health(eng)
         if not ok:
             return APIError(f"The engine has failed: {why}", 503).response()
@@ -270,13 +322,15 @@ async def _serve(
     k = choices[0].sampling.logprobs if hasattr(choices[0].sampling, "logprobs") else None
     fmt = ResponseFormat(state.tokenizer, state.model_name, chat, k)
     run = Run(state, choices)
-    run.start()
+    state.in_flight.start(run)
     if stream:
         return StreamingResponse(
             sse_events(run, request, fmt, include_usage), media_type="text/event-stream"
         )
     async for _ in run.deltas(request):
         pass
+    if state.in_flight.closed and any(c.finish == "abort" for c in choices):
+        raise state.in_flight.cut_short()
     for c in choices:
         if (err := finish_error(c, state.request_timeout)) is not None:
             raise err

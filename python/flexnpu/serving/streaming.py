@@ -1,6 +1,7 @@
 """A request's generation as it happens: its engine requests' deltas brought onto the event
 loop (Run: the client's disconnect or the request timeout aborts them), and, for stream=true,
-the SSE events built from them, ending with `data: [DONE]`."""
+the SSE events built from them, ending with `data: [DONE]` (a choice aborted while its client
+is still there, by the server's shutdown, ends with finish_reason "abort")."""
 
 from __future__ import annotations
 
@@ -166,8 +167,6 @@ async def sse_events(
                 err = finish_error(c, timeout) if fin else None
                 if err is not None:
                     yield sse(err.body())
-                    continue
-                if fin == "abort":
                     continue
                 if not text and fin is None and not lps:
                     continue
