@@ -141,9 +141,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="JAX's persistent compilation cache in DIR (every program is cached): "
         "a restart loads the step programs instead of compiling them",
     )
+    p.add_argument(
+        "--shutdown-grace-s",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="on Ctrl-C or SIGTERM, requests in flight get S seconds to finish, then are "
+        "aborted (streams end with finish_reason 'abort', plain requests get a 503) and the "
+        "server exits 0; 0: abort at once; a second Ctrl-C exits at once (default 10)",
+    )
     p.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn) log level")
     logs.add_argument(p)
     return p
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return value
 
 
 def engine_config(args: argparse.Namespace, num_devices: int, exported: dict | None = None):
@@ -255,14 +271,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"compiled in {time.perf_counter() - t0:.1f}s", flush=True)
     engine.start()
 
-    import uvicorn
-
     from flexnpu.serving.server import ServerState, create_app
+    from flexnpu.serving.shutdown import serve
 
-    app = create_app(ServerState(engine, tok, name, metrics=metrics))  # the model's template
+    state = ServerState(engine, tok, name, metrics=metrics)  # the model's template
+    app = create_app(state)
     print(f"serving {name} on http://{args.host}:{args.port}/v1", flush=True)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        serve(
+            app,
+            state.in_flight,
+            args.shutdown_grace_s,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+        )
     finally:
         engine.stop()
     return 0
