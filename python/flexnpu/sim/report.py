@@ -95,7 +95,8 @@ def figures(doc: dict[str, Any]) -> dict[str, Any]:
         ax.set_xlabel(label)
         ax.set_ylabel("CDF")
         ax.set_xscale("log")
-        ax.legend()
+        if samples:
+            ax.legend()
         ax.grid(alpha=0.3)
         made[f"{key}_cdf.png"] = fig
     curves = {n: m["goodput_curve"] for n, m in doc["policies"].items() if "goodput_curve" in m}
