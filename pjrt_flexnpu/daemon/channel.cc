@@ -10,6 +10,7 @@
 #include <cstdlib>
 
 #include "pjrt_flexnpu/backend/remote/protocol.h"
+#include "pjrt_flexnpu/base/thread_name.h"
 
 namespace flexnpu::daemon {
 namespace {
@@ -72,7 +73,12 @@ void Channel::Send(const Frame& frame) {
   }
   queued_bytes += data.size() - sent;
   queue.push_back(sent == 0 ? std::move(data) : data.substr(sent));
-  if (!writer.joinable()) writer = std::thread([this] { WriteLoop(); });
+  if (!writer.joinable()) {
+    writer = std::thread([this] {
+      NameThisThread("flexnpu-dmn-wr");
+      WriteLoop();
+    });
+  }
   write_cv.notify_one();
 }
 

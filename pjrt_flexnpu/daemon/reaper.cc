@@ -1,10 +1,15 @@
 #include "pjrt_flexnpu/daemon/reaper.h"
 
+#include "pjrt_flexnpu/base/thread_name.h"
+
 namespace flexnpu::daemon {
 
 void Reaper::Start(const PhysicalBackend* backend) {
   backend_ = backend;
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    NameThisThread("flexnpu-dmn-rea");
+    Run();
+  });
 }
 
 void Reaper::Destroy(PJRT_Buffer* buffer) {

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "pjrt_flexnpu/base/json.h"
+#include "pjrt_flexnpu/base/thread_name.h"
 #include "pjrt_flexnpu/daemon/dispatch.h"
 
 namespace flexnpu::daemon {
@@ -99,7 +100,10 @@ Status ServerImpl::Init() {
   FLEXNPU_RETURN_IF_ERROR(dispatcher_.Open());
   FLEXNPU_RETURN_IF_ERROR(CheckTenantDevices(config_.tenants, dispatcher_.physical().devices));
   FLEXNPU_ASSIGN_OR_RETURN(listen_fd_, Listen(config_.socket_path));
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  accept_thread_ = std::thread([this] {
+    NameThisThread("flexnpu-dmn-acc");
+    AcceptLoop();
+  });
   Log(config_, "serving " + config_.socket_path + " over " + dispatcher_.physical().platform_name +
                    " (" + config_.backend_path + ", " +
                    std::to_string(dispatcher_.physical().devices.size()) + " devices, protocol " +
@@ -122,7 +126,10 @@ void ServerImpl::AcceptLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       sessions_[session->id] = session;
     }
-    session->thread = std::thread([this, session] { dispatcher_.Serve(*session); });
+    session->thread = std::thread([this, session] {
+      NameThisThread("flexnpu-dmn-ses");
+      dispatcher_.Serve(*session);
+    });
   }
 }
 

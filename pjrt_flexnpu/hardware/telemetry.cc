@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "pjrt_flexnpu/base/thread_name.h"
 #include "pjrt_flexnpu/hardware/hardware.h"
 
 namespace flexnpu::hardware {
@@ -171,7 +172,10 @@ StatusOr<std::unique_ptr<TelemetrySampler>> TelemetrySampler::Start(
   }
   std::unique_ptr<TelemetrySampler> sampler(
       new TelemetrySampler(std::move(source), period, std::move(callback)));
-  sampler->thread_ = std::thread([s = sampler.get()] { s->Loop(); });
+  sampler->thread_ = std::thread([s = sampler.get()] {
+    NameThisThread("flexnpu-telem");
+    s->Loop();
+  });
   sampler->RefreshNow();  // the first round, before anyone reads
   return sampler;
 }

@@ -99,6 +99,13 @@ std::string Trace::ChromeJson(int num_physical, const std::string& title) const 
     comma();
     out << "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" << p
         << ",\"args\":{\"sort_index\":" << p << "}}";
+    // A device's two tracks: tid 0 its executions, tid 1 the migrations out of and into it.
+    const char* const tracks[] = {"executions", "migrations"};
+    for (int tid = 0; tid < 2; ++tid) {
+      comma();
+      out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << p << ",\"tid\":" << tid
+          << ",\"args\":{\"name\":\"" << tracks[tid] << "\"}}";
+    }
   }
   uint64_t flow_id = 0;
   for (const auto& e : events_) {

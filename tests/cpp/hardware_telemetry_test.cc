@@ -1,10 +1,12 @@
 // Source selection (auto / explicit / none), the preset table, option parsing and the
 // background sampler, against the fake libraries.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "pjrt_flexnpu/hardware/hardware.h"
@@ -198,6 +200,24 @@ TEST(SamplerTest, SamplesPeriodicallyWithoutBeingAsked) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_GE((*sampler)->rounds(), 3u);
+}
+
+TEST(SamplerTest, ItsThreadIsNamed) {
+  ScriptedHardware hw(kTwoNpus, "");
+  auto source = OpenAscendCl(FakeOptions());
+  ASSERT_TRUE(source.ok());
+  std::mutex mu;
+  std::string name;
+  auto sampler = TelemetrySampler::Start(std::move(*source), std::chrono::milliseconds(1000),
+                                         [&](const std::vector<Sample>&) {
+                                           char buf[16] = {};
+                                           pthread_getname_np(pthread_self(), buf, sizeof buf);
+                                           std::lock_guard<std::mutex> lock(mu);
+                                           name = buf;
+                                         });
+  ASSERT_TRUE(sampler.ok());  // the first round ran on the sampler thread before Start returned
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(name, "flexnpu-telem");
 }
 
 }  // namespace

@@ -70,5 +70,16 @@ TEST(TraceTest, EventsFromBeforeStartAreNotRecorded) {
   EXPECT_EQ(Count(trace.ChromeJson(1, "t"), "\"cat\":\"decode\""), 1u);
 }
 
+TEST(TraceTest, EveryDeviceNamesItsExecutionAndMigrationTracks) {
+  Trace trace;
+  trace.Start();
+  const std::string json = trace.ChromeJson(2, "t");
+  EXPECT_EQ(Count(json, "\"name\":\"thread_name\""), 4u) << json;
+  const std::string executions = R"("pid":1,"tid":0,"args":{"name":"executions"})";
+  const std::string migrations = R"("pid":1,"tid":1,"args":{"name":"migrations"})";
+  EXPECT_NE(json.find(executions), std::string::npos) << json;
+  EXPECT_NE(json.find(migrations), std::string::npos) << json;
+}
+
 }  // namespace
 }  // namespace flexnpu

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <thread>
 
+#include "pjrt_flexnpu/base/thread_name.h"
+
 namespace flexnpu::remote {
 namespace {
 
@@ -276,7 +278,10 @@ void Connection::SpawnReaderLocked() {
   ++idle_readers_;  // counted before it runs, so no second one is spawned for the same need
   // The reader keeps the connection alive until the socket closes (Close, or the daemon):
   // callbacks run on it, and one may drop the last other reference.
-  std::thread([self = shared_from_this()] { self->ReadLoop(); }).detach();
+  std::thread([self = shared_from_this()] {
+    NameThisThread("flexnpu-rmt-rd");
+    self->ReadLoop();
+  }).detach();
 }
 
 void Connection::ReadLoop() {
@@ -358,6 +363,7 @@ void StartWatchdog(std::weak_ptr<Connection> connection) {
   if (w->running) return;
   w->running = true;
   std::thread([w] {
+    NameThisThread("flexnpu-rmt-wd");
     std::unique_lock<std::mutex> lock(w->mu);
     while (!w->connections.empty()) {
       w->idle = true;

@@ -1,11 +1,14 @@
-"""`flexnpu devices [--json] [--source S] [--no-client]`: the physical accelerators as npu-smi /
-nvidia-smi show them, one row each: index, source, name, roofline preset, memory total/free,
-utilisation and the PJRT device FlexNPU bound to it.
+"""`flexnpu devices [--json] [--source S] [--no-client]`: the physical devices FlexNPU runs on, one
+row each: index, source, name, roofline preset, memory total/free, utilisation and the PJRT
+device FlexNPU bound to it; then the virtual devices over them.
 
 By default the FlexNPU client is created (JAX_PLATFORMS=flexnpu) so that the rows are what the
-placer sees, bindings included; `--no-client` only asks AscendCL / NVML (pjrt_device is null).
-JSON: a list of objects with keys index, source, name, preset, memory_total_bytes,
-memory_free_bytes, utilization {compute, memory} (percent, null where unsupported), pjrt_device.
+placer sees: the accelerators npu-smi / nvidia-smi show (AscendCL, NVML telemetry) with their
+bindings, and every physical device of the backend no telemetry row binds (the CPU plugin's
+devices, for one: source "pjrt", name "cpu:N"). `--no-client` only asks AscendCL / NVML
+(pjrt_device is null). JSON: a list of objects with keys index, source, name, preset,
+memory_total_bytes, memory_free_bytes, utilization {compute, memory} (percent, null where
+unsupported), pjrt_device.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 JSON_KEYS = (
@@ -60,8 +64,30 @@ def _row(device: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _from_client(source: str | None) -> tuple[list[dict[str, Any]], str] | None:
-    """The client's telemetry (rows, note), or None when this plugin build reports none."""
+@dataclass
+class _Listing:
+    rows: list[dict[str, Any]]
+    note: str = ""  # why telemetry found no accelerator, or its error
+    backend: str = ""  # the client's backend, policy and device counts (table only)
+    virtual: str = ""  # the virtual devices over the physical ones (table only)
+
+
+def _backend_row(index: int, platform: str, preset: str | None) -> dict[str, Any]:
+    return {
+        "index": index,
+        "source": "pjrt",
+        "name": f"{platform}:{index}",
+        "preset": preset,
+        "memory_total_bytes": None,
+        "memory_free_bytes": None,
+        "utilization": {"compute": None, "memory": None},
+        "pjrt_device": index,
+    }
+
+
+def _from_client(source: str | None) -> _Listing:
+    """What the FlexNPU client has: telemetry's accelerators, the backend's other physical
+    devices, the virtual devices over them."""
     os.environ["JAX_PLATFORMS"] = "flexnpu"
     if source:
         os.environ["FLEXNPU_TELEMETRY"] = source
@@ -69,30 +95,39 @@ def _from_client(source: str | None) -> tuple[list[dict[str, Any]], str] | None:
 
     from flexnpu import stats
 
-    jax.devices()
-    for client in stats.clients():
-        telemetry = client.get("telemetry")
-        if telemetry is None:
-            continue
-        note = telemetry.get("fallback") or telemetry.get("error") or ""
-        return [_row(d) for d in telemetry.get("devices", [])], note
-    return None
+    devices = jax.devices()
+    client = stats.clients()[0]
+    telemetry = client.get("telemetry") or {}
+    rows = [_row(d) for d in telemetry.get("devices", [])]
+    bound = {r["pjrt_device"] for r in rows}
+    platform = str(devices[0].physical_platform)
+    num_physical = client["num_physical_devices"]
+    rows += [
+        _backend_row(p, platform, client.get("roofline"))
+        for p in range(num_physical)
+        if p not in bound
+    ]
+    virtual = client["virtual_devices"]
+    return _Listing(
+        rows,
+        note=telemetry.get("fallback") or telemetry.get("error") or "",
+        backend=f"{client['platform_version']}: {num_physical} physical devices, "
+        f"{len(virtual)} virtual, policy {client['policy']}",
+        virtual="virtual devices: "
+        + ", ".join(f"flexnpu:{v['id']} over {platform}:{v['home_physical']}" for v in virtual),
+    )
 
 
-def _from_libraries(source: str | None) -> tuple[list[dict[str, Any]], str]:
+def _from_libraries(source: str | None) -> _Listing:
     from dataclasses import asdict
 
     from flexnpu import hardware
 
     opened = hardware.open_source(source)
     if opened is None:
-        return [], hardware.last_fallback
+        return _Listing([], hardware.last_fallback)
     with opened:
-        rows = []
-        for d in opened.devices():
-            row = _row(asdict(d))
-            rows.append(row)
-        return rows, opened.fallback
+        return _Listing([_row(asdict(d)) for d in opened.devices()], opened.fallback)
 
 
 def _gib(value: int | None) -> str:
@@ -123,18 +158,15 @@ def run(args: argparse.Namespace) -> int:
     from flexnpu.hardware import HardwareError
 
     try:
-        found = None if args.no_client else _from_client(args.source)
-        rows, note = found if found is not None else _from_libraries(args.source)
+        found = _from_libraries(args.source) if args.no_client else _from_client(args.source)
     except (HardwareError, ValueError) as e:
         print(f"flexnpu devices: {e}", file=sys.stderr)
         return 1
-    except RuntimeError as e:  # the client refused to start (an explicit source failed)
-        print(f"flexnpu devices: {e}", file=sys.stderr)
-        return 1
+    rows, note = found.rows, found.note
     if args.json:
         print(json.dumps(rows, indent=2))
     elif rows:
-        print(_table(rows))
+        print("\n".join(x for x in (found.backend, _table(rows), found.virtual) if x))
     else:
         print("no physical devices through AscendCL or NVML" + (f" ({note})" if note else ""))
     if note and rows and not args.json:

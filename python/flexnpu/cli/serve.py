@@ -1,14 +1,18 @@
 """`python examples/serve.py` / `python -m flexnpu serve`: load a model, build the engine
 over all of `jax.devices()` (co-located, or split into prefill and decode devices), compile every
-step shape (progress bar) and serve the OpenAI-compatible API."""
+step shape (progress bar) and serve the OpenAI-compatible API. The listening socket is bound
+first, so a busy port fails at once, and serving takes that very socket."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 import time
 from typing import Any
 
+from flexnpu.cli.errors import CliError, run_subcommand
 from flexnpu.serving import logs
 from flexnpu.serving.gguf_loader import DEFAULT_MODEL
 
@@ -37,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--seed", type=int, default=0, help="weights of random:<preset> models")
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="the flexnpu backend's placement policy, FLEXNPU_POLICY syntax: passthrough, "
+        "static-pd[:prefill=0,1|decode=2,3], static-colocate or dynamic (default: "
+        "FLEXNPU_POLICY, else passthrough); implies JAX_PLATFORMS=flexnpu when that is unset",
+    )
     e = p.add_argument_group("engine")
     e.add_argument(
         "--max-model-len",
@@ -173,7 +184,7 @@ def engine_config(args: argparse.Namespace, num_devices: int, exported: dict | N
     if exported is not None:
         clash = {k: v for k, v in shapes.items() if exported.get(k) != v}
         if clash:
-            raise SystemExit(
+            raise CliError(
                 f"--from-export: {', '.join(_SHAPE_FLAGS[k] for k in clash)} "
                 f"differ from the export's shapes {exported}; drop them"
             )
@@ -194,7 +205,7 @@ def engine_config(args: argparse.Namespace, num_devices: int, exported: dict | N
     try:
         ec.validate()
     except ValueError as e:
-        raise SystemExit(f"bad engine options: {e}") from e
+        raise CliError(f"bad engine options: {e}") from e
     return ec
 
 
@@ -210,12 +221,50 @@ def add_parser(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    return run_subcommand("serve", lambda: run(args))
+
+
+def bind_listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (listening starts when serving does), or CliError naming the
+    address: a busy port is reported before minutes of loading and compiling, and nothing
+    else can take the port in between."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is ok
+        sock.bind((host, port))
+    except (OSError, OverflowError) as e:  # OverflowError: a port outside 0-65535
+        sock.close()
+        reason = (e.strerror if isinstance(e, OSError) else None) or str(e)
+        raise CliError(f"cannot listen on {address}: {reason[:1].lower() + reason[1:]}") from e
+    return sock
+
+
+def _select_policy(policy: str | None) -> None:
+    """--policy: the create option the flexnpu backend reads when JAX creates it."""
+    if policy is None:
+        return
+    os.environ["FLEXNPU_POLICY"] = policy
+    import jax
+
+    if not jax.config.jax_platforms:
+        jax.config.update("jax_platforms", "flexnpu")
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the server from parsed options (`python -m flexnpu serve` parses them itself)."""
+    sock = None if args.export else bind_listening_socket(args.host, args.port)
+    try:
+        return _load_and_serve(args, sock)
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int:
     logs.set_backend_log_level(args.backend_log_level)  # before JAX loads the backend
+    _select_policy(args.policy)
     import jax
 
     from flexnpu.serving.engine import Engine
@@ -225,6 +274,11 @@ def run(args: argparse.Namespace) -> int:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 
     devices = jax.devices()
+    if args.policy is not None and devices[0].platform != "flexnpu":
+        raise CliError(
+            f"--policy {args.policy}: JAX's platform is {devices[0].platform}, not flexnpu "
+            f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')})"
+        )
     print(f"JAX platform {devices[0].platform}: {len(devices)} devices", flush=True)
     if args.from_export:
         from flexnpu.serving import export
@@ -276,14 +330,19 @@ def run(args: argparse.Namespace) -> int:
 
     state = ServerState(engine, tok, name, metrics=metrics)  # the model's template
     app = create_app(state)
-    print(f"serving {name} on http://{args.host}:{args.port}/v1", flush=True)
+    assert sock is not None  # bound unless exporting
+    host, port = args.host, sock.getsockname()[1]  # --port 0: the port the system chose
+
+    def listening() -> None:
+        print(f"serving {name} on http://{host}:{port}/v1", flush=True)
+
     try:
         serve(
             app,
             state.in_flight,
             args.shutdown_grace_s,
-            host=args.host,
-            port=args.port,
+            sockets=[sock],
+            on_listening=listening,
             log_level=args.log_level,
         )
     finally:

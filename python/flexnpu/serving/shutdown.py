@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -42,10 +42,22 @@ class DrainingServer(uvicorn.Server):
     it takes, cancels tasks on the second Ctrl-C (tracebacks from the app) and re-raises the
     signal once it is done (KeyboardInterrupt)."""
 
-    def __init__(self, config: uvicorn.Config, in_flight: InFlight, grace_s: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        in_flight: InFlight,
+        grace_s: float,
+        on_listening: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.in_flight = in_flight
         self.grace_s = grace_s
+        self.on_listening = on_listening
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.on_listening is not None:
+            self.on_listening()  # only once it really listens
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -91,11 +103,17 @@ def serve(
     in_flight: InFlight,
     grace_s: float,
     sockets: list[socket.socket] | None = None,
+    on_listening: Callable[[], None] | None = None,
     **config: Any,
 ) -> None:
-    """Serves `app` (config: uvicorn.Config's keywords, e.g. host, port, log_level) until a
-    signal, then drains as the module says; returns once the server has stopped."""
+    """Serves `app` (on `sockets`, bound by the caller, or config: uvicorn.Config's keywords,
+    e.g. host, port, log_level) until a signal, then drains as the module says; returns once
+    the server has stopped. `on_listening` runs once it listens. A server that could not start
+    exits 3, as uvicorn.run does (its lifespan logged why)."""
     if not 0 <= grace_s < float("inf"):
         raise ValueError(f"shutdown grace period: seconds >= 0, got {grace_s}")
     cfg = uvicorn.Config(app, timeout_graceful_shutdown=int(grace_s + ABORT_SETTLE_S), **config)
-    DrainingServer(cfg, in_flight, grace_s).run(sockets=sockets)
+    server = DrainingServer(cfg, in_flight, grace_s, on_listening)
+    server.run(sockets=sockets)
+    if not server.started:
+        raise SystemExit(3)

@@ -10,13 +10,29 @@ def _gb(x: float) -> str:
     return f"{x / 1e9:.1f}"
 
 
-def markdown_table(doc: dict[str, Any]) -> str:
-    c = doc["config"]
-    head = (
+def settings(config: dict[str, Any]) -> str:
+    """The run's cluster, model and workload in one line (the table's head, the plots' title)."""
+    c = config
+    return (
         f"{c['devices']} x {c['device']} ({c['units']} units of {c['parallel']}), "
         f"{c['model']}, workload {c['workload']} at {c['rate']:g} req/s for "
-        f"{c['duration']:g} s, {c['seeds']} seeds (mean ± 95% CI)"
+        f"{c['duration']:g} s"
     )
+
+
+def _seeds(config: dict[str, Any]) -> str:
+    first, n = config["seed"], config["seeds"]
+    return f"seed {first}" if n == 1 else f"seeds {first}-{first + n - 1}"
+
+
+def plot_title(config: dict[str, Any]) -> str:
+    """Two lines over every plot: the settings, then the policies and seeds compared."""
+    return f"{settings(config)}\n{', '.join(config['policies'])}; {_seeds(config)}"
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    c = doc["config"]
+    head = f"{settings(c)}, {c['seeds']} seeds (mean ± 95% CI)"
     rows = [
         "| policy | tok/s | tok/s/dev | goodput req/s | TTFT p50 s | TTFT p99 s | TPOT p50 ms "
         "| TPOT p99 ms | finished | dropped | KV moved GB | util |",
@@ -46,18 +62,32 @@ def markdown_table(doc: dict[str, Any]) -> str:
 
 def plots(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
     """ttft_cdf.png, tpot_cdf.png, goodput_vs_rate.png (with --goodput-search), timeline.png."""
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, fig in figures(doc).items():
+        p = out / name
+        fig.savefig(p, dpi=120)
+        plt.close(fig)
+        written.append(p)
+    return written
+
+
+def figures(doc: dict[str, Any]) -> dict[str, Any]:
+    """The plots as matplotlib figures by file name, each titled with the run's settings."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
+    title = plot_title(doc["config"])
+    made: dict[str, Any] = {}
     samples = doc.get("_samples", {})
     for key, label, scale in (("ttft", "TTFT (s)", 1.0), ("tpot", "TPOT (ms)", 1e3)):
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(6, 4.4))
         for name, s in samples.items():
             xs = np.sort(np.array(s[key]) * scale)
             if len(xs):
@@ -65,16 +95,13 @@ def plots(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
         ax.set_xlabel(label)
         ax.set_ylabel("CDF")
         ax.set_xscale("log")
-        ax.legend()
+        if samples:
+            ax.legend()
         ax.grid(alpha=0.3)
-        p = out / f"{key}_cdf.png"
-        fig.tight_layout()
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        written.append(p)
+        made[f"{key}_cdf.png"] = fig
     curves = {n: m["goodput_curve"] for n, m in doc["policies"].items() if "goodput_curve" in m}
     if curves:
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(6, 4.4))
         for name, c in curves.items():
             ax.plot([x["rate"] for x in c], [x["attainment"] for x in c], marker="o", label=name)
         ax.axhline(0.9, color="gray", ls="--", lw=1)
@@ -82,15 +109,11 @@ def plots(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
         ax.set_ylabel("SLO attainment")
         ax.legend()
         ax.grid(alpha=0.3)
-        p = out / "goodput_vs_rate.png"
-        fig.tight_layout()
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        written.append(p)
+        made["goodput_vs_rate.png"] = fig
     timelines = {n: m["timeline"] for n, m in doc["policies"].items() if m.get("timeline")}
     if timelines:
         fig, axes = plt.subplots(
-            len(timelines), 1, figsize=(9, 2.2 * len(timelines)), squeeze=False
+            len(timelines), 1, figsize=(9, 0.5 + 2.2 * len(timelines)), squeeze=False
         )
         colors = {"prefill": "tab:red", "decode": "tab:blue", "small": "tab:gray"}
         for ax, (name, tl) in zip(axes[:, 0], timelines.items(), strict=True):
@@ -103,9 +126,8 @@ def plots(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:
             ax.set_ylabel("unit")
             ax.set_yticks(range(len(units)), [str(u) for u in units], fontsize=6)
         axes[-1, 0].set_xlabel("simulated time (s)")
-        p = out / "timeline.png"
+        made["timeline.png"] = fig
+    for fig in made.values():
+        fig.suptitle(title, fontsize=8)
         fig.tight_layout()
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        written.append(p)
-    return written
+    return made
