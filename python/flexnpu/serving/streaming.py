@@ -139,11 +139,8 @@ class Run:
 _SPLITLINES_SAFE = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
-def _sse(d: dict) -> str:
-    return f"data: {json.dumps(d, ensure_ascii=False).translate(_SPLITLINES_SAFE)}\n\n"
-
-
 def sse(d: dict) -> str:
+    """One SSE event carrying `d` as JSON, on one line."""
     return f"data: {json.dumps(d, ensure_ascii=False).translate(_SPLITLINES_SAFE)}\n\n"
 
 
