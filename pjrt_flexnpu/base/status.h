@@ -79,6 +79,12 @@ FLEXNPU_COLD inline Status Internal(std::string m) { return Status(Code::kIntern
 FLEXNPU_COLD inline Status FailedPrecondition(std::string m) {
   return Status(Code::kFailedPrecondition, std::move(m));
 }
+FLEXNPU_COLD inline Status ResourceExhausted(std::string m) {
+  return Status(Code::kResourceExhausted, std::move(m));
+}
+FLEXNPU_COLD inline Status PermissionDenied(std::string m) {
+  return Status(Code::kPermissionDenied, std::move(m));
+}
 
 template <typename T>
 class [[nodiscard]] StatusOr {

@@ -17,13 +17,6 @@
 
 namespace flexnpu::daemon {
 
-FLEXNPU_COLD inline Status ResourceExhausted(std::string m) {
-  return Status(Code::kResourceExhausted, std::move(m));
-}
-FLEXNPU_COLD inline Status PermissionDenied(std::string m) {
-  return Status(Code::kPermissionDenied, std::move(m));
-}
-
 struct TenantState {
   TenantConfig config;
   int64_t bytes_in_use = 0;  // guarded by Tenants' lock
