@@ -85,15 +85,10 @@ StatusOr<int64_t> AddMemory(PJRT_Memory* handle, PhysicalClient& p) {
   mid.struct_size = PJRT_Memory_Id_Args_STRUCT_SIZE;
   mid.memory = memory.handle;
   memory.id = FLEXNPU_INNER_CALL(b, PJRT_Memory_Id, &mid).ok() ? mid.id : 0;
-  PJRT_Memory_Kind_Args mk{};
-  mk.struct_size = PJRT_Memory_Kind_Args_STRUCT_SIZE;
-  mk.memory = memory.handle;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Memory_Kind, &mk));
-  memory.kind.assign(mk.kind, mk.kind_size);
-  PJRT_Memory_Kind_Id_Args mki{};
-  mki.struct_size = PJRT_Memory_Kind_Id_Args_STRUCT_SIZE;
-  mki.memory = memory.handle;
-  memory.kind_id = FLEXNPU_INNER_CALL(b, PJRT_Memory_Kind_Id, &mki).ok() ? mki.kind_id : 0;
+  FLEXNPU_ASSIGN_OR_RETURN(const std::string_view kind, b.MemoryKind(memory.handle));
+  memory.kind.assign(kind);
+  const StatusOr<int> kind_id = b.MemoryKindId(memory.handle);
+  memory.kind_id = kind_id.ok() ? *kind_id : 0;
   index = static_cast<int64_t>(p.memories.size());
   p.memories.push_back(std::move(memory));
   return index;
@@ -104,49 +99,28 @@ StatusOr<Device> DescribeDevice(PJRT_Device* handle, PhysicalClient& p) {
   const PhysicalBackend& b = *p.backend;
   Device d;
   d.handle = handle;
-  PJRT_Device_GetDescription_Args desc{};
-  desc.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
-  desc.device = d.handle;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Device_GetDescription, &desc));
-  PJRT_DeviceDescription_Id_Args id{};
-  id.struct_size = PJRT_DeviceDescription_Id_Args_STRUCT_SIZE;
-  id.device_description = desc.device_description;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_DeviceDescription_Id, &id));
-  d.id = id.id;
-  PJRT_DeviceDescription_Kind_Args kind{};
-  kind.struct_size = PJRT_DeviceDescription_Kind_Args_STRUCT_SIZE;
-  kind.device_description = desc.device_description;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_DeviceDescription_Kind, &kind));
-  d.kind.assign(kind.device_kind, kind.device_kind_size);
-  PJRT_Device_LocalHardwareId_Args hw{};
-  hw.struct_size = PJRT_Device_LocalHardwareId_Args_STRUCT_SIZE;
-  hw.device = d.handle;
-  d.local_hardware_id =
-      FLEXNPU_INNER_CALL(b, PJRT_Device_LocalHardwareId, &hw).ok() ? hw.local_hardware_id : d.id;
-  PJRT_Device_AddressableMemories_Args mems{};
-  mems.struct_size = PJRT_Device_AddressableMemories_Args_STRUCT_SIZE;
-  mems.device = d.handle;
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(b, PJRT_Device_AddressableMemories, &mems));
-  for (size_t m = 0; m < mems.num_memories; ++m) {
-    FLEXNPU_ASSIGN_OR_RETURN(const int64_t index, AddMemory(mems.memories[m], p));
+  FLEXNPU_ASSIGN_OR_RETURN(PJRT_DeviceDescription* const description, b.Description(handle));
+  FLEXNPU_ASSIGN_OR_RETURN(d.id, b.DescriptionId(description));
+  FLEXNPU_ASSIGN_OR_RETURN(const std::string_view kind, b.DescriptionKind(description));
+  d.kind.assign(kind);
+  const StatusOr<int> hardware_id = b.LocalHardwareId(handle);
+  d.local_hardware_id = hardware_id.ok() ? *hardware_id : d.id;
+  FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Memory*> mems, b.AddressableMemories(handle));
+  for (PJRT_Memory* memory : mems) {
+    FLEXNPU_ASSIGN_OR_RETURN(const int64_t index, AddMemory(memory, p));
     d.memories.push_back(index);
   }
-  PJRT_Device_DefaultMemory_Args dm{};
-  dm.struct_size = PJRT_Device_DefaultMemory_Args_STRUCT_SIZE;
-  dm.device = d.handle;
-  if (FLEXNPU_INNER_CALL(b, PJRT_Device_DefaultMemory, &dm).ok()) {
-    d.default_memory = p.MemoryIndexOf(dm.memory);
+  if (const StatusOr<PJRT_Memory*> memory = b.DefaultMemory(handle); memory.ok()) {
+    d.default_memory = p.MemoryIndexOf(*memory);
   }
   return d;
 }
 
 Status DiscoverDevices(PhysicalClient& p) {
-  PJRT_Client_AddressableDevices_Args devs{};
-  devs.struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE;
-  devs.client = p.client.get();
-  FLEXNPU_RETURN_IF_ERROR(FLEXNPU_INNER_CALL(*p.backend, PJRT_Client_AddressableDevices, &devs));
-  for (size_t i = 0; i < devs.num_addressable_devices; ++i) {
-    FLEXNPU_ASSIGN_OR_RETURN(Device d, DescribeDevice(devs.addressable_devices[i], p));
+  FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Device*> devices,
+                           p.backend->AddressableDevices(p.client.get()));
+  for (PJRT_Device* device : devices) {
+    FLEXNPU_ASSIGN_OR_RETURN(Device d, DescribeDevice(device, p));
     p.devices.push_back(std::move(d));
   }
   return Status::Ok();
