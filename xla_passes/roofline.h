@@ -28,9 +28,37 @@ struct DeviceSpec {
   // compilation inserts to emulate narrow types (profile.convert_overhead_bytes) do not exist.
   bool native_low_precision = true;
   std::string source;         // where the numbers come from
+  // What a device of this kind has and how fast programs really run on it: the one table
+  // the simulator (python/flexnpu/sim/hardware.py) and the emulated backend
+  // (pjrt_flexnpu/backend/emulated/) both read. 0: not modelled (the "cpu" preset's
+  // efficiencies come from a calibration file instead).
+  double memory_bytes = 0;     // device memory (HBM)
+  std::string link;            // the device-to-device link: a name in Links()
+  double eff_compute = 1;      // achieved / peak FLOP/s on serving steps (fitted)
+  double eff_memory = 1;       // achieved / peak bandwidth on serving steps (fitted)
+  std::string efficiency_source = "uncalibrated (roofline)";
 
   double ridge() const { return mem_bandwidth > 0 ? peak_flops / mem_bandwidth : 0; }
 };
+
+// A link between devices: one direction, per device.
+struct LinkSpec {
+  std::string name;
+  double bytes_per_s = 0;
+  double latency_s = 0;
+  std::string source;
+};
+
+const std::vector<LinkSpec>& Links();
+StatusOr<LinkSpec> FindLink(std::string_view name);
+
+// The modelled duration of a program of `flops` and `bytes` on one device of `device`:
+// max(flops / (peak * eff_compute), bytes / (bandwidth * eff_memory)) + launch_s, launch_s
+// being device.small_work_s. The simulator's step time and the emulated backend's execution
+// time are this function.
+double ModelledSeconds(const DeviceSpec& device, double flops, double bytes);
+// Time to move `bytes` over `link`.
+double TransferSeconds(const LinkSpec& link, double bytes);
 
 using ::flexnpu::Phase;
 using ::flexnpu::PhaseName;
@@ -49,7 +77,8 @@ struct Classification {
   double ridge_ratio = 0;
 };
 
-// Built-in presets; names are lower case ("ascend910b", "ascend910c", "h100", "h200", "cpu").
+// Built-in presets; names are lower case ("ascend910b", "ascend910c", "h100", "h200", "a100",
+// "cpu"). FindDevice also takes "910b"/"910c" and ignores case, '-', '_' and spaces.
 const std::vector<DeviceSpec>& DevicePresets();
 StatusOr<DeviceSpec> FindDevice(std::string_view name);
 StatusOr<Classification> Classify(const ExecutableProfile& profile, const DeviceSpec& device);

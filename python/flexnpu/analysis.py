@@ -55,7 +55,7 @@ class Device:
 
 
 def device_presets() -> dict[str, Device]:
-    """Built-in devices: ascend910b, ascend910c, h100, h200 and cpu (this machine)."""
+    """Built-in devices: ascend910b, ascend910c, h100, h200, a100 and cpu (this machine)."""
     presets = _native().device_presets()
     return {
         name: Device(
@@ -68,6 +68,17 @@ def device_presets() -> dict[str, Device]:
         )
         for name, d in presets.items()
     }
+
+
+def preset_table() -> dict[str, dict[str, Any]]:
+    """The one device preset table (xla_passes/roofline.cc) as C++ holds it: roofline, memory,
+    link and the fitted efficiencies the simulator and the emulated backend both use."""
+    return dict(_native().device_presets())
+
+
+def link_table() -> dict[str, dict[str, Any]]:
+    """The device-to-device links of the preset table (name, bytes_per_s, latency_s, source)."""
+    return dict(_native().links())
 
 
 def get_device(device: str | Device) -> Device:

@@ -105,6 +105,20 @@ nb::dict DeviceDict(const DeviceSpec& s) {
   d["native_low_precision"] = s.native_low_precision;
   d["source"] = s.source;
   d["ridge"] = s.ridge();
+  d["memory_bytes"] = s.memory_bytes;
+  d["link"] = s.link;
+  d["eff_compute"] = s.eff_compute;
+  d["eff_memory"] = s.eff_memory;
+  d["efficiency_source"] = s.efficiency_source;
+  return d;
+}
+
+nb::dict LinkDict(const xla_passes::LinkSpec& l) {
+  nb::dict d;
+  d["name"] = l.name;
+  d["bytes_per_s"] = l.bytes_per_s;
+  d["latency_s"] = l.latency_s;
+  d["source"] = l.source;
   return d;
 }
 
@@ -192,6 +206,21 @@ void RegisterAnalysis(nb::module_& m) {
     for (const DeviceSpec& d : xla_passes::DevicePresets()) out[d.name.c_str()] = DeviceDict(d);
     return out;
   });
+  m.def("links", [] {
+    nb::dict out;
+    for (const auto& l : xla_passes::Links()) out[l.name.c_str()] = LinkDict(l);
+    return out;
+  });
+  m.def(
+      "modelled_seconds",
+      [](const std::string& preset, double flops, double bytes) {
+        auto d = xla_passes::FindDevice(preset);
+        if (!d.ok()) throw nb::value_error(d.status().message().c_str());
+        return xla_passes::ModelledSeconds(*d, flops, bytes);
+      },
+      nb::arg("preset"), nb::arg("flops"), nb::arg("bytes"),
+      "The modelled duration (s) of a program on one device of a preset "
+      "(xla_passes::ModelledSeconds).");
 }
 
 }  // namespace flexnpu::python

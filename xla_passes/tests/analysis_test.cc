@@ -298,6 +298,20 @@ TEST(Analysis, EveryTruncationAndRandomCorruptionFailsCleanly) {
   }
 }
 
+TEST(Roofline, ModelledSecondsIsTheEfficiencyRooflinePlusLaunch) {
+  DeviceSpec d{"d", 1e15, 1e12, 10e-6, true, "test"};
+  d.eff_compute = 0.5;
+  d.eff_memory = 0.8;
+  // Compute-bound: 1e12 FLOPs at 0.5 PFLOP/s = 2 ms; 1e9 bytes at 0.8 TB/s = 1.25 ms.
+  EXPECT_DOUBLE_EQ(ModelledSeconds(d, 1e12, 1e9), 2e-3 + 10e-6);
+  // Bandwidth-bound: 8e9 bytes at 0.8 TB/s = 10 ms.
+  EXPECT_DOUBLE_EQ(ModelledSeconds(d, 1e12, 8e9), 10e-3 + 10e-6);
+  EXPECT_DOUBLE_EQ(ModelledSeconds(d, 0, 0), 10e-6);
+  LinkSpec link{"l", 100e9, 2e-6, "test"};
+  EXPECT_DOUBLE_EQ(TransferSeconds(link, 1e9), 10e-3 + 2e-6);
+  EXPECT_FALSE(FindLink("carrier-pigeon").ok());
+}
+
 TEST(Roofline, PresetsAndCustomDevices) {
   for (const char* name : {"ascend910b", "ascend910c", "h100", "h200", "cpu", "Ascend-910C"}) {
     auto d = FindDevice(name);
@@ -306,6 +320,15 @@ TEST(Roofline, PresetsAndCustomDevices) {
     EXPECT_FALSE(d->source.empty());
   }
   EXPECT_FALSE(FindDevice("tpu-v9").ok());
+  // The emulated backend's preset names.
+  for (const char* name : {"910b", "910c", "h100", "h200", "a100"}) {
+    auto d = FindDevice(name);
+    ASSERT_TRUE(d.ok()) << name;
+    EXPECT_GT(d->memory_bytes, 0) << name;
+    EXPECT_GT(d->eff_compute, 0) << name;
+    EXPECT_LE(d->eff_compute, 1) << name;
+    EXPECT_TRUE(FindLink(d->link).ok()) << name << " " << d->link;
+  }
   ExecutableProfile p;
   p.flops = 1e12;
   p.bytes_accessed = 2e9;  // intensity 500

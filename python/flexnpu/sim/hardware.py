@@ -9,6 +9,9 @@ devices'. A step's time on a unit is
 with FLOPs and bytes from the HLO analysis (steptime.CostModel) and the efficiency factors fitted
 to published per-device figures (Ascend 910C: CloudMatrix-Infer) or to steps measured on this
 CPU; collective communication (TP all-reduce, EP all-to-all) is inside the fitted factors.
+On one device that is xla_passes::ModelledSeconds, the emulated backend's execution time too;
+StepTimer.seconds is its hot-path form (tests/python/test_sim_presets.py holds them equal), and
+the presets, links and fitted efficiencies are read from the C++ table both use.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flexnpu.analysis import Device, get_device
+from flexnpu.analysis import Device, get_device, link_table, preset_table
 from flexnpu.sim.models import DEEPSEEK_R1, ModelShape
 from flexnpu.sim.steptime import CostModel, EngineShapes, step_features
 
@@ -40,12 +43,11 @@ class Link:
     source: str
 
 
+# The links and presets are the one table in xla_passes/roofline.cc (flexnpu.analysis), which
+# the emulated backend reads too.
 LINKS = {
-    "hccs": Link("hccs", 392e9, 2e-6, "CloudMatrix384 UB: 392 GB/s unidirectional per NPU"),
-    "nvlink": Link("nvlink", 450e9, 2e-6, "NVLink 4: 900 GB/s bidirectional per GPU"),
-    "roce": Link("roce", 50e9, 10e-6, "RoCE 400 Gb/s per device"),
-    "pcie": Link("pcie", 32e9, 5e-6, "PCIe 4.0 x16"),
-    "memcpy": Link("memcpy", 9e9, 1e-6, "this VM's measured copy bandwidth (cpu devices)"),
+    name: Link(name, d["bytes_per_s"], d["latency_s"], d["source"])
+    for name, d in link_table().items()
 }
 
 
@@ -85,23 +87,15 @@ class Preset:
     launch_s: float | None = None  # fixed time per step; None: the roofline's small_work_s
 
 
-_A100 = Device(
-    "a100",
-    312e12,
-    2.039e12,
-    20e-6,
-    True,
-    "NVIDIA A100 SXM 80GB datasheet: 312 TFLOPS BF16 dense, 2.039 TB/s HBM2e",
-)
-_BASE = {
-    "910b": ("ascend910b", 64e9, "hccs"),
-    "910c": ("ascend910c", 128e9, "hccs"),  # 128 GB: unverified
-    "h100": ("h100", 80e9, "nvlink"),
-    "h200": ("h200", 141e9, "nvlink"),
-    "a100": (_A100, 80e9, "nvlink"),
-    "cpu": ("cpu", 4e9, "memcpy"),
+_PRESET_DEVICE = {
+    "910b": "ascend910b",
+    "910c": "ascend910c",
+    "h100": "h100",
+    "h200": "h200",
+    "a100": "a100",
+    "cpu": "cpu",
 }
-PRESETS = tuple(_BASE)
+PRESETS = tuple(_PRESET_DEVICE)
 
 # CloudMatrix-Infer (arXiv 2506.12708), DeepSeek-R1 on Ascend 910C: prefill 6,688 tokens/s per
 # NPU, decode 1,943 tokens/s per NPU at TPOT < 50 ms. Operating points assumed for the fit (the
@@ -154,39 +148,35 @@ def fit_cloudmatrix(dev: Device) -> tuple[float, float]:
 
 def get_preset(name: str) -> Preset:
     key = name.lower().replace("ascend", "").replace("-", "").replace("_", "")
-    if key not in _BASE:
+    if key not in _PRESET_DEVICE:
         raise ValueError(f"unknown device {name!r} (known: {', '.join(PRESETS)})")
-    dev, mem, link = _BASE[key]
-    dev = dev if isinstance(dev, Device) else get_device(dev)
-    p = Preset(key, dev, mem, link)
-    if key == "cpu":
-        p = replace(p, fused_attention=False, runtime=FLEXNPU_ENGINE)
-        path = Path(os.environ.get(CPU_CALIBRATION_ENV) or CPU_CALIBRATION)
-        if not path.exists():
-            if os.environ.get(CPU_CALIBRATION_ENV):
-                raise ValueError(f"{CPU_CALIBRATION_ENV}={path}: no such calibration file")
-            return p
-        c = json.loads(path.read_text())
-        return replace(
-            p,
-            eff_compute=c["eff_compute"],
-            eff_memory=c["eff_memory"],
-            launch_s=c.get("launch_s"),
-            efficiency_source=c["source"],
-        )
-    if key in ("a100", "h100", "h200"):
-        # H200: the H100's compute die with faster HBM; its efficiencies are taken as the H100's.
-        gpu = "a100" if key == "a100" else "h100"
-        ec, em = fit_vidur(dev if key == gpu else get_device(gpu), gpu)
-        src = f"fitted to Vidur's measured Llama-2-7B operator profiles on {gpu.upper()}"
-        if key != gpu:
-            src += f"; not measured on {key.upper()}: the {gpu.upper()} fit is used"
-        return replace(p, eff_compute=ec, eff_memory=em, efficiency_source=src)
-    ec, em = fit_cloudmatrix(get_device("ascend910c"))
-    src = "fitted to CloudMatrix-Infer DeepSeek-R1 per-NPU prefill/decode throughput (910C)"
-    if key != "910c":
-        src += "; not measured on this device: the 910C fit is used"
-    return replace(p, eff_compute=ec, eff_memory=em, efficiency_source=src)
+    row = preset_table()[_PRESET_DEVICE[key]]
+    p = Preset(
+        key,
+        get_device(_PRESET_DEVICE[key]),
+        row["memory_bytes"],
+        row["link"],
+        eff_compute=row["eff_compute"],
+        eff_memory=row["eff_memory"],
+        efficiency_source=row["efficiency_source"],
+    )
+    if key != "cpu":
+        return p
+    # This machine: FlexNPU's own engine, efficiencies from a calibration file.
+    p = replace(p, fused_attention=False, runtime=FLEXNPU_ENGINE)
+    path = Path(os.environ.get(CPU_CALIBRATION_ENV) or CPU_CALIBRATION)
+    if not path.exists():
+        if os.environ.get(CPU_CALIBRATION_ENV):
+            raise ValueError(f"{CPU_CALIBRATION_ENV}={path}: no such calibration file")
+        return p
+    c = json.loads(path.read_text())
+    return replace(
+        p,
+        eff_compute=c["eff_compute"],
+        eff_memory=c["eff_memory"],
+        launch_s=c.get("launch_s"),
+        efficiency_source=c["source"],
+    )
 
 
 @dataclass
