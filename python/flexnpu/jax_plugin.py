@@ -2,16 +2,70 @@
 
 JAX imports this module during backend discovery and calls `initialize()`; user code never
 imports FlexNPU for `JAX_PLATFORMS=flexnpu` to work.
+
+Installing FlexNPU changes no JAX program's default backend: with JAX_PLATFORMS unset JAX
+creates every registered backend and picks the one with the highest priority, and flexnpu's
+sits below jaxlib's cpu unless FLEXNPU_DEFAULT asks for it (docs/configuration.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 PLATFORM_NAME = "flexnpu"
+DEFAULT_VARIABLE = "FLEXNPU_DEFAULT"
+# JAX's default backend is the registered one with the highest priority: jaxlib's cpu 0, tpu 300,
+# a plugin 400 unless it says otherwise, cuda and rocm 500.
+DEFAULT_PRIORITY = 1000  # FLEXNPU_DEFAULT=1: above all of them, whatever the physical backend
+NOT_DEFAULT_PRIORITY = -100  # below jaxlib's cpu: reachable by name, never the default
+_YES = ("1", "true", "yes", "on")
+_NO = ("", "0", "false", "no", "off")
+# XLA's C++ logging in a PJRT plugin reads this once, when the library is loaded; `import jax`
+# sets it to "1" when it is unset.
+_LOG_LEVEL_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
+_JAX_DEFAULT_LOG_LEVEL = "1"
+_FATAL_ONLY = "3"
 logger = logging.getLogger(__name__)
+
+
+def default_requested() -> bool:
+    """FLEXNPU_DEFAULT: whether flexnpu is JAX's default backend when JAX_PLATFORMS is unset."""
+    raw = os.environ.get(DEFAULT_VARIABLE, "")
+    value = raw.strip().lower()
+    if value in _YES:
+        return True
+    if value in _NO:
+        return False
+    raise ValueError(
+        f"{DEFAULT_VARIABLE}={raw!r}: expected 1, true, yes or on (flexnpu becomes JAX's "
+        "default backend) or 0, false, no, off or unset (JAX's own default stays)"
+    )
+
+
+@contextlib.contextmanager
+def _physical_backend_logs_fatal_only() -> Iterator[None]:
+    """While FlexNPU loads its physical backend: that plugin's XLA logging takes its threshold
+    from TF_CPP_MIN_LOG_LEVEL when it is loaded, and during compilation it logs lines such as
+    `E0000 ... Unsupported fusion type: 5` that are not errors of the program. It shows only
+    fatal ones unless the user chose a threshold (a value other than JAX's default). jaxlib
+    read the variable when JAX was imported, so its own log lines keep their threshold."""
+    chosen = os.environ.get(_LOG_LEVEL_VARIABLE)
+    if chosen not in (None, _JAX_DEFAULT_LOG_LEVEL):
+        yield
+        return
+    os.environ[_LOG_LEVEL_VARIABLE] = _FATAL_ONLY
+    try:
+        yield
+    finally:
+        if chosen is None:
+            os.environ.pop(_LOG_LEVEL_VARIABLE, None)
+        else:
+            os.environ[_LOG_LEVEL_VARIABLE] = chosen
 
 
 def _default_options() -> dict[str, str]:
@@ -47,7 +101,8 @@ def _make_client() -> Any:
 
     from flexnpu import lowering
 
-    client = xla_bridge.make_pjrt_c_api_client(PLATFORM_NAME, options=_default_options)
+    with _physical_backend_logs_fatal_only():
+        client = xla_bridge.make_pjrt_c_api_client(PLATFORM_NAME, options=_default_options)
     # Lower as the physical platform does (LAPACK, callbacks): flexnpu/lowering.py.
     kind = lowering.backend_kind(client.platform_version)
     try:
@@ -77,14 +132,56 @@ def _load_and_make_client() -> Any:
 
     from flexnpu._paths import plugin_library_path
 
-    xla_client.load_pjrt_plugin_dynamically(PLATFORM_NAME, str(plugin_library_path()))
+    with _physical_backend_logs_fatal_only():
+        xla_client.load_pjrt_plugin_dynamically(PLATFORM_NAME, str(plugin_library_path()))
     return _make_client()
+
+
+def _refuse(error: Exception) -> Callable[[], Any]:
+    """A backend factory that fails with `error` when JAX creates the backend."""
+
+    def factory() -> Any:
+        raise error
+
+    return factory
+
+
+def _register(requested: list[str] | None) -> None:
+    """Registers flexnpu with the priority and failure mode its request gives it: named in
+    jax_platforms (JAX orders by that list) or opted in with FLEXNPU_DEFAULT, it fails loudly;
+    otherwise it sits below jaxlib's cpu and a failure only makes it unavailable."""
+    from jax._src import xla_bridge
+    from jax._src.lib import xla_client
+
+    from flexnpu._paths import plugin_library_path
+
+    factory: Callable[[], Any] = _make_client
+    try:
+        requested_by_user = requested is not None or default_requested()
+    except ValueError as error:
+        factory, requested_by_user = _refuse(error), True
+    with _physical_backend_logs_fatal_only():
+        c_api = xla_bridge.register_plugin(
+            PLATFORM_NAME, library_path=str(plugin_library_path()), factory=factory
+        )
+    # register_plugin loads the library (and registers its profiler) but fixes a priority of
+    # 400, a loud failure and JAX's "experimental" warning for every plugin outside JAX's own
+    # list; registering the factory again states FlexNPU's own.
+    xla_bridge.register_backend_factory(
+        PLATFORM_NAME,
+        factory,
+        priority=DEFAULT_PRIORITY if requested_by_user else NOT_DEFAULT_PRIORITY,
+        fail_quietly=not requested_by_user,
+        experimental=False,
+        make_topology=functools.partial(xla_client.make_c_api_device_topology, c_api),
+        c_api=c_api,
+    )
 
 
 def initialize() -> None:
     from jax._src import xla_bridge
 
-    from flexnpu._paths import cpu_plugin_path, plugin_library_path
+    from flexnpu._paths import cpu_plugin_path
 
     # FlexNPU's C++ side offers the PJRT extensions (FFI, ...) of the backend it will use; it
     # decides when JAX loads it, before any create option, so it reads the default from here.
@@ -95,13 +192,14 @@ def initialize() -> None:
         # one that leaves flexnpu out never creates it, so loading FlexNPU (and with it the
         # physical backend, ~0.1 s) waits until someone asks for it anyway.
         xla_bridge.register_backend_factory(
-            PLATFORM_NAME, _load_and_make_client, priority=400, fail_quietly=False,
-            experimental=True,
+            PLATFORM_NAME,
+            _load_and_make_client,
+            priority=NOT_DEFAULT_PRIORITY,
+            fail_quietly=False,
         )
     else:
-        xla_bridge.register_plugin(
-            PLATFORM_NAME, library_path=str(plugin_library_path()), factory=_make_client
-        )
+        _register(requested)
+    if requested is not None and PLATFORM_NAME in requested and "cpu" not in requested:
         # JAX runs host callbacks' Python with a "cpu" device, which JAX_PLATFORMS=flexnpu
         # lacks: flexnpu/host_callbacks.py adds one when a callback needs it.
         from flexnpu import host_callbacks

@@ -23,14 +23,18 @@ TINY_SERVE = (
 ).split()
 
 
-def _run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """`args` in a fresh interpreter without the caller's FLEXNPU_* settings."""
+def _run(
+    args: list[str], env: dict[str, str] | None = None, jax_platforms: str | None = "flexnpu"
+) -> subprocess.CompletedProcess:
+    """`args` in a fresh interpreter without the caller's FLEXNPU_* settings, under
+    JAX_PLATFORMS=`jax_platforms` (None: unset, as a new user starts)."""
     full = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("FLEXNPU_") and k != "TF_CPP_MIN_LOG_LEVEL"
+        if not k.startswith("FLEXNPU_") and k not in ("TF_CPP_MIN_LOG_LEVEL", "JAX_PLATFORMS")
     }
-    full["JAX_PLATFORMS"] = "flexnpu"
+    if jax_platforms is not None:
+        full["JAX_PLATFORMS"] = jax_platforms
     full.update(env or {})
     return subprocess.run(
         [sys.executable, *args], env=full, capture_output=True, text=True, timeout=300, cwd=REPO
@@ -107,6 +111,57 @@ def test_missing_backend_library_is_one_line() -> None:
     line = _one_error_line(proc, "devices")
     assert line.startswith("flexnpu devices: cannot load physical backend '/nonexistent.so': ")
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "message"),
+    [
+        (
+            ["serve", "--port", "0"],  # the default model: the backend fails before it loads
+            {"FLEXNPU_BACKEND_OPTIONS": "garbage"},
+            "malformed backend option 'garbage': expected key=value",
+        ),
+        (
+            ["stats", "examples/quickstart.py"],
+            {"FLEXNPU_POLICY": "bogus"},
+            "unknown placement policy 'bogus'",
+        ),
+        (
+            ["devices"],
+            {"FLEXNPU_BACKEND": "/nonexistent.so"},
+            "cannot load physical backend '/nonexistent.so': ",
+        ),
+    ],
+)
+def test_bad_configuration_without_jax_platforms_is_only_one_line(
+    command: list[str], env: dict[str, str], message: str
+) -> None:
+    # No JAX_PLATFORMS, as a new user starts: the commands ask for flexnpu themselves.
+    proc = _run(["-m", "flexnpu", *command], env, jax_platforms=None)
+    line = _one_error_line(proc, command[0])
+    assert message in line, line
+    assert proc.stderr == line + "\n"  # no JAX warning, no backend log line
+    assert proc.stdout == ""
+
+
+def test_quickstart_prints_only_its_own_output() -> None:
+    proc = _run(["examples/quickstart.py"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr == ""  # no backend log line (E0000 ... Unsupported fusion), no JAX warning
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "platform: flexnpu, 4 devices", lines
+    assert lines[6].startswith("grad norm: ") and lines[7].startswith("sharded over 4 devices: ")
+
+
+def test_the_physical_backends_log_lines_show_when_asked_for() -> None:
+    # The lines the quickstart no longer shows exist: the CPU plugin logs them while compiling.
+    code = (
+        "import jax, jax.numpy as jnp; x, w = jnp.ones((64, 256)), jnp.ones((256, 1024)); "
+        "print(jax.jit(lambda x, w: jax.nn.gelu(x @ w).sum())(x, w))"
+    )
+    proc = _run(["-c", code], {"TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Unsupported fusion type" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_devices_lists_the_cpu_backends_devices() -> None:

@@ -21,6 +21,7 @@ import threading
 from typing import Any
 
 from flexnpu.daemon import Tenants, load_tenants, served_backend
+from flexnpu.serving import logs
 
 
 def add_parser(subparsers: Any) -> None:
@@ -69,6 +70,7 @@ def add_parser(subparsers: Any) -> None:
         help="with --policy: write the runtime's Chrome/Perfetto "
         "timeline to this file when the daemon stops",
     )
+    logs.add_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -96,6 +98,7 @@ def _start_metrics(port: int, server: Any, with_runtime: bool) -> None:
 def run(args: argparse.Namespace) -> int:
     from flexnpu._native_loader import native
 
+    logs.set_backend_log_level(args.backend_log_level)  # before the backend is loaded
     if args.trace and not args.policy:
         print(
             "flexnpu daemon: --trace needs --policy (the trace is the timeline of the "

@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the flexnpu backend's placement policy, FLEXNPU_POLICY syntax: passthrough, "
         "static-pd[:prefill=0,1|decode=2,3], static-colocate or dynamic (default: "
-        "FLEXNPU_POLICY, else passthrough); implies JAX_PLATFORMS=flexnpu when that is unset",
+        "FLEXNPU_POLICY, else passthrough); serve runs on flexnpu unless JAX_PLATFORMS names "
+        "another platform",
     )
     e = p.add_argument_group("engine")
     e.add_argument(
@@ -241,11 +242,12 @@ def bind_listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _select_policy(policy: str | None) -> None:
-    """--policy: the create option the flexnpu backend reads when JAX creates it."""
-    if policy is None:
-        return
-    os.environ["FLEXNPU_POLICY"] = policy
+def _select_platform(policy: str | None) -> None:
+    """Serves on flexnpu unless JAX_PLATFORMS says otherwise (FlexNPU is not JAX's default
+    backend by itself); --policy: the create option the flexnpu backend reads when JAX creates
+    it."""
+    if policy is not None:
+        os.environ["FLEXNPU_POLICY"] = policy
     import jax
 
     if not jax.config.jax_platforms:
@@ -264,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int:
     logs.set_backend_log_level(args.backend_log_level)  # before JAX loads the backend
-    _select_policy(args.policy)
+    _select_platform(args.policy)
     import jax
 
     from flexnpu.serving.engine import Engine
