@@ -155,7 +155,9 @@ void ServerImpl::Stop() {
   if (stopped_) return;
   stopped_ = true;
   stopping_ = true;
-  if (accept_thread_.joinable()) accept_thread_.join();
+  // A daemon that failed to start says why (Init's error), not that it stopped.
+  const bool was_serving = accept_thread_.joinable();
+  if (was_serving) accept_thread_.join();
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
     listen_fd_ = -1;
@@ -168,7 +170,7 @@ void ServerImpl::Stop() {
   }
   Reap(true);
   dispatcher_.StopReaper();
-  Log(config_, "stopped");
+  if (was_serving) Log(config_, "stopped");
 }
 
 std::string ServerImpl::StatsJson() const {

@@ -131,6 +131,11 @@ def test_missing_backend_library_is_one_line() -> None:
             {"FLEXNPU_BACKEND": "/nonexistent.so"},
             "cannot load physical backend '/nonexistent.so': ",
         ),
+        (
+            ["daemon", "--socket", "/tmp/flexnpu-unserved.sock", "--backend", "/nonexistent.so"],
+            {},
+            "cannot load physical backend '/nonexistent.so': ",
+        ),
     ],
 )
 def test_bad_configuration_without_jax_platforms_is_only_one_line(
