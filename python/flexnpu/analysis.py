@@ -87,6 +87,8 @@ def get_device(device: str | Device) -> Device:
         return device
     key = device.lower().replace("-", "").replace("_", "").replace(" ", "")
     presets = device_presets()
+    if key not in presets and f"ascend{key}" in presets:  # "910c", as FindDevice takes it
+        key = f"ascend{key}"
     if key not in presets:
         raise ValueError(f"unknown device {device!r} (known: {', '.join(sorted(presets))})")
     return presets[key]
