@@ -15,10 +15,12 @@ std::string Bytes(int64_t bytes) {
 
 namespace {
 
-Status OutOfMemory(const EmulatedDevice& d, int64_t request, const std::string& what) {
-  return ResourceExhausted("emulated " + d.kind + " device " + std::to_string(d.id) + ": " +
-                           what + " needs " + Bytes(request) + " but " +
-                           Bytes(d.limit - d.in_use) + " of " + Bytes(d.limit) + " are free");
+Status OutOfMemory(const EmulatedDevice& d, int64_t request, const std::string& what,
+                   const std::string& detail = "") {
+  return ResourceExhausted("emulated " + d.client->config.preset.name + " device " +
+                           std::to_string(d.id) + ": out of memory: " + what + " needs " +
+                           Bytes(request) + " but " + Bytes(d.limit - d.in_use) + " of " +
+                           Bytes(d.limit) + " are free" + detail);
 }
 
 }  // namespace
@@ -43,9 +45,9 @@ Status EmulatedDevice::Exchange(int64_t released, int64_t kept, int64_t transien
   std::lock_guard<std::mutex> lock(mu);
   const int64_t need = kept + transient;
   if (need > limit - in_use + released) {
-    return OutOfMemory(*this, need, what + " (outputs " + Bytes(kept) + " + temporaries " +
-                                        Bytes(transient) + ", donated inputs " +
-                                        Bytes(released) + " reused)");
+    return OutOfMemory(*this, need, what,
+                       " (outputs " + Bytes(kept) + " + temporaries " + Bytes(transient) +
+                           "; donated inputs give back " + Bytes(released) + ")");
   }
   in_use -= released;
   peak = std::max(peak, in_use + need);

@@ -5,6 +5,7 @@
 
 #include "pjrt_flexnpu/backend/emulated/entry_points.h"
 #include "pjrt_flexnpu/backend/emulated/handles.h"
+#include "pjrt_flexnpu/backend/emulated/timeline.h"
 
 namespace flexnpu::emulated {
 namespace {
@@ -123,5 +124,7 @@ StatusOr<std::shared_ptr<const PhysicalBackend>> EmulatedBackend(const std::stri
 int64_t CpuCompiles(PJRT_Client* client) {
   return From<EmulatedClient>(client)->programs.compiles();
 }
+
+int64_t EventReadyNs(PJRT_Event* event) { return From<EventHandle>(event)->state->ready_ns; }
 
 }  // namespace flexnpu::emulated

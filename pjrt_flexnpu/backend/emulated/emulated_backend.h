@@ -26,6 +26,10 @@ StatusOr<std::shared_ptr<const PhysicalBackend>> EmulatedBackend(const std::stri
 // one per program, however many devices run it.
 int64_t CpuCompiles(PJRT_Client* client);
 
+// The instant (steady clock, ns) an event of the emulated backend turns ready: for tests, which
+// check the modelled timeline without waiting for it.
+int64_t EventReadyNs(PJRT_Event* event);
+
 }  // namespace flexnpu::emulated
 
 #endif  // FLEXNPU_BACKEND_EMULATED_EMULATED_BACKEND_H_
