@@ -9,7 +9,10 @@ the CPU plugin is registered beside flexnpu as `xlacpu`, the reference."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,3 +274,46 @@ def test_bad_presets_and_options_are_named(backend: str, options: str, message: 
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-2000:]
     assert "INVALID_ARGUMENT" in proc.stderr
+
+
+DAEMON_CLIENT = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    x = jax.device_put(np.ones((256, 512), np.float32), jax.devices()[1])
+    y = jax.jit(lambda x: x @ x.T)(x)
+    print("RESULT" + json.dumps({"shape": list(y.shape), "zeros": not np.asarray(y).any()}))
+    """
+)
+
+
+def test_daemon_serves_the_emulated_backend(tmp_path: Path) -> None:
+    from test_daemon import Daemon, _client_env
+
+    daemon = Daemon(
+        tmp_path / "flexnpu.sock",
+        tmp_path / "daemon.log",
+        extra=(
+            "--backend",
+            "emulate:910c",
+            "--backend-options",
+            "device_count=4",
+            "--policy",
+            "dynamic",
+        ),
+    )
+    try:
+        env = _client_env(daemon.socket)
+        proc = subprocess.run(
+            [sys.executable, "-c", DAEMON_CLIENT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert _result(proc) == {"shape": [256, 256], "zeros": True}
+        (runtime,) = daemon.stats()["runtime"]
+        assert "emulated ascend910c x4" in runtime["platform_version"]
+        assert sum(m["executions"] for m in runtime["modelled_device_time"]) >= 1
+    finally:
+        daemon.stop()
