@@ -18,6 +18,7 @@ struct ModelledDeviceTime {
   double busy_s = 0;        // device time of the executions run or queued so far (modelled)
   int64_t executions = 0;   // executions run or queued so far
   double time_scale = 1;    // wall-clock time = time_scale x device time
+  bool co_run = false;      // co-located executions overlap (base/co_run.h), else run in order
 };
 
 struct ModelledTimeExtension {

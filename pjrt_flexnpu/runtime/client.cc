@@ -162,13 +162,13 @@ Status VirtualClient::Init() {
   const int num_virtual =
       options_.num_virtual_devices > 0 ? options_.num_virtual_devices : num_physical();
   // A backend that models its devices' time (emulate:PRESET, whose device kind names the
-  // preset) stretches it by its time_scale: so are the placer's predictions.
-  double time_scale = 1;
+  // preset) stretches it by its time_scale, and may co-run executions: so does the placer.
+  placement::DeviceModel model = DeviceModelFor(roofline_);
   if (auto modelled = b.ModelledTime(physical_[0].device); modelled.ok()) {
-    time_scale = modelled->time_scale;
+    model = StretchedDeviceModel(model, modelled->time_scale);
+    model.can_overlap = modelled->co_run;  // its devices co-run as the placer's model says
   }
-  std::vector<placement::DeviceModel> models(
-      num_physical(), StretchedDeviceModel(DeviceModelFor(roofline_), time_scale));
+  std::vector<placement::DeviceModel> models(num_physical(), model);
   // Telemetry (pjrt_flexnpu/hardware): binds the physical devices to AscendCL / NVML devices;
   // an accelerator its library names gets that preset's roofline (a CPU backend keeps its own).
   std::vector<PJRT_Device*> physical_devices;
@@ -295,7 +295,8 @@ std::string VirtualClient::StatsJson() const {
     }
     out << (p == 0 ? "[" : ",") << "{\"physical\":" << p << ",\"busy_s\":" << JsonNumber(modelled->busy_s)
         << ",\"executions\":" << modelled->executions
-        << ",\"time_scale\":" << JsonNumber(modelled->time_scale) << "}";
+        << ",\"time_scale\":" << JsonNumber(modelled->time_scale)
+        << ",\"co_run\":" << (modelled->co_run ? "true" : "false") << "}";
     if (p + 1 == num_physical()) out << "]";
   }
   out << ",\"placement\":" << placer_->SnapshotJson() << ",\"telemetry\":" << telemetry_->Json()

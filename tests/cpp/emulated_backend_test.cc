@@ -45,6 +45,22 @@ module @donating_add attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replica
   }
 })";
 
+// Compute-bound on the preset (a prefill's shape) and bandwidth-bound (a decode's).
+constexpr char kComputeBound[] = R"(
+module @compute_bound attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%a: tensor<4096x4096xbf16>) -> tensor<4096x4096xbf16> {
+    %0 = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<4096x4096xbf16>, tensor<4096x4096xbf16>) -> tensor<4096x4096xbf16>
+    return %0 : tensor<4096x4096xbf16>
+  }
+})";
+constexpr char kBandwidthBound[] = R"(
+module @bandwidth_bound attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%a: tensor<8388608xf32>) -> tensor<8388608xf32> {
+    %0 = stablehlo.add %a, %a : tensor<8388608xf32>
+    return %0 : tensor<8388608xf32>
+  }
+})";
+
 PJRT_NamedValue Int(const char* name, int64_t v) {
   PJRT_NamedValue o{};
   o.struct_size = PJRT_NamedValue_STRUCT_SIZE;
@@ -322,6 +338,34 @@ TEST_F(EmulatedBackendTest, OneDeviceRunsInOrderDevicesRunSideBySide) {
   auto output_ready = backend_->ReadyEvent(outputs[1].get());
   ASSERT_TRUE(output_ready.ok());
   EXPECT_EQ(emulated::EventReadyNs(output_ready->get()), t2);
+}
+
+TEST_F(EmulatedBackendTest, CoRunOverlapsCoLocatedExecutionsAsThePlacersModelSays) {
+  // A decode-shaped execution launched right behind a prefill-shaped one on the same device:
+  // in order it waits for it; co-run (the placer's model) it shares the device and ends first.
+  for (const bool co_run : {false, true}) {
+    PJRT_NamedValue co = Int("co_run", co_run ? 1 : 0);
+    auto client = Create({Int("device_count", 1), Float("time_scale", 1e3), co});
+    ASSERT_TRUE(client.ok()) << client.status().message();
+    auto prefill = Compile(client->get(), kComputeBound, 0);
+    auto decode = Compile(client->get(), kBandwidthBound, 0);
+    ASSERT_TRUE(prefill.ok() && decode.ok());
+    auto x = Upload(client->get(), 0, PJRT_Buffer_Type_BF16, {4096, 4096});
+    auto y = Upload(client->get(), 0, PJRT_Buffer_Type_F32, {8388608});
+    auto modelled = backend_->ModelledTime(Device(client->get(), 0));
+    EXPECT_EQ(modelled->co_run, co_run);
+    std::vector<InnerBuffer> outputs;
+    InnerEvent p, d;
+    ASSERT_TRUE(Execute(prefill->get(), {x->get()}, 1, &outputs, &p).ok());
+    ASSERT_TRUE(Execute(decode->get(), {y->get()}, 1, &outputs, &d).ok());
+    const int64_t prefill_done = emulated::EventReadyNs(p.get());
+    const int64_t decode_done = emulated::EventReadyNs(d.get());
+    if (co_run) {
+      EXPECT_LT(decode_done, prefill_done);
+    } else {
+      EXPECT_GT(decode_done, prefill_done);
+    }
+  }
 }
 
 TEST_F(EmulatedBackendTest, DonatedInputsAreConsumedAndTheirMemoryReused) {

@@ -62,6 +62,14 @@ StatusOr<Config> ParseConfig(const xla_passes::DeviceSpec& preset,
       if (o.type == PJRT_NamedValue_kFloat) v = o.float_value;
       if (!(v > 0) || !std::isfinite(v)) return BadValue(name, "a number > 0, e.g. time_scale=10");
       config.time_scale = v;
+    } else if (name == "co_run") {
+      if (o.type == PJRT_NamedValue_kBool) {
+        config.co_run = o.bool_value;
+      } else if (o.type == PJRT_NamedValue_kInt64 && (o.int64_value == 0 || o.int64_value == 1)) {
+        config.co_run = o.int64_value == 1;
+      } else {
+        return BadValue(name, "true or false");
+      }
     } else if (name == "cpu_plugin_path") {
       if (o.type != PJRT_NamedValue_kString) return BadValue(name, "a path");
       config.cpu_plugin_path.assign(o.string_value, o.value_size);
@@ -71,7 +79,7 @@ StatusOr<Config> ParseConfig(const xla_passes::DeviceSpec& preset,
   }
   if (!unknown.empty()) {
     return InvalidArgument("emulated backend: unknown option(s) " + unknown +
-                           " (known: device_count, time_scale, cpu_plugin_path)");
+                           " (known: device_count, time_scale, co_run, cpu_plugin_path)");
   }
   if (config.cpu_plugin_path.empty()) {
     return InvalidArgument(

@@ -28,6 +28,9 @@ struct Config {
   xla_passes::LinkSpec host_link;    // to and from the host: kHostLink
   int64_t device_count = kDefaultDeviceCount;
   double time_scale = 1.0;           // every modelled duration takes time_scale x as long
+  // Executions co-located on a device overlap as the placer's co-run model says
+  // (base/co_run.h); otherwise (the default) a device runs them one after another.
+  bool co_run = false;
   std::string cpu_plugin_path;       // the XLA CPU plugin that compiles (never runs) programs
 };
 
@@ -35,7 +38,7 @@ struct Config {
 StatusOr<xla_passes::DeviceSpec> PresetOfSpec(std::string_view spec);
 
 // The configuration of a client of `preset` from its create options: device_count (1..1024),
-// time_scale (> 0) and cpu_plugin_path (else FLEXNPU_CPU_PLUGIN_PATH). An unknown option or a
+// time_scale (> 0), co_run (bool) and cpu_plugin_path (else FLEXNPU_CPU_PLUGIN_PATH). An unknown option or a
 // malformed value is an INVALID_ARGUMENT naming it.
 StatusOr<Config> ParseConfig(const xla_passes::DeviceSpec& preset,
                              const PJRT_NamedValue* options, size_t num_options);

@@ -62,6 +62,7 @@ PJRT_Error* Client_Create(PJRT_Client_Create_Args* a) {
     std::snprintf(scale, sizeof(scale), "%g", config.time_scale);
     client->platform_version = "emulated " + preset.name + " x" +
                                std::to_string(config.device_count) + ", time_scale " + scale +
+                               (config.co_run ? ", co-run" : "") +
                                "; programs compiled by the XLA CPU plugin, never run";
     for (int64_t i = 0; i < config.device_count; ++i) {
       auto device = std::make_shared<EmulatedDevice>();
@@ -225,6 +226,7 @@ PJRT_Error* DeviceTime(PJRT_Device* device, ModelledDeviceTime* out) {
   out->busy_s = d.busy_s;
   out->executions = d.executions;
   out->time_scale = d.client->config.time_scale;
+  out->co_run = d.client->config.co_run;
   return nullptr;
 }
 

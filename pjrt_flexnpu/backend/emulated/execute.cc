@@ -1,14 +1,17 @@
 // An execution: nothing is computed. Each device it runs on takes it in order: it starts when
 // the device is free, its inputs are ready and it is launched, and lasts the program's modelled
-// duration; a program over several devices starts on all of them together (its collectives
-// synchronize them). Its outputs and completion events are ready when it finishes; donated
+// duration (with co_run, it starts when ready and overlaps what runs there as the placer's
+// co-run model says); a program over several devices starts on all of them together (its
+// collectives synchronize them). Its outputs and completion events are ready when it finishes; donated
 // inputs are consumed; its outputs and temporaries must fit in the device's memory.
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 
 #include "pjrt_flexnpu/backend/emulated/entry_points.h"
 #include "pjrt_flexnpu/backend/emulated/handles.h"
 #include "pjrt_flexnpu/backend/emulated/timeline.h"
+#include "pjrt_flexnpu/base/co_run.h"
 
 namespace flexnpu::emulated {
 namespace {
@@ -35,6 +38,42 @@ std::vector<EmulatedBuffer*> Consumed(const Program& p, const PJRT_ExecuteOption
     if (std::find(consumed.begin(), consumed.end(), b) == consumed.end()) consumed.push_back(b);
   }
   return consumed;
+}
+
+// In order: it starts when every device is free.
+int64_t InOrderFinish(const Program& p, int64_t ready, const std::vector<EmulatedDevice*>& on) {
+  int64_t start = ready;
+  for (const EmulatedDevice* device : on) start = std::max(start, device->free_ns);
+  const int64_t finish = start + p.duration_ns;
+  for (EmulatedDevice* device : on) device->free_ns = finish;
+  return finish;
+}
+
+// Co-run: it starts when ready, beside the executions still running there, and takes what
+// the placer's co-run model says (CoRunDuration) on the busiest of its devices.
+int64_t CoRunFinish(const Program& p, int64_t ready, const std::vector<EmulatedDevice*>& on) {
+  double duration = 0;
+  for (EmulatedDevice* device : on) {
+    auto& running = device->running;
+    running.erase(std::remove_if(running.begin(), running.end(),
+                                 [&](int64_t finish) { return finish <= ready; }),
+                  running.end());
+    const double compute_left = std::max(0.0, device->compute_free_ns - ready);
+    const double memory_left = std::max(0.0, device->memory_free_ns - ready);
+    duration = std::max(duration, CoRunDuration(p.compute_ns, p.memory_ns,
+                                                static_cast<double>(running.size()),
+                                                compute_left, memory_left));
+  }
+  const int64_t finish = ready + static_cast<int64_t>(std::llround(duration + p.launch_ns));
+  for (EmulatedDevice* device : on) {
+    device->compute_free_ns = std::max(device->compute_free_ns, static_cast<double>(ready)) +
+                              p.compute_ns;
+    device->memory_free_ns = std::max(device->memory_free_ns, static_cast<double>(ready)) +
+                             p.memory_ns;
+    device->running.push_back(finish);
+    device->free_ns = std::max(device->free_ns, finish);
+  }
+  return finish;
 }
 
 }  // namespace
@@ -110,14 +149,10 @@ PJRT_Error* LoadedExecutable_Execute(PJRT_LoadedExecutable_Execute_Args* a) {
     std::sort(order.begin(), order.end(),
               [](const EmulatedDevice* x, const EmulatedDevice* y) { return x->id < y->id; });
     order.erase(std::unique(order.begin(), order.end()), order.end());
-    int64_t start = std::max(NowNs(), inputs_ready);
+    const int64_t ready = std::max(NowNs(), inputs_ready);
+    const int64_t finish = exe.client->config.co_run ? CoRunFinish(p, ready, order)
+                                                     : InOrderFinish(p, ready, order);
     for (EmulatedDevice* device : order) {
-      locks.emplace_back(device->mu);
-      start = std::max(start, device->free_ns);
-    }
-    const int64_t finish = start + p.duration_ns;
-    for (EmulatedDevice* device : order) {
-      device->free_ns = finish;
       device->busy_s += p.modelled_s;
       ++device->executions;
     }

@@ -79,8 +79,12 @@ struct EmulatedDevice {
   int64_t peak = 0;
   int64_t num_allocs = 0;
   int64_t largest_alloc = 0;
-  // The timeline: executions run in order; the device is free from free_ns on.
+  // The timeline: executions run in order; the device is free from free_ns on (in order), or
+  // co-run (Config::co_run): its compute and memory horizons and the executions not finished.
   int64_t free_ns = 0;
+  double compute_free_ns = 0;
+  double memory_free_ns = 0;
+  std::vector<int64_t> running;  // their finish instants
   double busy_s = 0;  // modelled device time of the executions placed on it so far
   int64_t executions = 0;
 };

@@ -166,6 +166,11 @@ StatusOr<std::shared_ptr<const Program>> AnalyzeProgram(std::shared_ptr<const Ph
   p->bytes = cost->bytes;
   p->modelled_s = xla_passes::ModelledSeconds(config.preset, p->flops, p->bytes);
   p->duration_ns = ScaledNs(p->modelled_s, config.time_scale);
+  const xla_passes::DeviceSpec& d = config.preset;
+  const double scale_ns = config.time_scale * 1e9;
+  p->compute_ns = p->flops / (d.peak_flops * d.eff_compute) * scale_ns;
+  p->memory_ns = p->bytes / (d.mem_bandwidth * d.eff_memory) * scale_ns;
+  p->launch_ns = d.small_work_s * scale_ns;
   return std::shared_ptr<const Program>(std::move(p));
 }
 

@@ -48,6 +48,11 @@ struct Program {
   double bytes = 0;
   double modelled_s = 0;
   int64_t duration_ns = 0;
+  // Its parts on the wall clock (x time_scale), for devices that co-run executions:
+  // FLOPs / achieved FLOP/s, bytes / achieved bandwidth, and the launch cost.
+  double compute_ns = 0;
+  double memory_ns = 0;
+  double launch_ns = 0;
   // The first custom call that must run on the host (a Python callback), "" when none.
   std::string host_callback;
 };
