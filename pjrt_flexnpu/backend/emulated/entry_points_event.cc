@@ -1,4 +1,5 @@
-// Errors, the plugin's own slots, events (timeline.h) and execute contexts.
+// The plugin's own slots (its errors: backend/own_api.h), events (timeline.h) and execute
+// contexts.
 #include <cstdlib>
 
 #include "pjrt_flexnpu/backend/emulated/entry_points.h"
@@ -19,17 +20,6 @@ StatusOr<std::shared_ptr<const PhysicalBackend>> CompilerIfAny() {
 }
 
 }  // namespace
-
-void Error_Destroy(PJRT_Error_Destroy_Args* a) { delete From<EmulatedError>(a->error); }
-void Error_Message(PJRT_Error_Message_Args* a) {
-  const Status& status = From<const EmulatedError>(a->error)->status;
-  a->message = status.message().data();
-  a->message_size = status.message().size();
-}
-PJRT_Error* Error_GetCode(PJRT_Error_GetCode_Args* a) {
-  a->code = static_cast<PJRT_Error_Code>(From<const EmulatedError>(a->error)->status.code());
-  return nullptr;
-}
 
 PJRT_Error* Plugin_Initialize(PJRT_Plugin_Initialize_Args*) { return nullptr; }
 // The compiler's (StableHLO versions: what JAX may serialize programs as), when it is known.

@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,31 +14,20 @@
 #include "pjrt_c_api.h"
 #include "pjrt_flexnpu/backend/emulated/config.h"
 #include "pjrt_flexnpu/backend/emulated/program.h"
+#include "pjrt_flexnpu/backend/own_api.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
 #include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu::emulated {
 
-// The PJRT_Error of this API: a Status.
-struct EmulatedError {
-  Status status;
-};
-
-inline PJRT_Error* ToError(Status status) {
-  if (status.ok()) return nullptr;
-  return reinterpret_cast<PJRT_Error*>(new EmulatedError{std::move(status)});
-}
+using own_api::From;
+using own_api::To;
+using own_api::ToError;
 
 // Runs a slot's body; no exception leaves it.
 template <typename F>
 PJRT_Error* Run(F&& body) {
-  try {
-    return ToError(body());
-  } catch (const std::exception& e) {
-    return ToError(Internal(std::string("emulated backend: ") + e.what()));
-  } catch (...) {
-    return ToError(Internal("emulated backend: unknown exception"));
-  }
+  return own_api::Run("emulated backend", std::forward<F>(body));
 }
 
 struct EmulatedClient;
@@ -142,15 +130,6 @@ struct EmulatedLoadedExecutable {
 struct EmulatedExecutable {
   std::shared_ptr<const Program> program;
 };
-
-template <typename T, typename H>
-T* From(H* handle) {
-  return reinterpret_cast<T*>(handle);
-}
-template <typename H, typename T>
-H* To(T* object) {
-  return reinterpret_cast<H*>(object);
-}
 
 // The device a handle names, as its client shares it.
 inline std::shared_ptr<EmulatedDevice> SharedDevice(PJRT_Device* handle) {

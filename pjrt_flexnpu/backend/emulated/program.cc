@@ -1,6 +1,7 @@
 #include "pjrt_flexnpu/backend/emulated/program.h"
 
 #include <algorithm>
+#include <exception>
 
 #include "pjrt_flexnpu/backend/compile_options.h"
 #include "pjrt_flexnpu/backend/emulated/timeline.h"
@@ -88,7 +89,13 @@ ProgramCache::Result ProgramCache::Get(const std::string& key,
     entries_[key].pending = promise.get_future().share();
   }
   compiles_.fetch_add(1, std::memory_order_relaxed);
-  Result result = compile();
+  Result result = Internal("emulated backend: compiling threw");
+  try {  // whatever happens, the requests waiting for this compile get an answer
+    result = compile();
+  } catch (const std::exception& e) {
+    result = Internal(std::string("emulated backend: compiling: ") + e.what());
+  } catch (...) {
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = entries_[key];
