@@ -47,6 +47,19 @@ inline PJRT_Error* Error_GetCode(PJRT_Error_GetCode_Args* a) {
   return nullptr;
 }
 
+// A table of this header's version with the error slots filled; the API adds its own slots.
+inline PJRT_Api NewApi() {
+  PJRT_Api api{};
+  api.struct_size = PJRT_Api_STRUCT_SIZE;
+  api.pjrt_api_version.struct_size = PJRT_Api_Version_STRUCT_SIZE;
+  api.pjrt_api_version.major_version = PJRT_API_MAJOR;
+  api.pjrt_api_version.minor_version = PJRT_API_MINOR;
+  api.PJRT_Error_Destroy = Error_Destroy;
+  api.PJRT_Error_Message = Error_Message;
+  api.PJRT_Error_GetCode = Error_GetCode;
+  return api;
+}
+
 // The object behind a handle, and the handle of an object.
 template <typename T, typename H>
 T* From(H* handle) {
