@@ -95,15 +95,18 @@ Status ReadDeviceAssignment(std::string_view bytes, CompileOptionsInfo* info) {
 }
 
 // Rewrites the ExecutableBuildOptionsProto: drops num_replicas, num_partitions and
-// device_assignment and appends the given ones; everything else is kept verbatim.
+// device_assignment (and device_ordinal if `drop_ordinal`) and appends the given ones;
+// everything else is kept verbatim.
 std::string RewriteBuildOptions(std::string_view build, int64_t num_replicas,
-                                int64_t num_partitions, const std::string* assignment) {
+                                int64_t num_partitions, const std::string* assignment,
+                                bool drop_ordinal = false) {
   Writer out;
   Reader reader(build);
   Field field;
   while (reader.Next(&field)) {
     if (field.number == f::kNumReplicas || field.number == f::kNumPartitions ||
-        field.number == f::kDeviceAssignment) {
+        field.number == f::kDeviceAssignment ||
+        (drop_ordinal && field.number == f::kDeviceOrdinal)) {
       continue;
     }
     out.Raw(field.raw);
@@ -115,7 +118,8 @@ std::string RewriteBuildOptions(std::string_view build, int64_t num_replicas,
 }
 
 StatusOr<std::string> Rewrite(std::string_view serialized, bool portable, int64_t num_replicas,
-                              int64_t num_partitions, const std::string* assignment) {
+                              int64_t num_partitions, const std::string* assignment,
+                              bool drop_ordinal = false) {
   auto build = CollectMessage(serialized, f::kBuildOptions, "executable_build_options");
   if (!build.ok()) return build.status();
   Writer out;
@@ -126,7 +130,8 @@ StatusOr<std::string> Rewrite(std::string_view serialized, bool portable, int64_
     out.Raw(field.raw);
   }
   if (!reader.ok()) return Malformed("CompileOptionsProto", reader);
-  out.Bytes(f::kBuildOptions, RewriteBuildOptions(*build, num_replicas, num_partitions, assignment));
+  out.Bytes(f::kBuildOptions, RewriteBuildOptions(*build, num_replicas, num_partitions, assignment,
+                                                  drop_ordinal));
   if (portable) out.Bool(f::kCompilePortable, true);
   return out.Take();
 }
@@ -205,6 +210,13 @@ StatusOr<std::string> RewriteDeviceAssignment(std::string_view serialized,
       SerializeDeviceAssignment(info->num_replicas, info->num_partitions, device_ids);
   return Rewrite(serialized, /*portable=*/false, info->num_replicas, info->num_partitions,
                  &assignment);
+}
+
+StatusOr<std::string> WithoutDeviceChoice(std::string_view serialized) {
+  auto info = ReadCompileOptions(serialized);
+  if (!info.ok()) return info.status();
+  return Rewrite(serialized, /*portable=*/false, info->num_replicas, info->num_partitions,
+                 nullptr, /*drop_ordinal=*/true);
 }
 
 }  // namespace flexnpu

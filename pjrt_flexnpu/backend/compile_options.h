@@ -30,10 +30,15 @@ StatusOr<std::string> RewriteAsPortable(std::string_view serialized);
 StatusOr<std::string> RewriteDeviceAssignment(std::string_view serialized,
                                               const std::vector<int64_t>& device_ids);
 
+// The same options without what only chooses devices (device assignment, device ordinal,
+// portability): equal for the per-device variants of one program.
+StatusOr<std::string> WithoutDeviceChoice(std::string_view serialized);
+
 // Field numbers from openxla/xla xla/pjrt/proto/compile_options.proto and xla/xla.proto.
 namespace compile_options_fields {
 inline constexpr uint32_t kBuildOptions = 3;        // CompileOptionsProto
 inline constexpr uint32_t kCompilePortable = 4;     // CompileOptionsProto
+inline constexpr uint32_t kDeviceOrdinal = 1;       // ExecutableBuildOptionsProto
 inline constexpr uint32_t kNumReplicas = 4;         // ExecutableBuildOptionsProto
 inline constexpr uint32_t kNumPartitions = 5;       // ExecutableBuildOptionsProto
 inline constexpr uint32_t kDeviceAssignment = 9;    // ExecutableBuildOptionsProto

@@ -17,6 +17,7 @@ namespace flexnpu {
 enum class BackendKind {
   kPlugin,  // a PJRT plugin library by path (CPU, CUDA, Ascend), loaded with dlopen
   kDaemon,  // "daemon:SOCKET": the FlexNPU daemon's backend, over its remote API (remote/)
+  kEmulated,  // "emulate:PRESET": accelerators of a device preset, modelled (emulated/)
 };
 
 // The kind of backend `spec` names.

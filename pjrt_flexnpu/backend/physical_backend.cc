@@ -195,6 +195,23 @@ StatusOr<int64_t> PhysicalBackend::BytesLimit(PJRT_Device* device) const {
   return args.bytes_limit_is_set ? args.bytes_limit : 0;
 }
 
+StatusOr<ModelledDeviceTime> PhysicalBackend::ModelledTime(PJRT_Device* device) const {
+  const size_t chain_end = offsetof(PJRT_Api, extension_start) + sizeof(api_->extension_start);
+  for (const PJRT_Extension_Base* e = api_->struct_size >= chain_end ? api_->extension_start
+                                                                     : nullptr;
+       e != nullptr; e = e->next) {
+    if (e->type != kModelledTimeExtensionType || e->struct_size < sizeof(ModelledTimeExtension)) {
+      continue;
+    }
+    ModelledDeviceTime out;
+    FLEXNPU_RETURN_IF_ERROR(Consume(
+        reinterpret_cast<const ModelledTimeExtension*>(e)->device_time(device, &out),
+        "ModelledTimeExtension::device_time"));
+    return out;
+  }
+  return Unimplemented("physical backend '" + path_ + "' does not model device time");
+}
+
 StatusOr<std::string_view> PhysicalBackend::MemoryKind(PJRT_Memory* memory) const {
   FLEXNPU_ARGS(PJRT_Memory_Kind, args);
   args.memory = memory;

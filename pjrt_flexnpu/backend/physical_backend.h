@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pjrt_c_api.h"
+#include "pjrt_flexnpu/backend/modelled_time.h"
 #include "pjrt_flexnpu/base/status.h"
 
 namespace flexnpu {
@@ -137,6 +138,9 @@ class PhysicalBackend {
   StatusOr<PJRT_Memory*> DefaultMemory(PJRT_Device* device) const;
   // The device's memory limit in bytes; 0 when the backend does not report one.
   StatusOr<int64_t> BytesLimit(PJRT_Device* device) const;
+  // The device time a backend of modelled devices (emulate:<preset>) has modelled on
+  // `device`; UNIMPLEMENTED for real devices.
+  StatusOr<ModelledDeviceTime> ModelledTime(PJRT_Device* device) const;
   StatusOr<std::string_view> MemoryKind(PJRT_Memory* memory) const;
   StatusOr<int> MemoryKindId(PJRT_Memory* memory) const;
   // The inner plugin's attributes (owned by it, valid for the process).

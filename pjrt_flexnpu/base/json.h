@@ -2,6 +2,7 @@
 #ifndef FLEXNPU_BASE_JSON_H_
 #define FLEXNPU_BASE_JSON_H_
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -32,6 +33,13 @@ inline std::string JsonString(const std::string& s) {
     }
   }
   return out + "\"";
+}
+
+// `v` with every digit (it reads back exactly); 0 when not finite (JSON has no such number).
+inline std::string JsonNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.17g", std::isfinite(v) ? v : 0.0);
+  return buf;
 }
 
 }  // namespace flexnpu

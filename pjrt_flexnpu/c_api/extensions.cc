@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "pjrt_flexnpu/backend/factory.h"
 #include "pjrt_flexnpu/backend/physical_backend.h"
 #include "pjrt_flexnpu/runtime/ffi.h"
 #include "pjrt_flexnpu/runtime/host_callback.h"
@@ -105,7 +106,9 @@ std::shared_ptr<const PhysicalBackend> EnvironmentBackend() {
   if (!options.ok()) return nullptr;
   auto path = BackendPath(*options);
   if (!path.ok()) return nullptr;
-  auto backend = PhysicalBackend::Load(*path);
+  // A daemon's API is opened per client (it connects); a plugin or an emulated backend now.
+  if (BackendKindOf(*path) == BackendKind::kDaemon) return nullptr;
+  auto backend = OpenBackend(*path);
   return backend.ok() ? *backend : nullptr;
 }
 

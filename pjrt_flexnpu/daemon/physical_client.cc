@@ -4,11 +4,14 @@
 
 #include <utility>
 
+#include "pjrt_flexnpu/backend/factory.h"
+
 namespace flexnpu::daemon {
 namespace {
 
 Status LoadBackend(const std::string& path, PhysicalClient& p) {
-  auto backend = PhysicalBackend::Load(path);
+  // A plugin's path, or one of FlexNPU's own backends (emulate:PRESET).
+  auto backend = OpenBackend(path);
   if (!backend.ok()) return backend.status();
   p.backend = *backend;
   if (void* library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) {

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pjrt_flexnpu/base/co_run.h"
 #include "pjrt_flexnpu/placement/placement.h"
 
 namespace flexnpu::placement {
@@ -185,11 +186,10 @@ struct CoreState {
       *start = std::max(avail[d], now + mig);
       return *start + std::max(c, m) + launch_ns[d];
     }
-    const double k1 = outstanding[d] + 1.0;
     const double C = std::max(0.0, avail_c[d] - now);
     const double M = std::max(0.0, avail_m[d] - now);
     *start = now + mig;
-    return *start + std::max(std::min(c * k1, C + c), std::min(m * k1, M + m)) + launch_ns[d];
+    return *start + CoRunDuration(c, m, outstanding[d], C, M) + launch_ns[d];
   }
 
   // The O(P) scan: the candidate with the lowest predicted finish (+ prefill interference

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "pjrt_flexnpu/backend/factory.h"
+#include "pjrt_flexnpu/base/json.h"
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable.h"
 #include "pjrt_flexnpu/runtime/executable_serialization.h"
@@ -160,7 +161,14 @@ Status VirtualClient::Init() {
 
   const int num_virtual =
       options_.num_virtual_devices > 0 ? options_.num_virtual_devices : num_physical();
-  std::vector<placement::DeviceModel> models(num_physical(), DeviceModelFor(roofline_));
+  // A backend that models its devices' time (emulate:PRESET, whose device kind names the
+  // preset) stretches it by its time_scale, and may co-run executions: so does the placer.
+  placement::DeviceModel model = DeviceModelFor(roofline_);
+  if (auto modelled = b.ModelledTime(physical_[0].device); modelled.ok()) {
+    model = StretchedDeviceModel(model, modelled->time_scale);
+    model.can_overlap = modelled->co_run;  // its devices co-run as the placer's model says
+  }
+  std::vector<placement::DeviceModel> models(num_physical(), model);
   // Telemetry (pjrt_flexnpu/hardware): binds the physical devices to AscendCL / NVML devices;
   // an accelerator its library names gets that preset's roofline (a CPU backend keeps its own).
   std::vector<PJRT_Device*> physical_devices;
@@ -276,7 +284,22 @@ std::string VirtualClient::StatsJson() const {
         << ",\"peak_bytes_in_use\":" << d->stats().peak_bytes_in_use()
         << ",\"num_allocs\":" << d->stats().num_allocs() << "}";
   }
-  out << "],\"placement\":" << placer_->SnapshotJson() << ",\"telemetry\":" << telemetry_->Json()
+  out << "],\"modelled_device_time\":";
+  // Devices whose time the backend models (emulate:PRESET): per physical device, the device
+  // time of the executions it ran or queued (wall-clock time / time_scale).
+  for (int p = 0; p < num_physical(); ++p) {
+    auto modelled = backend_->ModelledTime(physical_[p].device);
+    if (!modelled.ok()) {
+      out << "null";
+      break;
+    }
+    out << (p == 0 ? "[" : ",") << "{\"physical\":" << p << ",\"busy_s\":" << JsonNumber(modelled->busy_s)
+        << ",\"executions\":" << modelled->executions
+        << ",\"time_scale\":" << JsonNumber(modelled->time_scale)
+        << ",\"co_run\":" << (modelled->co_run ? "true" : "false") << "}";
+    if (p + 1 == num_physical()) out << "]";
+  }
+  out << ",\"placement\":" << placer_->SnapshotJson() << ",\"telemetry\":" << telemetry_->Json()
       << "}";
   return out.str();
 }

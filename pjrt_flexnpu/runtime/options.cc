@@ -250,6 +250,13 @@ std::vector<NamedOption> EffectiveBackendOptions(const Options& options) {
     for (const auto& o : out) has_count |= (o.name == "cpu_device_count");
     if (!has_count) out.push_back({"cpu_device_count", kDefaultCpuDeviceCount});
   }
+  if (!options.cpu_plugin_path.empty() &&
+      BackendKindOf(options.backend) == BackendKind::kEmulated) {
+    // The emulated backend compiles with the CPU plugin FlexNPU was given.
+    bool has_path = false;
+    for (const auto& o : out) has_path |= (o.name == "cpu_plugin_path");
+    if (!has_path) out.push_back({"cpu_plugin_path", options.cpu_plugin_path});
+  }
   if (!options.tenant.empty() && BackendKindOf(options.backend) == BackendKind::kDaemon) {
     bool has_tenant = false;
     for (const auto& o : out) has_tenant |= (o.name == "tenant");

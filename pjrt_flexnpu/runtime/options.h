@@ -79,7 +79,8 @@ StatusOr<std::vector<NamedOption>> ParseBackendOptions(const std::string& text);
 
 // The physical backend's create options: the user's, plus FlexNPU's default of 4 CPU
 // devices when the backend is the CPU plugin and no cpu_device_count was given, plus the
-// tenant when the backend is a FlexNPU daemon (its remote Client_Create reads it).
+// tenant when the backend is a FlexNPU daemon (its remote Client_Create reads it), plus
+// cpu_plugin_path when the backend is emulated (its compiler).
 std::vector<NamedOption> EffectiveBackendOptions(const Options& options);
 
 inline constexpr int64_t kDefaultCpuDeviceCount = 4;

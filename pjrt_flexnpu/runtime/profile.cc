@@ -45,6 +45,15 @@ placement::DeviceModel DeviceModelFor(const xla_passes::DeviceSpec& spec) {
   return model;
 }
 
+placement::DeviceModel StretchedDeviceModel(placement::DeviceModel model, double time_scale) {
+  if (!(time_scale > 0) || time_scale == 1) return model;
+  model.peak_flops /= time_scale;
+  model.bandwidth_bytes_per_s /= time_scale;
+  model.link_bytes_per_s /= time_scale;
+  model.launch_s *= time_scale;
+  return model;
+}
+
 StatusOr<placement::Profile> ProfileExecutable(const PhysicalBackend& backend,
                                                PJRT_Executable* executable,
                                                const xla_passes::DeviceSpec& device,

@@ -20,6 +20,9 @@ namespace flexnpu {
 xla_passes::DeviceSpec RooflineFor(const std::string& platform, const std::string& device_kind);
 
 placement::DeviceModel DeviceModelFor(const xla_passes::DeviceSpec& spec);
+// `model` with every duration `time_scale` times as long: the model of a device whose modelled
+// time is stretched so (an emulated backend's time_scale, PhysicalBackend::ModelledTime).
+placement::DeviceModel StretchedDeviceModel(placement::DeviceModel model, double time_scale);
 
 // Profiles `executable` (an inner executable of `backend`) against `device`. When the
 // analysis reads the program, `*donatable` (if given) becomes the argument numbers the program

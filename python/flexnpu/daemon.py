@@ -138,7 +138,11 @@ def served_backend(
     if policy is None:
         if backend == "cpu" and not any(k == "cpu_device_count" for k, _ in options):
             options.append(("cpu_device_count", 4))
-        return ServedBackend(_backend_path(backend), options, [])
+        # The emulated backend (emulate:PRESET) compiles with the CPU plugin.
+        strings = (
+            [("cpu_plugin_path", _backend_path("cpu"))] if backend.startswith("emulate:") else []
+        )
+        return ServedBackend(_backend_path(backend), options, strings)
     from flexnpu._paths import cpu_plugin_path, plugin_library_path
 
     if num_virtual_devices < 0:

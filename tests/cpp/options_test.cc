@@ -38,6 +38,18 @@ TEST(OptionsTest, ExplicitOptionWinsOverEnvironment) {
   EXPECT_TRUE(EffectiveBackendOptions(*options).empty());
 }
 
+TEST(OptionsTest, EmulatedBackendGetsTheCpuPluginItCompilesWith) {
+  auto options = ParseOptions({}, FakeEnv({{"FLEXNPU_BACKEND", "emulate:910c"},
+                                           {"FLEXNPU_BACKEND_OPTIONS", "device_count=2"},
+                                           {"FLEXNPU_CPU_PLUGIN_PATH", "/x/cpu.so"}}));
+  ASSERT_TRUE(options.ok()) << options.status().message();
+  auto backend = EffectiveBackendOptions(*options);
+  ASSERT_EQ(backend.size(), 2u);
+  EXPECT_EQ(backend[0].name, "device_count");
+  EXPECT_EQ(backend[1].name, "cpu_plugin_path");
+  EXPECT_EQ(std::get<std::string>(backend[1].value), "/x/cpu.so");
+}
+
 TEST(OptionsTest, StringValuesFromJaxAreParsed) {
   auto options = ParseOptions({{"num_virtual_devices", std::string("6")}}, FakeEnv({}));
   ASSERT_TRUE(options.ok());

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "pjrt_c_api.h"
+#include "pjrt_flexnpu/backend/own_api.h"
 #include "pjrt_flexnpu/backend/remote/protocol.h"
 #include "pjrt_flexnpu/base/forced_unwind.h"
 #include "pjrt_flexnpu/base/status.h"
@@ -40,26 +41,12 @@ using daemon::IntCursor;
 using daemon::Layout;
 using daemon::SharedSegment;
 
-// The PJRT_Error of this API: a Status.
-struct RemoteError {
-  Status status;
-};
-
-inline PJRT_Error* ToError(Status status) {
-  if (status.ok()) return nullptr;
-  return reinterpret_cast<PJRT_Error*>(new RemoteError{std::move(status)});
-}
+using own_api::ToError;
 
 // Runs a slot's body; no exception leaves it.
 template <typename F>
 PJRT_Error* Run(F&& body) {
-  try {
-    return ToError(body());
-  } catch (const std::exception& e) {
-    return ToError(Internal(std::string("flexnpu daemon client: ") + e.what()));
-  } catch (...) {
-    return ToError(Internal("flexnpu daemon client: unknown exception"));
-  }
+  return own_api::Run("flexnpu daemon client", std::forward<F>(body));
 }
 
 class Connection;

@@ -1,6 +1,7 @@
 // The slots of the remote PJRT_Api, once (implemented in entry_points_*.cc, one file per
-// family: error and event, client and device, buffer, executable; the table is built in
-// remote_backend.cc). Slots not listed stay null, as in a plugin that lacks them.
+// family: plugin and event, client and device, buffer, executable; the error slots are
+// backend/own_api.h's; the table is built in remote_backend.cc). Slots not listed stay null,
+// as in a plugin that lacks them.
 #ifndef FLEXNPU_BACKEND_REMOTE_ENTRY_POINTS_H_
 #define FLEXNPU_BACKEND_REMOTE_ENTRY_POINTS_H_
 
@@ -12,13 +13,9 @@
 
 namespace flexnpu::remote {
 
-// PJRT_Error_Destroy and PJRT_Error_Message return nothing: outside the list below.
-void Error_Destroy(PJRT_Error_Destroy_Args* a);
-void Error_Message(PJRT_Error_Message_Args* a);
-
 // X(Name) is PJRT_Name, implemented by `PJRT_Error* Name(PJRT_Name_Args*)`.
 #define FLEXNPU_REMOTE_ENTRY_POINTS(X) \
-  X(Error_GetCode) X(Plugin_Initialize) X(Plugin_Attributes) \
+  X(Plugin_Initialize) X(Plugin_Attributes) \
   X(Event_Destroy) X(Event_IsReady) X(Event_Error) X(Event_Await) X(Event_OnReady) \
   X(Client_Create) X(Client_Destroy) X(Client_PlatformName) X(Client_PlatformVersion) \
   X(Client_ProcessIndex) X(Client_Devices) X(Client_AddressableDevices) \

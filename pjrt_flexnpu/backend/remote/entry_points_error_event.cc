@@ -1,21 +1,10 @@
-// Errors, the plugin's own slots and events. Events are made ready by their connection's
-// reader thread (connection.h), which runs their OnReady callbacks.
+// The plugin's own slots and events (its errors: backend/own_api.h). Events are made ready by
+// their connection's reader thread (connection.h), which runs their OnReady callbacks.
 #include "pjrt_flexnpu/backend/remote/entry_points.h"
 #include "pjrt_flexnpu/backend/remote/handles.h"
 
 namespace flexnpu::remote {
 
-void Error_Destroy(PJRT_Error_Destroy_Args* a) { delete From<RemoteError>(a->error); }
-void Error_Message(PJRT_Error_Message_Args* a) {
-  const auto* e = reinterpret_cast<const RemoteError*>(a->error);
-  a->message = e->status.message().data();
-  a->message_size = e->status.message().size();
-}
-PJRT_Error* Error_GetCode(PJRT_Error_GetCode_Args* a) {
-  a->code = static_cast<PJRT_Error_Code>(
-      reinterpret_cast<const RemoteError*>(a->error)->status.code());
-  return nullptr;
-}
 PJRT_Error* Plugin_Initialize(PJRT_Plugin_Initialize_Args*) { return nullptr; }
 PJRT_Error* Plugin_Attributes(PJRT_Plugin_Attributes_Args* a) {
   a->attributes = nullptr;

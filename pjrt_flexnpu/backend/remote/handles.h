@@ -129,14 +129,8 @@ struct EventHandle {
   std::shared_ptr<RemoteEvent> event;
 };
 
-template <typename T, typename H>
-T* From(H* handle) {
-  return reinterpret_cast<T*>(handle);
-}
-template <typename H, typename T>
-H* To(T* object) {
-  return reinterpret_cast<H*>(object);
-}
+using own_api::From;
+using own_api::To;
 
 // The memory index of `memory`, or -1.
 inline int64_t MemoryIndex(PJRT_Memory* memory) {

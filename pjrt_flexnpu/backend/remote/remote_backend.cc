@@ -12,13 +12,7 @@ std::mutex g_config_mu;
 std::string g_socket_path;
 
 PJRT_Api BuildApi() {
-  PJRT_Api api{};
-  api.struct_size = PJRT_Api_STRUCT_SIZE;
-  api.pjrt_api_version.struct_size = PJRT_Api_Version_STRUCT_SIZE;
-  api.pjrt_api_version.major_version = PJRT_API_MAJOR;
-  api.pjrt_api_version.minor_version = PJRT_API_MINOR;
-  api.PJRT_Error_Destroy = Error_Destroy;
-  api.PJRT_Error_Message = Error_Message;
+  PJRT_Api api = own_api::NewApi();
 #define FLEXNPU_SET_REMOTE_ENTRY_POINT(Name) api.PJRT_##Name = Name;
   FLEXNPU_REMOTE_ENTRY_POINTS(FLEXNPU_SET_REMOTE_ENTRY_POINT)
 #undef FLEXNPU_SET_REMOTE_ENTRY_POINT

@@ -32,7 +32,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--backend",
         default="cpu",
-        help="physical PJRT plugin: 'cpu' (xla-cpu-pjrt) or a library path",
+        help="physical PJRT plugin: 'cpu' (xla-cpu-pjrt), a library path, or "
+        "'emulate:PRESET' (emulated accelerators, docs/emulation.md)",
     )
     parser.add_argument(
         "--backend-options",

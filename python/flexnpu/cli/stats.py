@@ -44,6 +44,13 @@ def _table(client: dict[str, Any]) -> str:
             f"{d['device']:>8} {e['prefill']:>8} {e['decode']:>8} {e['small']:>8} "
             f"{d['busy_fraction']:>6.1%} {d['queue_length']:>6} {moved_mb:>8.2f}"
         )
+    modelled = client.get("modelled_device_time")
+    if modelled:  # an emulated backend: device time it modelled (wall time / time_scale)
+        lines.append(
+            "modelled device time: "
+            + ", ".join(f"{m['physical']}: {m['busy_s']:.6g} s" for m in modelled)
+            + f" (time_scale {modelled[0]['time_scale']:g})"
+        )
     lines.append(f"{'virtual':>8} {'home':>8} {'MB held':>8}")
     for v in client["virtual_devices"]:
         lines.append(f"{v['id']:>8} {v['home_physical']:>8} {v['bytes_in_use'] / 1e6:>8.2f}")
