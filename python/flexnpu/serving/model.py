@@ -246,7 +246,7 @@ def _gather_index(tables: jax.Array, block_size: int) -> jax.Array:
 
 
 def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict[str, jax.Array],
-               *, cfg: LlamaConfig, block_size: int):
+               *, cfg: LlamaConfig, block_size: int, vocab_limit: int | None = None):
     """One engine step over the paged cache (donated). `inp` (B decode rows, C chunk tokens,
     MB blocks per table, R = B + 1 sampling rows, the last one the chunk's):
       tokens [B + C] i32      host-known input tokens (decode rows first, then the chunk)
@@ -257,9 +257,11 @@ def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict
       dec_tables [B, MB] i32  block table of every decode row; chunk_table [MB] i32
       chunk_last () i32       index in the chunk of its last real token (its logits are sampled)
       temperature, top_p, min_p [R] f32; top_k [R] i32; seeds [R, 2] u32; sample_pos [R] i32
+      suppress_ids [R, K] i32 ids row r may not sample (padding: >= vocab_size)
       want_logprobs () bool
+    `vocab_limit`: only ids below it are sampled (the tokenizer's vocabulary, when smaller).
     Returns (ids [R], logprob [R], top_ids [R, 20], top_logprobs [R, 20], cache_k, cache_v)."""
-    from flexnpu.serving.sampling import sample_rows
+    from flexnpu.serving.sampling import mask_logits, sample_rows
 
     b = inp["prev_row"].shape[0]
     c = inp["tokens"].shape[0] - b
@@ -308,7 +310,7 @@ def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict
         sel = slice(None)
     else:  # no chunk row: sample the B decode rows, pad the outputs
         rows, sel = x[:b], slice(0, b)
-    logits = _logits(params, rows, cfg)
+    logits = mask_logits(_logits(params, rows, cfg), inp["suppress_ids"][sel], vocab_limit)
     out = sample_rows(logits, inp["temperature"][sel], inp["top_k"][sel], inp["top_p"][sel],
                       inp["min_p"][sel], inp["seeds"][sel], inp["sample_pos"][sel],
                       inp["want_logprobs"])
@@ -318,12 +320,13 @@ def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict
 
 
 def packed_paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array,
-                      packed: dict[str, jax.Array], *, cfg: LlamaConfig, block_size: int):
+                      packed: dict[str, jax.Array], *, cfg: LlamaConfig, block_size: int,
+                      vocab_limit: int | None = None):
     """paged_step on packed inputs ({"ints", "floats", "chunk_table", "prev_ids"})."""
     from flexnpu.serving.step_io import unpack_step_inputs
 
     return paged_step(params, cache_k, cache_v, unpack_step_inputs(packed), cfg=cfg,
-                      block_size=block_size)
+                      block_size=block_size, vocab_limit=vocab_limit)
 
 
 def extract_kv(cache_k: jax.Array, cache_v: jax.Array, slots: jax.Array):
@@ -338,12 +341,12 @@ def insert_kv(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array
             cache_v.at[:, slots].set(v.astype(cache_v.dtype)))
 
 
-def jitted_paged_steps(cfg: LlamaConfig, block_size: int):
+def jitted_paged_steps(cfg: LlamaConfig, block_size: int, vocab_limit: int | None = None):
     """(step on packed inputs, extract_kv, insert_kv) jitted; step and insert_kv donate the
     cache."""
     return (
-        jax.jit(partial(packed_paged_step, cfg=cfg, block_size=block_size),
-                donate_argnums=(1, 2)),
+        jax.jit(partial(packed_paged_step, cfg=cfg, block_size=block_size,
+                        vocab_limit=vocab_limit), donate_argnums=(1, 2)),
         jax.jit(extract_kv),
         jax.jit(insert_kv, donate_argnums=(0, 1)),
     )
