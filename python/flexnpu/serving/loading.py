@@ -1,5 +1,7 @@
 """Model selection: the default SmolLM2-135M-Instruct GGUF, any llama GGUF path, or
-`random:<preset>` (random weights of a Llama config, byte-level tokenizer)."""
+`random:<preset>` (random weights of a published shape, made on the device); and its tokenizer:
+the model's own, a Hugging Face tokenizer directory (`tokenizer=`), or for a random model the
+bundled SmolLM2 one (byte-level when its vocabulary is too small for that one: random:tiny)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 from flexnpu.serving import model as model_lib
 from flexnpu.serving import tokenizer as tok_lib
 from flexnpu.serving.chat_template import ChatTemplate
-from flexnpu.serving.config import RANDOM_PRESETS, LlamaConfig
+from flexnpu.serving.config import RANDOM_PRESETS, SMOLLM2_135M, LlamaConfig
 from flexnpu.serving.gguf_loader import DEFAULT_MODEL, GgufModel, load_gguf
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -32,24 +34,36 @@ class LoadedModel:
         """Every id that ends generation: eos, eot / eom, the template's end-of-turn token."""
         return tuple(self.tokenizer.eos_ids)
 
+    @property
+    def vocab_limit(self) -> int | None:
+        """Sample only ids below this: the tokenizer's vocabulary when the model's is larger (a
+        random model's 152k ids against SmolLM2's 49k), so every sampled id decodes."""
+        return vocab_limit(self.tokenizer, self.config)
+
 
 def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", seed: int = 0,
-               device=None, max_layers: int | None = None, log=print) -> LoadedModel:
+               device=None, max_layers: int | None = None, log=print,
+               tokenizer: str | None = None) -> LoadedModel:
+    """`tokenizer`: a Hugging Face tokenizer directory instead of the model's own."""
     t0 = time.perf_counter()
     if model.startswith("random:"):
         cfg = _preset(model)
+        tok = load_tokenizer(model, tokenizer)
         params = model_lib.random_params(cfg, seed, DTYPES[dtype], device)
-        tok: tok_lib.Tokenizer = tok_lib.ByteTokenizer(cfg.bos_id, cfg.eos_id)
         loaded = LoadedModel(model, cfg, params, tok)
     else:
         path = None if model == DEFAULT_MODEL else model
         g = load_gguf(path, max_layers=max_layers)
-        tok = tokenizer_from_gguf(g)
+        tok = tok_lib.load_hf_directory(tokenizer) if tokenizer else tokenizer_from_gguf(g)
+        check_tokenizer_fits(tok, g.config, model)
         params = model_lib.params_from_gguf(g.weights, g.config, DTYPES[dtype], device)
         name = DEFAULT_MODEL if path is None else g.name
         loaded = LoadedModel(name, g.config, params, tok)
-        if not g.chat_template:
-            log(f"{name}: the GGUF has no tokenizer.chat_template; chat uses plain ChatML")
+    if not getattr(loaded.tokenizer, "chat_template", None):
+        whose = (f"the tokenizer {tokenizer} has no chat_template" if tokenizer else
+                 "the GGUF has no tokenizer.chat_template" if not model.startswith("random:")
+                 else "its byte-level tokenizer has no chat template")
+        log(f"{loaded.name}: {whose}; chat uses plain ChatML")
     n = loaded.config.num_params()
     log(f"loaded {loaded.name}: {n / 1e6:.1f}M params, {loaded.config.num_layers} layers, "
         f"{dtype}, {time.perf_counter() - t0:.1f}s")
@@ -68,13 +82,38 @@ def tokenizer_from_gguf(g: GgufModel) -> tok_lib.HFTokenizer:
                              g.chat_template, special)
 
 
-def load_tokenizer(model: str = DEFAULT_MODEL) -> tok_lib.Tokenizer:
-    """The tokenizer of a model (GGUF metadata only, no weights)."""
-    if model.startswith("random:"):
-        cfg = _preset(model)
-        return tok_lib.ByteTokenizer(cfg.bos_id, cfg.eos_id)
-    return tokenizer_from_gguf(load_gguf(None if model == DEFAULT_MODEL else model,
-                                         weights=False))
+def load_tokenizer(model: str = DEFAULT_MODEL, tokenizer: str | None = None) -> tok_lib.Tokenizer:
+    """The tokenizer a model is served with (no weights read): the Hugging Face directory
+    `tokenizer` if given, else the GGUF's; a random model's is SmolLM2's, or byte-level when the
+    model's vocabulary is smaller than SmolLM2's (random:tiny). ValueError when the tokenizer
+    has ids the model does not."""
+    g = None if model.startswith("random:") else load_gguf(
+        None if model == DEFAULT_MODEL else model, weights=False)
+    cfg = _preset(model) if g is None else g.config
+    if tokenizer:
+        tok: tok_lib.Tokenizer = tok_lib.load_hf_directory(tokenizer)
+    elif g is not None:
+        tok = tokenizer_from_gguf(g)
+    elif cfg.vocab_size < SMOLLM2_135M.vocab_size:
+        tok = tok_lib.ByteTokenizer(cfg.bos_id, cfg.eos_id)
+    else:
+        tok = tokenizer_from_gguf(load_gguf(None, weights=False))
+    check_tokenizer_fits(tok, cfg, model)
+    return tok
+
+
+def check_tokenizer_fits(tok: tok_lib.Tokenizer, cfg: LlamaConfig, model: str) -> None:
+    """A tokenizer whose ids the model's embedding cannot take is refused (a larger model
+    vocabulary is fine: vocab_limit)."""
+    if tok.vocab_size > cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {tok.vocab_size} token ids, more than the "
+                         f"{cfg.vocab_size} of {model}'s vocabulary")
+
+
+def vocab_limit(tok: tok_lib.Tokenizer, cfg: LlamaConfig) -> int | None:
+    """tok.vocab_size when it is below the model's vocabulary (sampling stops there), else
+    None."""
+    return tok.vocab_size if tok.vocab_size < cfg.vocab_size else None
 
 
 def model_context_length(model: str = DEFAULT_MODEL) -> int:

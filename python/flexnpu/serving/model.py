@@ -22,11 +22,17 @@ from flexnpu.serving.kvcache import cache_shape, init_cache  # noqa: F401 - re-e
 Params = dict[str, Any]
 
 LAYER_KEYS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up", "w_down")
+BIAS_KEYS = ("bq", "bk", "bv")  # with attention_bias
 _GGUF_NAMES = {
     "attn_norm": "attn_norm.weight", "wq": "attn_q.weight", "wk": "attn_k.weight",
     "wv": "attn_v.weight", "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
     "w_gate": "ffn_gate.weight", "w_up": "ffn_up.weight", "w_down": "ffn_down.weight",
+    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
 }
+
+
+def layer_keys(cfg: LlamaConfig) -> tuple[str, ...]:
+    return LAYER_KEYS + (BIAS_KEYS if cfg.attention_bias else ())
 
 
 def params_from_gguf(weights: dict[str, np.ndarray], cfg: LlamaConfig, dtype=jnp.float32,
@@ -37,8 +43,8 @@ def params_from_gguf(weights: dict[str, np.ndarray], cfg: LlamaConfig, dtype=jnp
         return weights[name].T
 
     layers = {}
-    for key, suffix in _GGUF_NAMES.items():
-        stack = [weights[f"blk.{i}.{suffix}"] for i in range(cfg.num_layers)]
+    for key in layer_keys(cfg):
+        stack = [weights[f"blk.{i}.{_GGUF_NAMES[key]}"] for i in range(cfg.num_layers)]
         arr = np.stack([s if s.ndim == 1 else s.T for s in stack])
         layers[key] = arr
     params: Params = {
@@ -60,32 +66,51 @@ def cast_params(params: Params, dtype, device=None) -> Params:
     return jax.tree_util.tree_map_with_path(cast, params)
 
 
-def random_params(cfg: LlamaConfig, seed: int = 0, dtype=jnp.float32, device=None) -> Params:
-    """Random-initialized weights (normal, std 0.02; norms 1) of any Llama config."""
-    rng = np.random.default_rng(seed)
-    h, f, d, n_layers = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_layers
+def param_shapes(cfg: LlamaConfig, dtype=jnp.float32) -> Params:
+    """The parameter tree of `cfg` as jax.ShapeDtypeStruct (norms f32, the rest `dtype`)."""
+    h, f, d, n = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim, cfg.num_layers
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    layer = {"attn_norm": (h,), "wq": (h, q), "wk": (h, kv), "wv": (h, kv), "wo": (q, h),
+             "ffn_norm": (h,), "w_gate": (h, f), "w_up": (h, f), "w_down": (f, h),
+             "bq": (q,), "bk": (kv,), "bv": (kv,)}
 
-    def normal(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
+    def spec(name: str, *shape: int) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, jnp.float32 if "norm" in name else dtype)
 
     params: Params = {
-        "embed": normal(cfg.vocab_size, h),
-        "layers": {
-            "attn_norm": np.ones((n_layers, h), np.float32),
-            "wq": normal(n_layers, h, cfg.num_heads * d),
-            "wk": normal(n_layers, h, cfg.num_kv_heads * d),
-            "wv": normal(n_layers, h, cfg.num_kv_heads * d),
-            "wo": normal(n_layers, cfg.num_heads * d, h),
-            "ffn_norm": np.ones((n_layers, h), np.float32),
-            "w_gate": normal(n_layers, h, f),
-            "w_up": normal(n_layers, h, f),
-            "w_down": normal(n_layers, f, h),
-        },
-        "norm": np.ones((h,), np.float32),
+        "embed": spec("embed", cfg.vocab_size, h),
+        "layers": {k: spec(k, n, *layer[k]) for k in layer_keys(cfg)},
+        "norm": spec("norm", h),
     }
     if not cfg.tie_embeddings:
-        params["lm_head"] = normal(h, cfg.vocab_size)
-    return cast_params(params, dtype, device)
+        params["lm_head"] = spec("lm_head", h, cfg.vocab_size)
+    return params
+
+
+def random_params(cfg: LlamaConfig, seed: int = 0, dtype=jnp.float32, device=None) -> Params:
+    """Random weights (normal, std 0.02; norms 1) of any Llama config, made by one jitted program
+    on `device` (default: the first of jax.devices()) from the seed alone: nothing of their size
+    is made on the host, so a model larger than host memory loads onto devices that hold it (an
+    emulated backend's). A seed gives the same weights in every dtype (up to rounding)."""
+    device = device or jax.devices()[0]
+    shapes = param_shapes(cfg, dtype)
+    leaves, tree = jax.tree_util.tree_flatten_with_path(shapes)
+
+    def init(seed_words: jax.Array) -> Params:
+        # "rbg": XLA's RngBitGenerator makes the bits, which compiles several times faster than
+        # threefry unrolled per parameter; the weights are the same for a seed on one backend.
+        key = jax.random.fold_in(jax.random.key(seed_words[0], impl="rbg"), seed_words[1])
+        out = []
+        for k, (path, s) in zip(jax.random.split(key, len(leaves)), leaves, strict=True):
+            if "norm" in jax.tree_util.keystr(path):
+                out.append(jnp.ones(s.shape, s.dtype))
+            else:
+                out.append((jax.random.normal(k, s.shape, jnp.float32) * 0.02).astype(s.dtype))
+        return jax.tree_util.tree_unflatten(tree, out)
+
+    words = np.array([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF], np.uint32)
+    on_device = jax.sharding.SingleDeviceSharding(device)
+    return jax.jit(init, out_shardings=on_device)(jax.device_put(words, device))
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -104,6 +129,18 @@ def rope(x: jax.Array, pos: jax.Array, cfg: LlamaConfig) -> jax.Array:
     x0, x1 = xf[..., 0], xf[..., 1]
     out = jnp.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], axis=-1)
     return out.reshape(x.shape).astype(x.dtype)
+
+
+def _qkv(h: jax.Array, lp: Params, pos: jax.Array, cfg: LlamaConfig):
+    """h [N, hidden] -> q [N, n_heads, D], k, v [N, n_kv, D]; RoPE on q and k (after the bias,
+    as Qwen2 does)."""
+    n, d = h.shape[0], cfg.head_dim
+    q, k, v = h @ lp["wq"], h @ lp["wk"], h @ lp["wv"]
+    if cfg.attention_bias:
+        q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+    return (rope(q.reshape(n, cfg.num_heads, d), pos, cfg),
+            rope(k.reshape(n, cfg.num_kv_heads, d), pos, cfg),
+            v.reshape(n, cfg.num_kv_heads, d))
 
 
 def _mlp(h: jax.Array, lp: Params) -> jax.Array:
@@ -128,9 +165,7 @@ def prefill(params: Params, tokens: jax.Array, length: jax.Array, *, cfg: LlamaC
 
     def layer(x, lp):
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
-        q = rope((h @ lp["wq"]).reshape(t, nh, d), pos, cfg)
-        k = rope((h @ lp["wk"]).reshape(t, nkv, d), pos, cfg)
-        v = (h @ lp["wv"]).reshape(t, nkv, d)
+        q, k, v = _qkv(h, lp, pos, cfg)
         qg = q.reshape(t, nkv, g, d)
         s = jnp.einsum("tkgd,skd->kgts", qg, k, preferred_element_type=jnp.float32)
         s = jnp.where(causal, s / np.sqrt(d), -jnp.inf)
@@ -160,9 +195,7 @@ def decode(params: Params, cache_k: jax.Array, cache_v: jax.Array, tokens: jax.A
     def layer(carry, lp):
         x, ck, cv, i = carry
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
-        q = rope((h @ lp["wq"]).reshape(b, nh, d), pos, cfg)
-        k = rope((h @ lp["wk"]).reshape(b, nkv, d), pos, cfg)
-        v = (h @ lp["wv"]).reshape(b, nkv, d)
+        q, k, v = _qkv(h, lp, pos, cfg)
         ck = ck.at[i, rows, pos].set(k.astype(ck.dtype))
         cv = cv.at[i, rows, pos].set(v.astype(cv.dtype))
         kl, vl = ck[i], cv[i]  # [B, S, n_kv, D]
@@ -213,7 +246,7 @@ def _gather_index(tables: jax.Array, block_size: int) -> jax.Array:
 
 
 def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict[str, jax.Array],
-               *, cfg: LlamaConfig, block_size: int):
+               *, cfg: LlamaConfig, block_size: int, vocab_limit: int | None = None):
     """One engine step over the paged cache (donated). `inp` (B decode rows, C chunk tokens,
     MB blocks per table, R = B + 1 sampling rows, the last one the chunk's):
       tokens [B + C] i32      host-known input tokens (decode rows first, then the chunk)
@@ -224,9 +257,11 @@ def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict
       dec_tables [B, MB] i32  block table of every decode row; chunk_table [MB] i32
       chunk_last () i32       index in the chunk of its last real token (its logits are sampled)
       temperature, top_p, min_p [R] f32; top_k [R] i32; seeds [R, 2] u32; sample_pos [R] i32
+      suppress_ids [R, K] i32 ids row r may not sample (padding: >= vocab_size)
       want_logprobs () bool
+    `vocab_limit`: only ids below it are sampled (the tokenizer's vocabulary, when smaller).
     Returns (ids [R], logprob [R], top_ids [R, 20], top_logprobs [R, 20], cache_k, cache_v)."""
-    from flexnpu.serving.sampling import sample_rows
+    from flexnpu.serving.sampling import mask_logits, sample_rows
 
     b = inp["prev_row"].shape[0]
     c = inp["tokens"].shape[0] - b
@@ -247,9 +282,7 @@ def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict
     def layer(carry, lp):
         x, ck, cv, i = carry
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
-        q = rope((h @ lp["wq"]).reshape(b + c, nh, d), pos, cfg)
-        k = rope((h @ lp["wk"]).reshape(b + c, nkv, d), pos, cfg)
-        v = (h @ lp["wv"]).reshape(b + c, nkv, d)
+        q, k, v = _qkv(h, lp, pos, cfg)
         ck = ck.at[i, slots].set(k.astype(ck.dtype))
         cv = cv.at[i, slots].set(v.astype(cv.dtype))
         kd, vd = ck[i, dec_idx], cv[i, dec_idx]  # [B, S, n_kv, D]
@@ -277,7 +310,7 @@ def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict
         sel = slice(None)
     else:  # no chunk row: sample the B decode rows, pad the outputs
         rows, sel = x[:b], slice(0, b)
-    logits = _logits(params, rows, cfg)
+    logits = mask_logits(_logits(params, rows, cfg), inp["suppress_ids"][sel], vocab_limit)
     out = sample_rows(logits, inp["temperature"][sel], inp["top_k"][sel], inp["top_p"][sel],
                       inp["min_p"][sel], inp["seeds"][sel], inp["sample_pos"][sel],
                       inp["want_logprobs"])
@@ -287,12 +320,13 @@ def paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array, inp: dict
 
 
 def packed_paged_step(params: Params, cache_k: jax.Array, cache_v: jax.Array,
-                      packed: dict[str, jax.Array], *, cfg: LlamaConfig, block_size: int):
+                      packed: dict[str, jax.Array], *, cfg: LlamaConfig, block_size: int,
+                      vocab_limit: int | None = None):
     """paged_step on packed inputs ({"ints", "floats", "chunk_table", "prev_ids"})."""
     from flexnpu.serving.step_io import unpack_step_inputs
 
     return paged_step(params, cache_k, cache_v, unpack_step_inputs(packed), cfg=cfg,
-                      block_size=block_size)
+                      block_size=block_size, vocab_limit=vocab_limit)
 
 
 def extract_kv(cache_k: jax.Array, cache_v: jax.Array, slots: jax.Array):
@@ -307,12 +341,12 @@ def insert_kv(cache_k: jax.Array, cache_v: jax.Array, k: jax.Array, v: jax.Array
             cache_v.at[:, slots].set(v.astype(cache_v.dtype)))
 
 
-def jitted_paged_steps(cfg: LlamaConfig, block_size: int):
+def jitted_paged_steps(cfg: LlamaConfig, block_size: int, vocab_limit: int | None = None):
     """(step on packed inputs, extract_kv, insert_kv) jitted; step and insert_kv donate the
     cache."""
     return (
-        jax.jit(partial(packed_paged_step, cfg=cfg, block_size=block_size),
-                donate_argnums=(1, 2)),
+        jax.jit(partial(packed_paged_step, cfg=cfg, block_size=block_size,
+                        vocab_limit=vocab_limit), donate_argnums=(1, 2)),
         jax.jit(extract_kv),
         jax.jit(insert_kv, donate_argnums=(0, 1)),
     )

@@ -89,7 +89,6 @@ _UNSUPPORTED: tuple[tuple[str, tuple, str], ...] = (
     ("logit_bias", ({},), "logit_bias is not supported"),
     ("bad_words", ([],), "bad_words is not supported"),
     ("allowed_token_ids", ([],), "allowed_token_ids is not supported"),
-    ("min_tokens", (0,), "min_tokens is not supported (only 0)"),
     ("best_of", (1,), "best_of is not supported (only 1)"),
     ("use_beam_search", (False,), "beam search is not supported"),
     ("prompt_logprobs", (0,), "prompt_logprobs is not supported"),
@@ -136,8 +135,11 @@ def _reject_unsupported(body: dict) -> None:
         )
 
 
-def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int | None]:
-    """SamplingParams from the body and the explicit max_tokens (None when not given)."""
+def parse_sampling(
+    body: dict, chat: bool, default_max_tokens: int = 16
+) -> tuple[SamplingParams, int | None]:
+    """SamplingParams from the body and the explicit max_tokens (None when not given: then
+    `default_max_tokens`)."""
     _reject_unsupported(body)
     max_tokens = get_field(
         body, "max_completion_tokens", (int,), None, lambda v: v >= 1, "a positive integer"
@@ -145,6 +147,15 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int | None]:
     max_tokens = get_field(
         body, "max_tokens", (int,), max_tokens, lambda v: v >= 1, "a positive integer"
     )
+    min_tokens = get_field(
+        body, "min_tokens", (int,), 0, lambda v: v >= 0, "an integer >= 0 (vLLM's min_tokens)"
+    )
+    limit = max_tokens or default_max_tokens
+    if min_tokens > limit:
+        what = "max_tokens" if max_tokens else "the default max_tokens"
+        raise APIError(
+            f"'min_tokens' ({min_tokens}) must not exceed {what} ({limit})", param="min_tokens"
+        )
     stop = get_field(body, "stop", (str, list), [], None, "a string or a list of strings")
     if isinstance(stop, str):
         stop = [stop]
@@ -183,7 +194,8 @@ def parse_sampling(body: dict, chat: bool) -> tuple[SamplingParams, int | None]:
         )
     try:
         sp = SamplingParams(
-            max_tokens=max_tokens or 16,
+            max_tokens=max_tokens or default_max_tokens,
+            min_tokens=min_tokens,
             temperature=float(
                 get_field(
                     body,

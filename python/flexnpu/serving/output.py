@@ -3,6 +3,8 @@ stop decisions (the model's eos ids unless `ignore_eos`, `stop_token_ids`, stop 
 detokenization (tokenizers' DecodeStream), logprobs collection and the finish.
 
 One stop semantics for `engine.generate()` (IdsOutput) and HTTP (TextOutput):
+- before `min_tokens` tokens nothing stops a request (its stop ids are not even sampled: the
+  step suppresses them, `suppressed_ids`);
 - a stop *token* (eos or stop_token_ids) ends the request; it is counted in `num_tokens`
   (usage.completion_tokens, as vLLM does) but neither its id (IdsOutput.ids) nor its text is
   shown, nor its logprobs;
@@ -52,11 +54,27 @@ def stop_token_ids(sampling: SamplingParams, eos_ids: Collection[int]) -> frozen
     return frozenset(ids)
 
 
+def suppressed_ids(sampling: SamplingParams, eos_ids: Collection[int]) -> tuple[int, ...]:
+    """What min_tokens keeps from being sampled until that many tokens (as vLLM): the request's
+    stop token ids (above); none without min_tokens. ValueError naming the fields when they are
+    more than a step row takes."""
+    from flexnpu.serving.step_io import MAX_SUPPRESSED_IDS
+
+    if not sampling.min_tokens:
+        return ()
+    ids = tuple(sorted(stop_token_ids(sampling, eos_ids)))
+    if len(ids) > MAX_SUPPRESSED_IDS:
+        raise ValueError(f"min_tokens with {len(ids)} stop token ids (stop_token_ids and the "
+                         f"model's eos ids) is not supported; at most {MAX_SUPPRESSED_IDS}")
+    return ids
+
+
 class IdsOutput:
     """Token ids only (no tokenizer): eos / stop_token_ids; for engine.generate() and tests."""
 
     def __init__(self, sampling: SamplingParams, eos_ids: Collection[int]) -> None:
         self._stop_ids = stop_token_ids(sampling, eos_ids)
+        self._min_tokens = sampling.min_tokens
         self.ids: list[int] = []
         self.logprobs: list[TokenLogprobs] = []
         self.num_tokens = 0  # tokens received, the stop token included
@@ -68,7 +86,7 @@ class IdsOutput:
         if self._stopped:  # the engine sends nothing past a stop; be safe if it does
             return "stop"
         self.num_tokens += 1
-        if token_id in self._stop_ids:
+        if token_id in self._stop_ids and self.num_tokens >= self._min_tokens:
             self._stopped = True
             return "stop"
         self.ids.append(token_id)
@@ -128,6 +146,7 @@ class TextOutput:
     def __init__(self, tokenizer: Tokenizer, sampling: SamplingParams, eos_ids: Collection[int],
                  prompt_ids: list[int], emit: Callable[[Delta], None]) -> None:
         self._stop_ids = stop_token_ids(sampling, eos_ids)
+        self._min_tokens = sampling.min_tokens
         self._stops = StopStrings(sampling.stop or ())
         self._stream = tokenizer.decode_stream(prompt_ids)
         self._emit = emit
@@ -143,7 +162,8 @@ class TextOutput:
         if self.stopped:
             return "stop"
         self.num_tokens += 1
-        if token_id in self._stop_ids:
+        may_stop = self.num_tokens >= self._min_tokens  # vLLM: no stop before min_tokens
+        if token_id in self._stop_ids and may_stop:
             self.stopped = True
             return "stop"
         self._ids.append(token_id)
@@ -153,7 +173,7 @@ class TextOutput:
         if piece:
             before = len(self.text)
             self.text += piece
-            if self._stops.stops:
+            if self._stops.stops and may_stop:
                 cut = self._stops.find(self.text, before)
                 if cut >= 0:
                     self.text = self.text[:cut]

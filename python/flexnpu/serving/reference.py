@@ -37,9 +37,14 @@ def forward(weights: dict[str, np.ndarray], cfg: LlamaConfig, tokens: list[int])
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
         h = _rms(x, w(p + "attn_norm.weight"), cfg.rms_eps)
-        q = (h @ unpermute_qk(w(p + "attn_q.weight"), nh).T).reshape(t, nh, d)
-        k = (h @ unpermute_qk(w(p + "attn_k.weight"), nkv).T).reshape(t, nkv, d)
-        v = (h @ w(p + "attn_v.weight").T).reshape(t, nkv, d)
+        q = h @ unpermute_qk(w(p + "attn_q.weight"), nh).T
+        k = h @ unpermute_qk(w(p + "attn_k.weight"), nkv).T
+        v = h @ w(p + "attn_v.weight").T
+        if cfg.attention_bias:  # Qwen2: biases in the GGUF row order too
+            q = q + unpermute_qk(w(p + "attn_q.bias"), nh)
+            k = k + unpermute_qk(w(p + "attn_k.bias"), nkv)
+            v = v + w(p + "attn_v.bias")
+        q, k, v = q.reshape(t, nh, d), k.reshape(t, nkv, d), v.reshape(t, nkv, d)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         rep = nh // nkv

@@ -22,7 +22,7 @@ from flexnpu.serving import kvcache
 from flexnpu.serving.config import LlamaConfig
 from flexnpu.serving.sampling import NUM_TOP_LOGPROBS, SamplingParams
 from flexnpu.serving.scheduler import ScheduledSeq, StepPlan
-from flexnpu.serving.step_io import pack_step_inputs
+from flexnpu.serving.step_io import MAX_SUPPRESSED_IDS, pack_step_inputs
 
 
 class Steps(Protocol):
@@ -39,13 +39,16 @@ class Steps(Protocol):
 
 
 class ModelSteps:
-    def __init__(self, config: LlamaConfig, block_size: int) -> None:
+    def __init__(self, config: LlamaConfig, block_size: int,
+                 vocab_limit: int | None = None) -> None:
+        """`vocab_limit`: sample only ids below it (a tokenizer smaller than the model's
+        vocabulary)."""
         from flexnpu.serving import model as model_lib
 
         self.config = config
         self.block_size = block_size
         self.step, self.extract_kv, self.insert_kv = model_lib.jitted_paged_steps(
-            config, block_size)
+            config, block_size, vocab_limit)
 
 
 class RowSource(Protocol):
@@ -53,6 +56,8 @@ class RowSource(Protocol):
 
     sampling: SamplingParams
     seed_words: tuple[int, int]
+    prompt_ids: list[int]
+    suppressed_ids: tuple[int, ...]  # not sampled before sampling.min_tokens output tokens
 
     def known_tokens(self) -> list[int]: ...  # prompt + the output tokens known on the host
 
@@ -174,6 +179,7 @@ class Runner:
         min_p = np.zeros(r, np.float32)
         seeds = np.zeros((r, 2), np.uint32)
         sample_pos = np.zeros(r, np.int32)
+        suppress_ids = np.full((r, MAX_SUPPRESSED_IDS), self.cfg.vocab_size, np.int32)
         rows: list[tuple[ScheduledSeq, int]] = []
         want_logprobs = False
 
@@ -184,6 +190,9 @@ class Runner:
                 sp.temperature, sp.top_k, sp.top_p, sp.min_p)
             seeds[row] = src.seed_words
             sample_pos[row] = e.start + e.num_tokens
+            if sample_pos[row] - len(src.prompt_ids) < sp.min_tokens:  # outputs before this one
+                ids = src.suppressed_ids
+                suppress_ids[row, :len(ids)] = ids
             want_logprobs |= sp.logprobs is not None
             rows.append((e, row))
 
@@ -224,7 +233,7 @@ class Runner:
             "dec_tables": dec_tables, "chunk_table": chunk_table,
             "chunk_last": np.int32(chunk_last), "temperature": temperature, "top_k": top_k,
             "top_p": top_p, "min_p": min_p, "seeds": seeds, "sample_pos": sample_pos,
-            "want_logprobs": np.bool_(want_logprobs),
+            "suppress_ids": suppress_ids, "want_logprobs": np.bool_(want_logprobs),
         }
         d = Dispatched(plan, rows, {e.seq.request_id: row for e, row in rows}, None, None, None,
                        None, want_logprobs)
@@ -317,7 +326,9 @@ class Runner:
             "chunk_last": np.int32(0), "temperature": np.zeros(r, np.float32),
             "top_k": np.zeros(r, np.int32), "top_p": np.ones(r, np.float32),
             "min_p": np.zeros(r, np.float32), "seeds": np.zeros((r, 2), np.uint32),
-            "sample_pos": np.zeros(r, np.int32), "want_logprobs": np.bool_(False),
+            "sample_pos": np.zeros(r, np.int32),
+            "suppress_ids": np.full((r, MAX_SUPPRESSED_IDS), self.cfg.vocab_size, np.int32),
+            "want_logprobs": np.bool_(False),
         }
 
 

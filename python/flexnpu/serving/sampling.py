@@ -6,8 +6,9 @@ as one threshold on the sorted logits, and draw with the Gumbel-max trick from a
 request's seed folded with the position of the token (`fold_in(PRNGKey(seed), position)`, the
 seed's two 32-bit words folded in turn), so a
 seeded request gives the same tokens whatever batch it lands in. The sort only runs when a row
-samples; the logprobs (of the raw model distribution, with the top `NUM_TOP_LOGPROBS`) only when
-a row asks for them.
+samples; the logprobs (of the model distribution, with the top `NUM_TOP_LOGPROBS`) only when
+a row asks for them. `mask_logits` first removes what may not be sampled (ids the tokenizer
+lacks, stop ids before min_tokens), so logprobs never name such an id.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class SamplingParams:
     top_k: int = 0  # 0 -> off
     min_p: float = 0.0
     seed: int | None = None  # None: the engine draws one per request
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # eos does not end the request (it may be sampled)
+    min_tokens: int = 0  # no stop token is sampled and no stop applies before this many tokens
     stop: list[str] = field(default_factory=list)  # stop strings (the output processor)
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop ids (output processor)
     logprobs: int | None = None  # None: none; k >= 0: the sampled token's logprob + top k
@@ -44,6 +46,9 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens = {self.max_tokens}], got "
+                             f"{self.min_tokens}")
         if self.logprobs is not None and not 0 <= self.logprobs <= NUM_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {NUM_TOP_LOGPROBS}], got {self.logprobs}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
@@ -52,6 +57,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+
+def mask_logits(logits, suppress_ids, vocab_limit: int | None = None):
+    """logits [R, V] with -inf on the ids no row may sample: those >= `vocab_limit` (beyond the
+    tokenizer's vocabulary, which a random model's may exceed) and each row's `suppress_ids`
+    [R, K] (a request's stop ids before min_tokens; padding: ids >= V, dropped)."""
+    r, v = logits.shape
+    if vocab_limit is not None and vocab_limit < v:
+        logits = jnp.where(jnp.arange(v)[None, :] < vocab_limit, logits, -jnp.inf)
+    rows = jnp.arange(r)[:, None]
+    return logits.at[rows, suppress_ids].set(-jnp.inf, mode="drop")
 
 
 def _sampled_ids(logits, temperature, top_k, top_p, min_p, seeds, positions):

@@ -45,6 +45,7 @@ from flexnpu.serving.openai_protocol import (
     parse_prompts,
     parse_sampling,
 )
+from flexnpu.serving.output import suppressed_ids
 from flexnpu.serving.sampling import SamplingParams
 from flexnpu.serving.streaming import Run, engine_health, sse_events
 from flexnpu.serving.tokenizer import Tokenizer
@@ -238,6 +239,10 @@ def create_app(state: ServerState) -> FastAPI:
                 f"{len(prompts)} prompts x n={n} is more than {MAX_CHOICES} choices per request",
                 param="n",
             )
+        try:
+            suppressed_ids(sp, state.eos_ids or ())
+        except ValueError as e:
+            raise APIError(str(e), param="min_tokens") from None
         max_len = _max_model_len(eng)
         out = []
         for p, ids in enumerate(prompts):
@@ -267,6 +272,13 @@ def create_app(state: ServerState) -> FastAPI:
                 spi.max_tokens = (
                     explicit if explicit is not None else min(sp.max_tokens, max_len - k)
                 )
+                if spi.min_tokens > spi.max_tokens:
+                    raise APIError(
+                        f"'min_tokens' ({spi.min_tokens}) is more than the {spi.max_tokens} "
+                        f"tokens left for the completion ({max_len} of context, {k} in the "
+                        "prompt)",
+                        param="min_tokens",
+                    )
                 if sp.seed is not None and n > 1:
                     spi.seed = (sp.seed + i) % 2**63
                 out.append(Choice(p * n + i, list(ids), spi))
@@ -299,8 +311,7 @@ def create_app(state: ServerState) -> FastAPI:
             text = state.template.render(msgs, add_generation_prompt=add_gen, **kwargs)
         except ChatTemplateError as e:
             raise APIError(str(e), param="messages") from None
-        sp, explicit = parse_sampling(body, chat=True)
-        sp.max_tokens = _max_model_len(eng) if explicit is None else explicit
+        sp, explicit = parse_sampling(body, chat=True, default_max_tokens=_max_model_len(eng))
         ids = state.tokenizer.encode(text)
         return await _serve(request, state, body, choices_for([ids], sp, explicit, body), chat=True)
 

@@ -11,8 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+# Ids a sampling row can suppress (min_tokens: a request's eos and stop token ids).
+MAX_SUPPRESSED_IDS = 16
+
 _INT_FIELDS = ("tokens", "prev_row", "positions", "slots", "dec_tables", "chunk_last", "top_k",
-               "seeds", "sample_pos", "want_logprobs")
+               "seeds", "sample_pos", "suppress_ids", "want_logprobs")
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p")
 
 
@@ -30,7 +33,7 @@ def pack_step_inputs(inp: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def packed_int_length(b: int, c: int, w: int) -> int:
     r = b + 1
-    return 3 * (b + c) + b + b * w + 1 + r + 2 * r + r + 1
+    return 3 * (b + c) + b + b * w + 1 + r + 2 * r + r + r * MAX_SUPPRESSED_IDS + 1
 
 
 def unpack_step_inputs(packed: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -40,7 +43,7 @@ def unpack_step_inputs(packed: dict[str, jax.Array]) -> dict[str, jax.Array]:
     c = (packed["ints"].shape[0] - packed_int_length(b, 0, w)) // 3
     sizes = {"tokens": (b + c,), "prev_row": (b,), "positions": (b + c,), "slots": (b + c,),
              "dec_tables": (b, w), "chunk_last": (), "top_k": (r,), "seeds": (r, 2),
-             "sample_pos": (r,), "want_logprobs": ()}
+             "sample_pos": (r,), "suppress_ids": (r, MAX_SUPPRESSED_IDS), "want_logprobs": ()}
     out: dict[str, jax.Array] = {"prev_ids": packed["prev_ids"],
                                  "chunk_table": packed["chunk_table"]}
     at = 0

@@ -23,6 +23,11 @@ class Tokenizer(Protocol):
     eos_id: int
     bos_id: int
 
+    @property
+    def vocab_size(self) -> int:
+        """1 + the largest id it knows (ids beyond cannot be decoded)."""
+        ...
+
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
@@ -75,6 +80,10 @@ class HFTokenizer:
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens or {})
 
+    @functools.cached_property
+    def vocab_size(self) -> int:
+        return max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
@@ -110,6 +119,88 @@ class HFTokenizer:
              "special_tokens": self.special_tokens,
              "tokenizer": json.loads(self._tok.to_str())}
         )
+
+
+# Control tokens that end a turn in common chat templates (llama.cpp's end-of-generation list):
+# one of them that the chat template uses is a stop token besides eos / eot / eom.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+                      "<|endoftext|>", "<|end_of_text|>", "<EOT>", "</s>", "<|END_OF_TURN_TOKEN|>")
+
+
+def end_of_turn_ids(control_tokens: dict[int, str], chat_template: str | None) -> list[int]:
+    """The ids of the control tokens (id -> text) that end a turn (END_OF_TURN_TOKENS) and that
+    `chat_template` uses."""
+    if not chat_template:
+        return []
+    return [i for i, t in sorted(control_tokens.items())
+            if t in END_OF_TURN_TOKENS and t in chat_template]
+
+
+def load_hf_directory(path: str) -> HFTokenizer:
+    """A Hugging Face tokenizer directory, as `save_hf_directory` (and transformers) write one:
+    tokenizer.json; tokenizer_config.json for the chat template (or chat_template.jinja) and
+    the special tokens; generation_config.json for the eos ids, if there. Every id that ends
+    generation: eos, generation_config's eos_token_id(s) and the template's end-of-turn token.
+    Errors name the file and what is missing."""
+    import os
+
+    from tokenizers import Tokenizer as HFTok
+
+    def read_json(name: str) -> dict:
+        f = os.path.join(path, name)
+        if not os.path.isfile(f):
+            return {}
+        with open(f, encoding="utf-8") as fh:
+            d = json.load(fh)
+        if not isinstance(d, dict):
+            raise ValueError(f"{f}: expected a JSON object")
+        return d
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"tokenizer directory {path} does not exist")
+    tokenizer_json = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(tokenizer_json):
+        raise FileNotFoundError(f"{path}: no tokenizer.json (a Hugging Face tokenizer "
+                                "directory holds one)")
+    tok = HFTok.from_file(tokenizer_json)
+    config, generation = read_json("tokenizer_config.json"), read_json("generation_config.json")
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name", "template"}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    jinja = os.path.join(path, "chat_template.jinja")
+    if template is None and os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as fh:
+            template = fh.read()
+    special = {k: _token_content(config.get(k))
+               for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+
+    def config_ids(key: str) -> list[int]:
+        v = generation.get(key)
+        return [int(i) for i in (v if isinstance(v, list) else [v]) if isinstance(i, int)]
+
+    eos = [i for i in [_id_of(tok, special["eos_token"]), *config_ids("eos_token_id")]
+           if i is not None]
+    if not eos:
+        raise ValueError(f"{path}: no eos token (tokenizer_config.json eos_token or "
+                         "generation_config.json eos_token_id)")
+    control = {i: t.content for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    eos_ids = (*eos, *end_of_turn_ids(control, template))
+    # Some tokenizers have no bos (Qwen2's is null): then eos stands in, as those models do.
+    bos = _id_of(tok, special["bos_token"])
+    bos = bos if bos is not None else next(iter(config_ids("bos_token_id")), eos[0])
+    return HFTokenizer(tok, bos, eos[0], eos_ids, template, special)
+
+
+def _token_content(v) -> str | None:
+    """A special token of tokenizer_config.json: its text, or an AddedToken object's content."""
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else None
+
+
+def _id_of(tok, text: str | None) -> int | None:
+    return None if text is None else tok.token_to_id(text)
 
 
 # Pre-tokenizer regexes of llama.cpp's `tokenizer.ggml.pre` values (as in the models' own
@@ -169,6 +260,10 @@ class ByteTokenizer:
         self.chat_template: str | None = None  # served with the ChatML fallback
         self.special_tokens: dict[str, str | None] = {"bos_token": self.SPECIAL[0],
                                                       "eos_token": self.SPECIAL[1]}
+
+    @property
+    def vocab_size(self) -> int:
+        return max(256, self.bos_id, self.eos_id) + 1
 
     def encode(self, text: str) -> list[int]:
         # <|im_start|> / <|im_end|> map to bos / eos so ChatML prompts work on random models.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from flexnpu.serving.config import QWEN25_7B, SMOLLM2_135M
+from flexnpu.serving.config import LLAMA3_8B, QWEN25_7B, SMOLLM2_135M
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class ModelShape:
         return self.num_experts * (1.0 - p_miss)
 
 
-def _dense(cfg, name: str, qkv_bias: bool, parallel: int = 1) -> ModelShape:
+def _dense(cfg, name: str, parallel: int = 1) -> ModelShape:
     params = cfg.num_params()
     return ModelShape(
         name=name,
@@ -80,23 +80,9 @@ def _dense(cfg, name: str, qkv_bias: bool, parallel: int = 1) -> ModelShape:
         num_kv_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
         ffn=cfg.intermediate_size,
-        qkv_bias=qkv_bias,
+        qkv_bias=cfg.attention_bias,
         total_params=float(params),
         default_parallel=parallel,
-    )
-
-
-def _llama3_8b() -> ModelShape:
-    return ModelShape(
-        name="llama-3-8b",
-        num_layers=32,
-        d_model=4096,
-        vocab=128256,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        ffn=14336,
-        total_params=8.03e9,
     )
 
 
@@ -124,10 +110,10 @@ DEEPSEEK_R1 = ModelShape(
 )
 
 MODELS: dict[str, ModelShape] = {
-    "qwen2.5-7b": _dense(QWEN25_7B, "qwen2.5-7b", qkv_bias=True),
+    "qwen2.5-7b": _dense(QWEN25_7B, "qwen2.5-7b"),
     "deepseek-r1": DEEPSEEK_R1,
-    "llama-3-8b": _llama3_8b(),
-    "smollm2-135m": _dense(SMOLLM2_135M, "smollm2-135m", qkv_bias=False),
+    "llama-3-8b": _dense(LLAMA3_8B, "llama-3-8b"),
+    "smollm2-135m": _dense(SMOLLM2_135M, "smollm2-135m"),
 }
 
 
