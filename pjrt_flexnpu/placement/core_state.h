@@ -105,8 +105,9 @@ struct alignas(64) PassthroughCounts {
   std::atomic<int64_t> busy_end{INT64_MIN};  // physical devices: latest finish counted
 };
 
-// Everything the Core knows, guarded by mu (but for the passthrough counts), and the cost model over it: Finish predicts one
-// device, Cost adds the penalties, Scan / ScanAll choose the cheapest candidate.
+// Everything the Core knows, guarded by mu (but for the passthrough counts), and the cost model
+// over it: Finish predicts one device, Cost adds the penalties, Scan / ScanAll choose the
+// cheapest candidate.
 struct CoreState {
   std::mutex mu;
   Tuning tuning;

@@ -41,15 +41,7 @@ FLEXNPU_RETHROWS_FORCED_UNWIND void InnerOnReady(PJRT_Error* inner_error, void* 
   std::unique_ptr<OnReadyContext, handle_pool::Deleter> context(
       static_cast<OnReadyContext*>(arg));
   const PhysicalBackend* backend = context->backend;
-  if (context->note.core != nullptr) {
-    try {
-      context->note.Finished();
-    } catch (abi::__forced_unwind&) {
-      throw;
-    } catch (...) {
-      // A lost measurement; the callback still runs.
-    }
-  }
+  if (context->note.core != nullptr) context->note.Finished();  // atomics only: cannot throw
   context->deliver(Converted([&] { return backend->Consume(inner_error, kInnerEventWhere); }),
                    context->callback, context->user_arg);
 }
