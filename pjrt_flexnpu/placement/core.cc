@@ -4,6 +4,7 @@
 // state and the cost model the policies share are in core_state.h; Snapshot is in stats.cc.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +24,22 @@ namespace {
 constexpr double kMaxExternal = 0.9;  // external load share at most (times at most 10x)
 
 bool Finite(double x) { return std::isfinite(x); }
+
+TicketRecord* Lookup(std::vector<TicketRecord>& tickets, uint64_t ticket) {
+  const uint64_t slot1 = ticket & 0xffffffffu;
+  if (slot1 == 0 || slot1 > tickets.size()) return nullptr;
+  TicketRecord& t = tickets[slot1 - 1];
+  if (!t.live || t.generation != static_cast<uint32_t>(ticket >> 32)) return nullptr;
+  return &t;
+}
+
+// When the live execution behind `ticket` is predicted to finish now (its prediction at
+// placement, shifted as its device's queue was since); -inf once it has finished.
+double PredictedFinish(CoreState& s, uint64_t ticket) {
+  const TicketRecord* t = Lookup(s.tickets, ticket);
+  if (t == nullptr) return -std::numeric_limits<double>::infinity();
+  return t->pred_finish + (s.shift[t->device] - t->shift_at_place);
+}
 
 Status CheckDevice(const DeviceModel& m, size_t i) {
   const std::string where = "placement: physical device " + std::to_string(i) + ": ";
@@ -54,6 +71,7 @@ Status CheckTuning(const Tuning& t) {
   if (!(t.tpot_weight >= 0 && Finite(t.tpot_weight))) return bad("tpot_weight < 0");
   if (t.max_executables < 1) return bad("max_executables < 1");
   if (!(t.move_weight >= 0 && Finite(t.move_weight))) return bad("move_weight < 0");
+  if (!(t.move_gain >= 0 && Finite(t.move_gain))) return bad("move_gain < 0");
   if (t.tpot_slo_ns < 0) return bad("tpot_slo_ns < 0");
   if (!(t.stall_bank_steps >= 0 && Finite(t.stall_bank_steps))) {
     return bad("stall_bank_steps < 0");
@@ -137,6 +155,8 @@ StatusOr<std::unique_ptr<Core>> Core::Create(const Config& config) {
   s->stream_finish.assign(s->V, 0);
   s->moved_ns.assign(s->V, INT64_MIN / 2);
   s->vstats.assign(s->V, VirtualStats{});
+  s->passthrough_physical = std::make_unique<PassthroughCounts[]>(P);
+  s->passthrough_virtual = std::make_unique<PassthroughCounts[]>(s->V);
   s->exec_factor =
       std::make_unique<ExecFactors>(static_cast<size_t>(config.tuning.max_executables));
   s->tickets.reserve(256);
@@ -240,6 +260,11 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
     }
   }
   const double loc = static_cast<double>(located);
+  for (size_t i = 0; i < r.num_inputs; ++i) {
+    if (r.inputs[i].producer != 0) {
+      s.inputs_ready = std::max(s.inputs_ready, PredictedFinish(s, r.inputs[i].producer));
+    }
+  }
   const int home = s.home[v];
   const int preferred = data_dev >= 0 ? data_dev : (s.current[v] >= 0 ? s.current[v] : home);
   s.need = s.policy.kind == PolicyKind::kPassthrough || given_device >= 0
@@ -348,6 +373,8 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
   t.c_ns = c;
   t.m_ns = m;
   t.factor_at_place = *kexec * s.k_dev[d] * s.ext_slow[d];
+  t.inputs_ready = s.inputs_ready;
+  s.inputs_ready = -std::numeric_limits<double>::infinity();
   t.memory_bytes = memory_bytes;
   t.memory_epoch = s.mem_epoch[d];
 
@@ -357,6 +384,7 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
   ++ds.executions[pi];
   ++ds.decisions[ri];
   ds.bytes_migrated_in += mig_bytes;
+  ds.bytes_migrated_in_by_reason[ri] += mig_bytes;
   VirtualStats& vs = s.vstats[v];
   ++vs.executions[pi];
   ++vs.decisions[ri];
@@ -378,14 +406,6 @@ Status Core::PlaceImpl(const Request& r, int given_device, Decision* out) {
 }
 
 namespace {
-
-TicketRecord* Lookup(std::vector<TicketRecord>& tickets, uint64_t ticket) {
-  const uint64_t slot1 = ticket & 0xffffffffu;
-  if (slot1 == 0 || slot1 > tickets.size()) return nullptr;
-  TicketRecord& t = tickets[slot1 - 1];
-  if (!t.live || t.generation != static_cast<uint32_t>(ticket >> 32)) return nullptr;
-  return &t;
-}
 
 Status UnknownTicket(uint64_t ticket) {
   return NotFound("placement: unknown or already finished ticket " + std::to_string(ticket));
@@ -476,6 +496,10 @@ Status Core::OnFinish(uint64_t ticket, int64_t now_ns, bool ok) {
   } else {
     start_eff = t->placed_ns + static_cast<int64_t>(t->mig_ns);
     if (!s.overlap[d]) start_eff = std::max(start_eff, s.last_finish[d]);
+    // Not before its inputs were produced (elsewhere: the FIFO above covers this device).
+    if (t->inputs_ready > static_cast<double>(start_eff)) {
+      start_eff = static_cast<int64_t>(std::min(t->inputs_ready, now));
+    }
   }
   start_eff = std::min(start_eff, now_ns);
   const int64_t measured = now_ns - start_eff;

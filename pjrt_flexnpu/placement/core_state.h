@@ -5,9 +5,11 @@
 #define FLEXNPU_PLACEMENT_CORE_STATE_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -41,6 +43,7 @@ struct TicketRecord {
   double shift_at_place = 0;      // device shift when placed
   double c_ns = 0, m_ns = 0;      // compute / memory time (co-run horizons)
   double factor_at_place = 1;     // k_exec * k_dev * external slowdown the prediction used
+  double inputs_ready = 0;        // predicted finish of its inputs' producers (-inf: none)
   int64_t memory_bytes = 0;       // counted against the device's free memory
   uint32_t memory_epoch = 0;      // the device's telemetry reading it was counted against
 };
@@ -95,8 +98,17 @@ class ExecFactors {
   std::unordered_map<uint64_t, std::list<Entry>::iterator> index_;
 };
 
-// Everything the Core knows, guarded by mu, and the cost model over it: Finish predicts one
-// device, Cost adds the penalties, Scan / ScanAll choose the cheapest candidate.
+// Executions of one device the runtime ran under passthrough without Place (CountPassthrough,
+// PassthroughFinished): written without the Core's lock, one cache line per device.
+struct alignas(64) PassthroughCounts {
+  std::atomic<uint64_t> executions[kNumPhases] = {};
+  std::atomic<int64_t> busy_ns{0};
+  std::atomic<int64_t> busy_end{INT64_MIN};  // physical devices: latest finish counted
+};
+
+// Everything the Core knows, guarded by mu (but for the passthrough counts), and the cost model
+// over it: Finish predicts one device, Cost adds the penalties, Scan / ScanAll choose the
+// cheapest candidate.
 struct CoreState {
   std::mutex mu;
   Tuning tuning;
@@ -137,6 +149,9 @@ struct CoreState {
   std::vector<double> stall_pending;  // ... and the blocking time of prefills admitted since
   std::vector<double> away_weight;    // scratch: ComputeAwayWeight (zero outside a prefill)
   double request_weight = 1;   // scratch: Request::weight of the request being placed
+  // scratch: when the producers of its inputs are predicted to finish (Input::producer); -inf
+  // outside Place and when its inputs are ready.
+  double inputs_ready = -std::numeric_limits<double>::infinity();
 
   // Telemetry (UpdateTelemetry).
   std::vector<int64_t> mem_free;      // reported free bytes; -1: unknown
@@ -168,6 +183,11 @@ struct CoreState {
   std::vector<int64_t> moved_ns;
   std::vector<VirtualStats> vstats;
 
+  // Lock-free: per physical and per virtual device; the earliest start measured (INT64_MAX:
+  // none), which starts the clock of the busy fractions when nothing was placed before.
+  std::unique_ptr<PassthroughCounts[]> passthrough_physical, passthrough_virtual;
+  std::atomic<int64_t> passthrough_since{INT64_MAX};
+
   std::unique_ptr<ExecFactors> exec_factor;
   std::vector<TicketRecord> tickets;
   std::vector<uint32_t> free_slots;
@@ -183,12 +203,12 @@ struct CoreState {
     *c_out = c;
     *m_out = m;
     if (!overlap[d]) {
-      *start = std::max(avail[d], now + mig);
+      *start = std::max({avail[d], now + mig, inputs_ready});
       return *start + std::max(c, m) + launch_ns[d];
     }
     const double C = std::max(0.0, avail_c[d] - now);
     const double M = std::max(0.0, avail_m[d] - now);
-    *start = now + mig;
+    *start = std::max(now + mig, inputs_ready);
     return *start + CoRunDuration(c, m, outstanding[d], C, M) + launch_ns[d];
   }
 
@@ -263,8 +283,10 @@ struct CoreState {
     const double* __restrict pf = ns_per_flop.data();
     const double* __restrict pb = ns_per_byte.data();
     const double* __restrict la = launch_ns.data();
+    const double inputs = inputs_ready;
     for (int d = 0; d < n; ++d) {
-      const double ready = now + (located - o[d]) * pl[d];
+      const double moved = now + (located - o[d]) * pl[d];
+      const double ready = moved > inputs ? moved : inputs;
       const double c = c0 * pf[d];
       const double m = m0 * pb[d];
       out[d] = (av[d] > ready ? av[d] : ready) + (c > m ? c : m) + la[d];

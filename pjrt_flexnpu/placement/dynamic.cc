@@ -12,6 +12,17 @@
 namespace flexnpu::placement {
 namespace {
 
+// What a move of the request's located inputs onto `target` must gain over staying: its
+// transfer time (bytes not on the target / link) times move_gain, counted in full (the finish
+// prediction lets the transfer overlap the target's queue, where it would look free), plus the
+// way back when the target is not home (the work follows its data, so leaving home is a round
+// trip). Weights of a few hundred MB therefore never move to save a few milliseconds.
+double MoveMargin(const CoreState& s, int target, int home, double located) {
+  const double transfer = (located - s.on[target]) * s.ns_per_link_byte[target];
+  if (transfer <= 0) return 0;
+  return s.tuning.move_gain * transfer + (target != home ? transfer : 0);
+}
+
 Choice PlacePrefill(const PlaceInput& in, CoreState& s) {
   double best_cost = 0;
   s.ComputeAwayWeight(in.now);
@@ -19,7 +30,13 @@ Choice PlacePrefill(const PlaceInput& in, CoreState& s) {
   std::fill(s.away_weight.begin(), s.away_weight.end(), 0.0);
   if (best_cost >= kUnhealthy) return {in.preferred, Reason::kFallback};
   if (!s.Healthy(in.preferred, in.now)) return {chosen, Reason::kAvoidFailed};
-  return {chosen, chosen == in.preferred ? Reason::kAffinity : Reason::kLeastLoaded};
+  if (chosen == in.preferred) return {chosen, Reason::kAffinity};
+  // s.cost: the scan's cost of every device (penalties included), staying put among them.
+  const double margin = MoveMargin(s, chosen, in.home, in.located);
+  if (margin > 0 && s.cost[in.preferred] - best_cost <= margin) {
+    return {in.preferred, Reason::kAffinity};
+  }
+  return {chosen, Reason::kLeastLoaded};
 }
 
 }  // namespace
@@ -59,12 +76,10 @@ Choice PlaceDynamic(const PlaceInput& in, CoreState& s) {
     if (best_cost >= kUnhealthy) return {cur, Reason::kFallback};
     return {best, Reason::kAvoidFailed};
   }
-  // Moving away from home is a round trip: the way back costs about the way there.
+  // The hysteresis, and what moving the inputs costs (a round trip when leaving home).
   double margin = s.tuning.hysteresis_frac * exec_cur +
                   static_cast<double>(s.tuning.hysteresis_ns);
-  if (best != home && best >= 0) {
-    margin += (loc - s.on[best]) * s.ns_per_link_byte[best];
-  }
+  if (best >= 0) margin += MoveMargin(s, best, home, loc);
   if (best != cur && cur_cost - best_cost > margin) {
     return {best, s.outstanding[best] == 0 ? Reason::kIdleSteal : Reason::kLeastLoaded};
   }

@@ -34,7 +34,8 @@
 //     exec(r,d) = max(flops * ns_per_flop(d), bytes * ns_per_byte(d)) * k_exec(r) * k_dev(d)
 //                 + launch(d)                                   roofline + online correction
 //     mig(r,d)  = (bytes of r's located inputs not on d) / link_bytes_per_s(d)
-//     finish    = max(avail(d), now + mig) + exec               FIFO device (can_overlap=false)
+//     ready(r)  = predicted finish of the placed executions producing r's inputs (Input::producer)
+//     finish    = max(avail(d), now + mig, ready) + exec        FIFO device (can_overlap=false)
 //   avail(d) is when d's queue drains: each placement appends its exec time; each finish event
 //   shifts the queue by the prediction error (late: everything behind is late too), and an empty
 //   queue drains "now". Migration is a copy over the link that overlaps the queue wait.
@@ -52,7 +53,7 @@
 // device is busy until max(compute, memory) -- the roofline of the aggregate, not the sum. A
 // newcomer with compute time c and memory time m beside k outstanding executions gets at least a
 // fair 1/(k+1) share of each resource and finishes no later than all work on that resource:
-//     finish = now + mig + max(min(c*(k+1), C + c), min(m*(k+1), M + m)) + launch
+//     finish = max(now + mig, ready) + max(min(c*(k+1), C + c), min(m*(k+1), M + m)) + launch
 //   where C, M are the remaining compute / memory horizons. A decode (m >> c) beside a prefill
 //   (C >> M) therefore finishes after ~M + m, not after the prefill: the two phases complement
 //   each other. With can_overlap=false the model is the plain FIFO sum above (no co-run).
@@ -61,8 +62,7 @@
 //   * Decode and small work have a current device: where most of their located input bytes are
 //     (the KV cache), else their last device, else home (v mod P). They stay there (kAffinity)
 //     unless another healthy device finishes earlier by more than the hysteresis margin
-//       hysteresis_frac * exec(current) + hysteresis_ns (+ mig(r,target) unless the target is
-//       home: leaving home is a round trip, the way back costs about the way there).
+//       hysteresis_frac * exec(current) + hysteresis_ns + the move margin (see Moves).
 //     Moving to an idle device is kIdleSteal ("moves decode off devices that a prefill burst has
 //     taken"), to a busy one kLeastLoaded. A decode moving onto a device whose other decode
 //     streams are active pays move_weight * (their decode weight / its own) * (its finish at
@@ -76,6 +76,16 @@
 //     it has stayed at least min_dwell_ns, home is healthy, has no prefill outstanding and its
 //     queue drains within quiet_ns, and the move costs at most return_max_steps * exec. Together
 //     with the margin this gives hysteresis: no A->B->A ping-pong.
+//   * Moves: a placement away from the data device (a decode's current device, a prefill's
+//     preferred one) moves the located inputs not on the target, and the work of that virtual
+//     device follows them afterwards. The target must then finish earlier than staying by
+//     more than the move margin: move_gain * mig(r,target) counted in full (the finish lets the
+//     copy overlap the target's queue, where it would look free) + mig(r,target) again unless
+//     the target is home (leaving home is a round trip, the way back costs about the way
+//     there). A queue that holds the producer of an input is no reason to move (ready(r)):
+//     the work could not start earlier elsewhere. So a step that carries its weights and KV
+//     cache (hundreds of MB) does not move to save a few milliseconds, nor to escape its own
+//     previous step; a KV cache of a few MB still escapes a prefill burst.
 //   * Prefill (TTFT): earliest predicted finish over all healthy devices plus an interference
 //     penalty for devices that serve decode: tpot_weight * (decode weight there / the
 //     prefill's weight, if a decode is outstanding there or ended within decode_active_ns:
@@ -103,6 +113,7 @@
 // Threading: all methods are thread-safe. One short critical section per call (a mutex held for
 // the O(P) scan); no allocation on the hot path once an executable has been seen and the ticket
 // table has grown to the peak number of outstanding executions. Place is O(P + inputs).
+// CountPassthrough and PassthroughFinished take no lock (relaxed atomics).
 #ifndef FLEXNPU_PLACEMENT_PLACEMENT_H_
 #define FLEXNPU_PLACEMENT_PLACEMENT_H_
 
@@ -157,6 +168,10 @@ inline constexpr int kAnywhere = -1;
 struct Input {
   int physical_device = kAnywhere;
   int64_t bytes = 0;
+  // Decision::ticket of the placed execution that produces it (an output of that one, not
+  // finished yet); 0: ready. Nothing that reads it starts before that execution is predicted to
+  // finish, wherever it runs: moving away from a queue that holds the producer gains nothing.
+  uint64_t producer = 0;
 };
 
 struct Request {
@@ -229,6 +244,9 @@ struct Tuning {
   double tpot_weight = 1.0;          // prefill penalty per decode sequence it would block,
                                      // per sequence it serves (Request::weight; default 1 each)
   int64_t decode_active_ns = 100'000'000;
+  double move_gain = 1.0;            // dynamic moves located inputs only to finish earlier than
+                                     // staying by more than move_gain times their transfer time
+                                     // (plus the way back when leaving home): see "Moves"
   double move_weight = 1.0;          // a decode moving onto a device with other active decode
                                      // streams pays move_weight * (their weight / its own) *
                                      // the time it escapes (1: it never moves onto streams of
@@ -269,6 +287,7 @@ struct DeviceStats {
   uint64_t decisions[kNumReasons] = {};   // placed here, by reason
   uint64_t errors = 0;
   int64_t bytes_migrated_in = 0;  // input bytes moved here by placements
+  int64_t bytes_migrated_in_by_reason[kNumReasons] = {};  // ... by the placement's reason
   bool quarantined = false;
   double speed_factor = 1;        // k_dev: measured / modeled time
   int decode_streams = 0;         // virtual devices whose decode lives here
@@ -339,6 +358,18 @@ class Core {
   // predicted execution times are divided by (1 - external), as it gets that share of it.
   // InvalidArgument for a device out of range or a utilization above 1.
   Status UpdateTelemetry(int device, const DeviceTelemetry& telemetry, int64_t now_ns);
+
+  // Executions run under passthrough without Place: the runtime's fast path maps virtual v to
+  // physical v mod P (an SPMD shard: to its group mapping's device) by itself and tells the core
+  // only this, so that Snapshot shows them (executions by phase, kPassthrough decisions) like
+  // placed ones. Lock-free, no allocation (relaxed atomics per device); devices out of range are
+  // ignored.
+  void CountPassthrough(int virtual_device, int physical_device, Phase phase);
+  // ... and, where the runtime sees one complete, its time on the device: busy time as OnFinish
+  // counts it (the union of the [start, finish] intervals on the physical device; the sum on the
+  // virtual one). Lock-free; no effect on placement.
+  void PassthroughFinished(int virtual_device, int physical_device, int64_t start_ns,
+                           int64_t finish_ns);
 
   Status SetPolicy(std::string_view spec);
   Status SetPolicy(const PolicySpec& spec);

@@ -1,6 +1,8 @@
 // The observability counters: Core::Snapshot reads them from the state, Stats::ToJson writes
 // them as one JSON object.
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cmath>
 #include <cstdio>
 #include <mutex>
@@ -33,9 +35,12 @@ void Phases(std::string& o, const uint64_t (&n)[kNumPhases]) {
   for (int p = 0; p < kNumPhases; ++p) Int(o, PhaseName(static_cast<Phase>(p)), n[p]);
   Close(o, '}');
 }
-void Reasons(std::string& o, const uint64_t (&n)[kNumReasons]) {
-  o += "\"decisions\":{";
-  for (int r = 0; r < kNumReasons; ++r) Int(o, ReasonName(static_cast<Reason>(r)), n[r]);
+template <typename T>
+void Reasons(std::string& o, const char* key, const T (&n)[kNumReasons]) {
+  o += "\"" + std::string(key) + "\":{";
+  for (int r = 0; r < kNumReasons; ++r) {
+    Int(o, ReasonName(static_cast<Reason>(r)), static_cast<long long>(n[r]));
+  }
   Close(o, '}');
 }
 void Pool(std::string& o, const char* key, const std::vector<int>& pool) {
@@ -54,14 +59,27 @@ Stats Core::Snapshot(int64_t now_ns) const {
   out.prefill_pool = s.policy.prefill_pool;
   out.decode_pool = s.policy.decode_pool;
   out.now_ns = now_ns;
-  out.elapsed_ns = s.have_created ? std::max<int64_t>(0, now_ns - s.created_ns) : 0;
+  // The clock starts at the first placement or the first passthrough execution measured.
+  const int64_t since =
+      std::min(s.have_created ? s.created_ns : INT64_MAX,
+               s.passthrough_since.load(std::memory_order_relaxed));
+  out.elapsed_ns = since != INT64_MAX ? std::max<int64_t>(0, now_ns - since) : 0;
   out.decisions = s.decisions;
   out.policy_switches = s.policy_switches;
   out.executables = s.exec_factor->size();
   const double elapsed = static_cast<double>(out.elapsed_ns);
+  constexpr int kPassthrough = static_cast<int>(Reason::kPassthrough);
   out.physical = s.dstats;
   for (int d = 0; d < s.P; ++d) {
     DeviceStats& ds = out.physical[d];
+    const PassthroughCounts& pc = s.passthrough_physical[d];
+    for (int p = 0; p < kNumPhases; ++p) {
+      const uint64_t n = pc.executions[p].load(std::memory_order_relaxed);
+      ds.executions[p] += n;
+      ds.decisions[kPassthrough] += n;
+      out.decisions += n;
+    }
+    ds.busy_ns += pc.busy_ns.load(std::memory_order_relaxed);
     ds.queue_length = s.outstanding[d];
     ds.prefill_outstanding = s.prefill_outstanding[d];
     ds.busy_fraction = elapsed > 0 ? std::min(1.0, ds.busy_ns / elapsed) : 0;
@@ -79,8 +97,18 @@ Stats Core::Snapshot(int64_t now_ns) const {
   out.virtual_devices = s.vstats;
   for (int v = 0; v < s.V; ++v) {
     VirtualStats& vs = out.virtual_devices[v];
+    const PassthroughCounts& pc = s.passthrough_virtual[v];
+    uint64_t passthrough = 0;
+    for (int p = 0; p < kNumPhases; ++p) {
+      const uint64_t n = pc.executions[p].load(std::memory_order_relaxed);
+      vs.executions[p] += n;
+      passthrough += n;
+    }
+    vs.decisions[kPassthrough] += passthrough;
+    vs.busy_ns += pc.busy_ns.load(std::memory_order_relaxed);
     vs.home = s.home[v];
-    vs.current = s.current[v];
+    // Never placed, but run at home by the passthrough fast path.
+    vs.current = s.current[v] >= 0 || passthrough == 0 ? s.current[v] : s.home[v];
     vs.busy_fraction = elapsed > 0 ? std::min(1.0, vs.busy_ns / elapsed) : 0;
   }
   return out;
@@ -107,9 +135,10 @@ std::string Stats::ToJson() const {
     Num(o, "busy_fraction", s.busy_fraction);
     Int(o, "predicted_drain_ns", s.predicted_drain_ns);
     Phases(o, s.executions);
-    Reasons(o, s.decisions);
+    Reasons(o, "decisions", s.decisions);
     Int(o, "errors", static_cast<long long>(s.errors));
     Int(o, "bytes_migrated_in", s.bytes_migrated_in);
+    Reasons(o, "bytes_migrated_in_by_reason", s.bytes_migrated_in_by_reason);
     Bool(o, "quarantined", s.quarantined);
     Num(o, "speed_factor", s.speed_factor);
     Int(o, "decode_streams", s.decode_streams);
@@ -132,7 +161,7 @@ std::string Stats::ToJson() const {
     Int(o, "busy_ns", s.busy_ns);
     Num(o, "busy_fraction", s.busy_fraction);
     Phases(o, s.executions);
-    Reasons(o, s.decisions);
+    Reasons(o, "decisions", s.decisions);
     Int(o, "bytes_migrated", s.bytes_migrated);
     Close(o, '}');
   }

@@ -80,6 +80,11 @@ class VirtualBuffer : public Tagged {
   std::shared_ptr<PhysicalBuffer> physical() const;
   // The physical device it is on now (for placement decisions: no reference taken).
   int physical_device() const { return physical_device_.load(std::memory_order_relaxed); }
+  // The placer's ticket of the execution whose output this is (0: none or untracked): work
+  // that reads it cannot start before that one finishes. Set once, before the buffer is
+  // handed out.
+  uint64_t producer() const { return producer_; }
+  void set_producer(uint64_t ticket) { producer_ = ticket; }
 
   // The physical buffer on `physical_device`, moving this buffer there first if needed (a copy
   // through the backend published as the new physical buffer; the old one goes when its last
@@ -123,6 +128,7 @@ class VirtualBuffer : public Tagged {
   PJRT_Buffer_Type element_type_ = PJRT_Buffer_Type_INVALID;
   BufferDims dims_;
   int64_t on_device_size_ = 0;
+  uint64_t producer_ = 0;
   std::atomic<bool> counted_{false};
   std::atomic<bool> deleted_{false};  // by Delete or a donation
 

@@ -57,7 +57,13 @@ FLEXNPU_RETHROWS_FORCED_UNWIND void OnExecutionDone(PJRT_Error* error, void* arg
     const int64_t now = Placer::NowNs();
     // No OnStart at dispatch: the core then takes max(placed, previous finish on the device)
     // as the start, so time queued behind earlier work is not counted as this execution's.
-    if (context->ticket != 0) (void)context->core->OnFinish(context->ticket, now, ok);
+    if (context->ticket != 0) {
+      (void)context->core->OnFinish(context->ticket, now, ok);
+    } else if (context->trace != nullptr) {  // passthrough, traced: its busy time
+      context->core->PassthroughFinished(context->event.virtual_device,
+                                         context->event.physical_device,
+                                         context->event.start_ns, now);
+    }
     if (context->trace != nullptr) {
       context->event.end_ns = now;
       context->event.ok = ok;
@@ -233,6 +239,7 @@ Status VirtualLoadedExecutable::Place(VirtualDevice* const* devices, size_t n,
       VirtualBuffer* buffer = buffers[d * num_args + a];
       inputs[a].physical_device = buffer->physical_device();
       inputs[a].bytes = buffer->on_device_size();
+      inputs[a].producer = buffer->producer();
     }
     placement::Request request;
     request.virtual_device = devices[d]->index();
@@ -396,13 +403,21 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
   inner.execute_device = kSingle && compiled->physical.empty()
                              ? client_->physical(physical[0]).device
                              : nullptr;
-  const int64_t start_ns = tracing ? Placer::NowNs() : 0;
+  // Passthrough executions are not tracked: the caller's completion events (JAX asks for them)
+  // tell the placer their busy time instead (CompletionNote).
+  const bool note_completion = !tracked && args->device_complete_events != nullptr;
+  const int64_t start_ns = tracing || note_completion ? Placer::NowNs() : 0;
   const Status launched = b.Execute(inner);
   // Also after a failed launch: a backend may consume donated arguments and still fail.
   if (may_donate_) NoteDonations(buffers.data(), n, num_args);
   FLEXNPU_RETURN_IF_ERROR(launched);
   cancel.Launched();
   client_->counters().executions.Add(1);
+  if (tickets[0] == 0) {  // passthrough: not placed, only counted
+    for (size_t d = 0; d < n; ++d) {
+      placer.CountPassthrough(devices[d]->index(), physical[d], profile_.phase);
+    }
+  }
   if (tracked) {
     TrackShards(b, devices, n, physical.data(), tickets.data(), positions.data(),
                 inner_events.data(), args->device_complete_events != nullptr, tracing,
@@ -418,7 +433,8 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
       for (size_t i = 0; i < outputs_.count(); ++i) Own(b, shard_outputs[i]);
       continue;
     }
-    status = outputs_.Wrap(devices[d], physical[d], shard_outputs, args->output_lists[d]);
+    status = outputs_.Wrap(devices[d], physical[d], tickets[d], shard_outputs,
+                           args->output_lists[d]);
     if (!status.ok()) {
       // Outputs of earlier shards were handed out already: take them back.
       for (size_t e = 0; e < d; ++e) {
@@ -433,8 +449,16 @@ Status VirtualLoadedExecutable::Dispatch(PJRT_LoadedExecutable_Execute_Args* arg
   if (args->device_complete_events != nullptr) {
     for (size_t d = 0; d < n; ++d) {
       InnerEvent& e = events[positions[d]];
+      if (!status.ok() || !e) {
+        args->device_complete_events[d] = nullptr;
+        continue;
+      }
+      CompletionNote note;
+      if (note_completion) {
+        note = {placer.core(), devices[d]->index(), physical[d], start_ns};
+      }
       args->device_complete_events[d] =
-          status.ok() && e ? ToHandle<PJRT_Event>(Event::Wrap(b, e.release())) : nullptr;
+          ToHandle<PJRT_Event>(Event::Wrap(b, e.release(), std::move(note)));
     }
   }
   return status;

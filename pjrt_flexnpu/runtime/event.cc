@@ -6,6 +6,7 @@
 
 #include "pjrt_flexnpu/base/forced_unwind.h"
 #include "pjrt_flexnpu/base/tsan.h"
+#include "pjrt_flexnpu/runtime/placer.h"
 
 namespace flexnpu {
 namespace {
@@ -18,6 +19,7 @@ struct OnReadyContext {
   Event::Deliver deliver;
   PJRT_Event_OnReadyCallback callback;
   void* user_arg;
+  CompletionNote note;
 };
 
 // `convert()`, or INTERNAL when even that throws: the callback must run whatever happens.
@@ -39,15 +41,32 @@ FLEXNPU_RETHROWS_FORCED_UNWIND void InnerOnReady(PJRT_Error* inner_error, void* 
   std::unique_ptr<OnReadyContext, handle_pool::Deleter> context(
       static_cast<OnReadyContext*>(arg));
   const PhysicalBackend* backend = context->backend;
+  if (context->note.core != nullptr) context->note.Finished();  // atomics only: cannot throw
   context->deliver(Converted([&] { return backend->Consume(inner_error, kInnerEventWhere); }),
                    context->callback, context->user_arg);
 }
 
 }  // namespace
 
+void CompletionNote::Finished() const {
+  core->PassthroughFinished(virtual_device, physical_device, start_ns, Placer::NowNs());
+}
+
+CompletionNote Event::TakeNote() const {
+  if (!note_pending_.load(std::memory_order_relaxed) ||
+      !note_pending_.exchange(false, std::memory_order_acq_rel)) {
+    return {};
+  }
+  return std::move(note_);
+}
+
 StatusOr<bool> Event::IsReady() const {
   if (!inner_) return true;
-  return backend_->IsReady(inner_.get());
+  StatusOr<bool> ready = backend_->IsReady(inner_.get());
+  if (ready.ok() && *ready) {
+    if (CompletionNote note = TakeNote(); note.core != nullptr) note.Finished();
+  }
+  return ready;
 }
 
 Status Event::Error() const {
@@ -57,7 +76,9 @@ Status Event::Error() const {
 
 Status Event::Await() const {
   if (!inner_) return status_;
-  return backend_->Await(inner_.get());
+  Status status = backend_->Await(inner_.get());
+  if (CompletionNote note = TakeNote(); note.core != nullptr) note.Finished();
+  return status;
 }
 
 Status Event::OnReady(Deliver deliver, PJRT_Event_OnReadyCallback callback,
@@ -72,10 +93,12 @@ Status Event::OnReady(Deliver deliver, PJRT_Event_OnReadyCallback callback,
   // nothing is registered with the backend.
   Status done;
   if (backend_->ErrorIfReady(inner_.get(), kInnerEventWhere, &done)) {
+    if (CompletionNote note = TakeNote(); note.core != nullptr) note.Finished();
     deliver(std::move(done), callback, user_arg);  // may destroy this event
     return Status::Ok();
   }
-  auto* context = handle_pool::New<OnReadyContext>(OnReadyContext{backend_, deliver, callback, user_arg});
+  auto* context = handle_pool::New<OnReadyContext>(
+      OnReadyContext{backend_, deliver, callback, user_arg, TakeNote()});
   FLEXNPU_TSAN_RELEASE(context);
   Status status = backend_->OnReady(inner_.get(), InnerOnReady, context);
   if (!status.ok()) handle_pool::Delete(context);

@@ -29,7 +29,7 @@ Status ExecutableOutputs::Learn(PJRT_Buffer** inner_outputs) {
   return Status::Ok();
 }
 
-Status ExecutableOutputs::Wrap(VirtualDevice* device, int physical_device,
+Status ExecutableOutputs::Wrap(VirtualDevice* device, int physical_device, uint64_t producer,
                                PJRT_Buffer** inner_outputs, PJRT_Buffer** outputs) {
   const PhysicalBackend& b = client_->backend();
   Status status = known_.load(std::memory_order_acquire) ? Status::Ok() : Learn(inner_outputs);
@@ -42,8 +42,10 @@ Status ExecutableOutputs::Wrap(VirtualDevice* device, int physical_device,
     VirtualMemory* memory = info.kind_index >= 0 ? device->memory_of_kind(info.kind_index) : nullptr;
     if (memory == nullptr) memory = device->default_memory();
     if (!info.varies) {
-      outputs[i] = ToHandle<PJRT_Buffer>(
-          VirtualBuffer::WrapKnown(memory, std::move(inner), physical_device, info.metadata));
+      VirtualBuffer* buffer =
+          VirtualBuffer::WrapKnown(memory, std::move(inner), physical_device, info.metadata);
+      buffer->set_producer(producer);
+      outputs[i] = ToHandle<PJRT_Buffer>(buffer);
       continue;
     }
     auto wrapped = VirtualBuffer::Wrap(memory, std::move(inner), physical_device);
@@ -55,6 +57,7 @@ Status ExecutableOutputs::Wrap(VirtualDevice* device, int physical_device,
       }
       continue;
     }
+    (*wrapped)->set_producer(producer);
     outputs[i] = ToHandle<PJRT_Buffer>(*wrapped);
   }
   return status;

@@ -4,6 +4,7 @@
 #define FLEXNPU_RUNTIME_OUTPUTS_H_
 
 #include <atomic>
+#include <cstdint>
 #include <mutex>
 #include <vector>
 
@@ -22,8 +23,9 @@ class ExecutableOutputs {
   size_t count() const { return count_; }
   void set_count(size_t count) { count_ = count; }
   // Wraps one device's inner outputs as buffers of `device`; takes ownership of them.
-  Status Wrap(VirtualDevice* device, int physical_device, PJRT_Buffer** inner_outputs,
-              PJRT_Buffer** outputs);
+  // `producer`: the placer's ticket of the execution that computes them (0: untracked).
+  Status Wrap(VirtualDevice* device, int physical_device, uint64_t producer,
+              PJRT_Buffer** inner_outputs, PJRT_Buffer** outputs);
 
  private:
   struct OutputInfo {

@@ -24,7 +24,8 @@ class Placer {
   int num_physical() const { return num_physical_; }
   // Where buffers created on `virtual_device` live: physical device v mod P.
   int HomeOf(int virtual_device) const { return virtual_device % num_physical_; }
-  // True while the policy is passthrough: executions skip the decision core entirely.
+  // True while the policy is passthrough: executions skip the decision core (they are only
+  // counted, CountPassthrough).
   bool passthrough() const { return passthrough_.load(std::memory_order_acquire); }
 
   // A single-device execution: the physical device and a ticket for OnStart/OnFinish.
@@ -35,6 +36,10 @@ class Placer {
   Status PlaceOn(const placement::Request& request, int physical_device,
                  placement::Decision* decision) {
     return core_->PlaceOn(request, physical_device, decision);
+  }
+  // An execution of the passthrough fast path (no Place): counted, lock-free.
+  void CountPassthrough(int virtual_device, int physical_device, placement::Phase phase) {
+    core_->CountPassthrough(virtual_device, physical_device, phase);
   }
   void OnStart(uint64_t ticket, int64_t now_ns) { (void)core_->OnStart(ticket, now_ns); }
   void Cancel(uint64_t ticket) { (void)core_->Cancel(ticket); }

@@ -1,7 +1,9 @@
 """Prometheus exposition of FlexNPU's runtime state (prometheus-client conventions, `flexnpu_`
 prefix): per physical device queue length, busy fraction, executions by phase, placement
-decisions by reason, bytes migrated in; per virtual device bytes held; the policy and pools;
-telemetry of the physical devices (AscendCL / NVML): free memory and utilisation by kind.
+decisions by reason, bytes migrated in (in all and by the placement's reason); per virtual
+device bytes held; the policy and pools; telemetry of the physical devices (AscendCL / NVML):
+free memory and utilisation by kind. Under every policy, passthrough included, the counts are
+those of every execution.
 
     from prometheus_client import REGISTRY, start_http_server
     flexnpu.metrics.register(REGISTRY); start_http_server(9400)
@@ -54,6 +56,11 @@ class FlexNpuCollector(Collector):
             "Input bytes moved onto a physical device by placements",
             labels=["client", "device"],
         )
+        migrated_by_reason = CounterMetricFamily(
+            "flexnpu_migrated_bytes",
+            "Input bytes moved onto a physical device by placements, by the placement's reason",
+            labels=["client", "device", "reason"],
+        )
         in_use = GaugeMetricFamily(
             "flexnpu_virtual_bytes_in_use",
             "Bytes of the buffers alive on a virtual device",
@@ -95,10 +102,13 @@ class FlexNpuCollector(Collector):
                     executions.add_metric([c, d, phase], count)
                 for reason, count in device["decisions"].items():
                     decisions.add_metric([c, d, reason], count)
+                for reason, moved in device.get("bytes_migrated_in_by_reason", {}).items():
+                    migrated_by_reason.add_metric([c, d, reason], moved)
             for device in client["virtual_devices"]:
                 in_use.add_metric([c, str(device["id"])], device["bytes_in_use"])
             _telemetry(c, client, memory_free, utilization)
-        yield from (info, queue, busy, executions, decisions, migrated, in_use, total_executions)
+        yield from (info, queue, busy, executions, decisions, migrated, migrated_by_reason)
+        yield from (in_use, total_executions)
         yield from (memory_free, utilization)
 
 

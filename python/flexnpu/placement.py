@@ -137,7 +137,8 @@ class Core:
     """The placement core over `devices` (DeviceModels, or a count of `preset` devices).
 
     Tuning keywords (see placement.h `Tuning`): hysteresis_frac, hysteresis_ns, min_dwell_ns,
-    quiet_ns, return_max_steps, tpot_weight, decode_active_ns, move_weight, prefill_role_ns,
+    quiet_ns, return_max_steps, tpot_weight, decode_active_ns, move_weight, move_gain,
+    prefill_role_ns,
     tpot_slo_ns, stall_bank_steps, max_executables, ewma_alpha, device_alpha,
     error_quarantine_ns.
     """

@@ -83,6 +83,7 @@ placement::Tuning TuningFromDict(const nb::dict& d) {
     else if (k == "device_alpha") t.device_alpha = nb::cast<double>(value);
     else if (k == "error_quarantine_ns") t.error_quarantine_ns = nb::cast<int64_t>(value);
     else if (k == "move_weight") t.move_weight = nb::cast<double>(value);
+    else if (k == "move_gain") t.move_gain = nb::cast<double>(value);
     else if (k == "max_executables") t.max_executables = nb::cast<int64_t>(value);
     else if (k == "prefill_role_ns") t.prefill_role_ns = nb::cast<int64_t>(value);
     else if (k == "tpot_slo_ns") t.tpot_slo_ns = nb::cast<int64_t>(value);

@@ -111,12 +111,29 @@ TEST_F(CApiSpmdTest, ShardsTakePlacerTicketsOnTheirPhysicalDevices) {
   EXPECT_EQ(PlacementStat("physical", 0, "queue_length"), 0);
 }
 
-// Passthrough takes no tickets (as for single-device work) and SPMD still runs right.
-TEST_F(CApiSpmdTest, PassthroughShardsAreNotTracked) {
-  PJRT_Client* client = CreateClient(4);
-  ASSERT_NE(client, nullptr);
-  RunReplicated(client, 2, 0, 3);
-  EXPECT_EQ(PlacementStat("", -1, "decisions_total"), 0) << StatsJson();
+// Passthrough takes no tickets (as for single-device work: nothing is queued in the placer) and
+// SPMD still runs right; every shard is counted on the physical device the group mapping gave
+// it (virtual 5's shard on physical 0: its home, 1, is virtual 1's).
+TEST_F(CApiSpmdTest, PassthroughShardsAreCountedNotTracked) {
+  PJRT_Client* client = nullptr;
+  ErrorInfo info = TryCreateClient({IntOption("num_virtual_devices", 8)}, &client);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  constexpr int kRounds = 3;
+  RunReplicated(client, 1, 5, kRounds);
+  EXPECT_EQ(PlacementStat("", -1, "decisions_total"), 2 * kRounds) << StatsJson();
+  EXPECT_EQ(Executions("virtual", 1), kRounds);
+  EXPECT_EQ(Executions("virtual", 5), kRounds);
+  EXPECT_EQ(Executions("physical", 1), kRounds);
+  EXPECT_EQ(Executions("physical", 0), kRounds);
+  EXPECT_EQ(Executions("physical", 2), 0);
+  EXPECT_EQ(PlacementStat("physical", 0, "passthrough"), kRounds);
+  EXPECT_EQ(PlacementStat("physical", 0, "queue_length"), 0);
+  EXPECT_EQ(PlacementStat("physical", 1, "queue_length"), 0);
+  // Their time, from the completion events the caller awaited.
+  EXPECT_GT(PlacementStat("physical", 0, "busy_ns"), 0);
+  EXPECT_GT(PlacementStat("physical", 1, "busy_ns"), 0);
+  EXPECT_GT(PlacementStat("virtual", 5, "busy_ns"), 0);
+  EXPECT_EQ(PlacementStat("physical", 2, "busy_ns"), 0);
 }
 
 // Callers that ask for no completion events, and options structs from older and newer

@@ -73,6 +73,46 @@ TEST(PlacementCoreTest, PassthroughIsIdentityModuloP) {
   EXPECT_EQ(st.physical[0].decisions[static_cast<int>(Reason::kPassthrough)], 27u);
 }
 
+// The runtime's passthrough fast path does not call Place: it reports what ran and, where it
+// sees the completion, for how long. Snapshot shows those as placed executions.
+TEST(PlacementCoreTest, PassthroughExecutionsOutsidePlaceAreCounted) {
+  auto core = MakeCore("passthrough", 4, 8);
+  core->CountPassthrough(1, 1, Phase::kDecode);
+  core->CountPassthrough(5, 1, Phase::kDecode);
+  core->CountPassthrough(5, 0, Phase::kPrefill);  // an SPMD shard off home
+  core->CountPassthrough(8, 0, Phase::kDecode);   // no such device: ignored
+  core->CountPassthrough(1, 4, Phase::kDecode);
+  core->PassthroughFinished(1, 1, 10 * kMs, 30 * kMs);
+  core->PassthroughFinished(5, 1, 20 * kMs, 40 * kMs);  // overlaps: the device's union counts
+  core->PassthroughFinished(5, 0, 50 * kMs, 60 * kMs);
+  core->PassthroughFinished(5, 7, 50 * kMs, 60 * kMs);  // ignored
+  const Stats st = core->Snapshot(110 * kMs);
+  constexpr int kPass = static_cast<int>(Reason::kPassthrough);
+  EXPECT_EQ(st.decisions, 3u);
+  EXPECT_EQ(st.elapsed_ns, 100 * kMs);  // from the first start measured
+  EXPECT_EQ(st.physical[1].executions[static_cast<int>(Phase::kDecode)], 2u);
+  EXPECT_EQ(st.physical[1].decisions[kPass], 2u);
+  EXPECT_EQ(st.physical[1].busy_ns, 30 * kMs);
+  EXPECT_DOUBLE_EQ(st.physical[1].busy_fraction, 0.3);
+  EXPECT_EQ(st.physical[0].executions[static_cast<int>(Phase::kPrefill)], 1u);
+  EXPECT_EQ(st.physical[0].executions[static_cast<int>(Phase::kDecode)], 0u);
+  EXPECT_EQ(st.physical[0].busy_ns, 10 * kMs);
+  EXPECT_EQ(st.physical[2].busy_ns, 0);
+  EXPECT_EQ(st.virtual_devices[5].decisions[kPass], 2u);
+  EXPECT_EQ(st.virtual_devices[5].busy_ns, 30 * kMs);  // its own times, summed
+  EXPECT_EQ(st.virtual_devices[5].current, 1);
+  EXPECT_EQ(st.virtual_devices[1].busy_ns, 20 * kMs);
+  EXPECT_EQ(st.virtual_devices[2].current, -1);
+  EXPECT_EQ(st.physical[1].queue_length, 0);
+  // Placements add to the same counters.
+  const Decision d = PlaceOne(*core, 1, kDecode, {}, 110 * kMs);
+  ASSERT_TRUE(core->OnFinish(d.ticket, 112 * kMs, true).ok());
+  const Stats after = core->Snapshot(120 * kMs);
+  EXPECT_EQ(after.decisions, 4u);
+  EXPECT_EQ(after.physical[1].decisions[kPass], 3u);
+  EXPECT_EQ(after.physical[1].busy_ns, 32 * kMs);
+}
+
 // A deterministic mixed workload: phases, virtual devices and input locations from an LCG.
 void MixedWorkload(Sim& sim, int P, int V, int n, uint32_t seed) {
   uint32_t x = seed;

@@ -51,6 +51,11 @@ def _table(client: dict[str, Any]) -> str:
             + ", ".join(f"{m['physical']}: {m['busy_s']:.6g} s" for m in modelled)
             + f" (time_scale {modelled[0]['time_scale']:g})"
         )
+    for d in placement["physical"]:
+        moved = {r: b for r, b in d.get("bytes_migrated_in_by_reason", {}).items() if b}
+        if moved:
+            why = ", ".join(f"{r} {b / 1e6:.2f}" for r, b in moved.items())
+            lines.append(f"  MB moved onto physical {d['device']} by reason: {why}")
     lines.append(f"{'virtual':>8} {'home':>8} {'MB held':>8}")
     for v in client["virtual_devices"]:
         lines.append(f"{v['id']:>8} {v['home_physical']:>8} {v['bytes_in_use'] / 1e6:>8.2f}")
