@@ -30,10 +30,16 @@ StatusOr<std::string> RewriteAsPortable(std::string_view serialized);
 StatusOr<std::string> RewriteDeviceAssignment(std::string_view serialized,
                                               const std::vector<int64_t>& device_ids);
 
+// The options as the key of what they compile to, for any device: the device assignment
+// dropped and repeated entries in a canonical order (protobuf writes map fields, e.g. of the
+// debug options, in hash order, so equal options can differ byte for byte).
+StatusOr<std::string> CompileOptionsKey(std::string_view serialized);
+
 // Field numbers from openxla/xla xla/pjrt/proto/compile_options.proto and xla/xla.proto.
 namespace compile_options_fields {
 inline constexpr uint32_t kBuildOptions = 3;        // CompileOptionsProto
 inline constexpr uint32_t kCompilePortable = 4;     // CompileOptionsProto
+inline constexpr uint32_t kDebugOptions = 3;        // ExecutableBuildOptionsProto
 inline constexpr uint32_t kNumReplicas = 4;         // ExecutableBuildOptionsProto
 inline constexpr uint32_t kNumPartitions = 5;       // ExecutableBuildOptionsProto
 inline constexpr uint32_t kDeviceAssignment = 9;    // ExecutableBuildOptionsProto
