@@ -1,5 +1,7 @@
 #include "pjrt_flexnpu/backend/compile_options.h"
 
+#include <algorithm>
+
 #include "pjrt_flexnpu/base/wire.h"
 
 namespace flexnpu {
@@ -136,7 +138,64 @@ StatusOr<std::string> Rewrite(std::string_view serialized, bool portable, int64_
   return out.Take();
 }
 
+// The message with each run of consecutive length-delimited entries of one field sorted by
+// their bytes: protobuf writes a map field's entries in hash order, so equal options may be
+// serialized differently. Other fields stay where they are.
+StatusOr<std::string> SortRepeatedRuns(std::string_view message, const char* what) {
+  std::vector<Field> fields;
+  Reader reader(message);
+  Field field;
+  while (reader.Next(&field)) fields.push_back(field);
+  if (!reader.ok()) return Malformed(what, reader);
+  for (size_t begin = 0; begin < fields.size();) {
+    size_t end = begin + 1;
+    while (end < fields.size() && fields[end].type == WireType::kLengthDelimited &&
+           fields[begin].type == WireType::kLengthDelimited &&
+           fields[end].number == fields[begin].number) {
+      ++end;
+    }
+    std::sort(fields.begin() + begin, fields.begin() + end,
+              [](const Field& a, const Field& b) { return a.raw < b.raw; });
+    begin = end;
+  }
+  Writer out;
+  for (const Field& f : fields) out.Raw(f.raw);
+  return out.Take();
+}
+
 }  // namespace
+
+StatusOr<std::string> CompileOptionsKey(std::string_view serialized) {
+  FLEXNPU_ASSIGN_OR_RETURN(
+      const std::string build,
+      CollectMessage(serialized, f::kBuildOptions, "executable_build_options"));
+  FLEXNPU_ASSIGN_OR_RETURN(const std::string debug,
+                           CollectMessage(build, f::kDebugOptions, "debug_options"));
+  Writer canonical_build;
+  Reader build_reader(build);
+  Field field;
+  while (build_reader.Next(&field)) {
+    if (field.number == f::kDeviceAssignment || field.number == f::kDebugOptions) continue;
+    canonical_build.Raw(field.raw);
+  }
+  if (!build_reader.ok()) return Malformed("executable_build_options", build_reader);
+  FLEXNPU_ASSIGN_OR_RETURN(const std::string sorted_debug,
+                           SortRepeatedRuns(debug, "debug_options"));
+  canonical_build.Bytes(f::kDebugOptions, sorted_debug);
+
+  Writer rest;
+  Reader reader(serialized);
+  while (reader.Next(&field)) {
+    if (field.number != f::kBuildOptions) rest.Raw(field.raw);
+  }
+  if (!reader.ok()) return Malformed("CompileOptionsProto", reader);
+  FLEXNPU_ASSIGN_OR_RETURN(std::string key,
+                           SortRepeatedRuns(rest.str(), "CompileOptionsProto"));
+  Writer build_field;
+  build_field.Bytes(f::kBuildOptions, canonical_build.str());
+  key += build_field.str();
+  return key;
+}
 
 StatusOr<CompileOptionsInfo> ReadCompileOptions(std::string_view serialized) {
   CompileOptionsInfo info;

@@ -33,12 +33,17 @@ StatusOr<std::string> RewriteDeviceAssignment(std::string_view serialized,
 // The same options without what only chooses devices (device assignment, device ordinal,
 // portability): equal for the per-device variants of one program.
 StatusOr<std::string> WithoutDeviceChoice(std::string_view serialized);
+// The options as the key of what they compile to, for any device: the device assignment
+// dropped and repeated entries in a canonical order (protobuf writes map fields, e.g. of the
+// debug options, in hash order, so equal options can differ byte for byte).
+StatusOr<std::string> CompileOptionsKey(std::string_view serialized);
 
 // Field numbers from openxla/xla xla/pjrt/proto/compile_options.proto and xla/xla.proto.
 namespace compile_options_fields {
 inline constexpr uint32_t kBuildOptions = 3;        // CompileOptionsProto
 inline constexpr uint32_t kCompilePortable = 4;     // CompileOptionsProto
 inline constexpr uint32_t kDeviceOrdinal = 1;       // ExecutableBuildOptionsProto
+inline constexpr uint32_t kDebugOptions = 3;        // ExecutableBuildOptionsProto
 inline constexpr uint32_t kNumReplicas = 4;         // ExecutableBuildOptionsProto
 inline constexpr uint32_t kNumPartitions = 5;       // ExecutableBuildOptionsProto
 inline constexpr uint32_t kDeviceAssignment = 9;    // ExecutableBuildOptionsProto

@@ -116,10 +116,9 @@ Status VirtualClient::Init() {
     FLEXNPU_ASSIGN_OR_RETURN(PJRT_DeviceDescription* const description,
                              b.Description(device.device));
     FLEXNPU_ASSIGN_OR_RETURN(device.id, b.DescriptionId(description));
-    if (p == 0) {
-      FLEXNPU_ASSIGN_OR_RETURN(const std::string_view device_kind, b.DescriptionKind(description));
-      roofline_ = RooflineFor(backend_platform_, std::string(device_kind));
-    }
+    FLEXNPU_ASSIGN_OR_RETURN(const std::string_view device_kind, b.DescriptionKind(description));
+    device.kind.assign(device_kind);
+    if (p == 0) roofline_ = RooflineFor(backend_platform_, device.kind);
 
     FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Memory*> memories,
                              b.AddressableMemories(device.device));
@@ -275,7 +274,8 @@ std::string VirtualClient::StatsJson() const {
       << ",\"bytes_migrated\":" << counters_.bytes_migrated.load()
       << ",\"compiles\":" << counters_.compiles.load()
       << ",\"backend_compiles\":" << counters_.backend_compiles.load()
-      << ",\"backend_loads\":" << counters_.backend_loads.load() << ",\"virtual_devices\":[";
+      << ",\"backend_loads\":" << counters_.backend_loads.load()
+      << ",\"shared_loads\":" << counters_.shared_loads.load() << ",\"virtual_devices\":[";
   for (int v = 0; v < num_devices(); ++v) {
     VirtualDevice* d = devices_[v].get();
     if (v > 0) out << ",";

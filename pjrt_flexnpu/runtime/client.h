@@ -15,6 +15,7 @@
 #include "pjrt_flexnpu/base/sharded_counter.h"
 #include "pjrt_flexnpu/base/status.h"
 #include "pjrt_flexnpu/runtime/buffer.h"
+#include "pjrt_flexnpu/runtime/compile_cache.h"
 #include "pjrt_flexnpu/runtime/device.h"
 #include "pjrt_flexnpu/runtime/handles.h"
 #include "pjrt_flexnpu/runtime/options.h"
@@ -30,6 +31,7 @@ class VirtualLoadedExecutable;
 struct PhysicalDevice {
   PJRT_Device* device = nullptr;
   int64_t id = 0;  // the backend's global device id (used in device assignments)
+  std::string kind;  // the backend's device kind: programs compiled for one kind are shared
   std::vector<PJRT_Memory*> memory_by_kind;  // by the client's memory-kind index
   // Memory the device offers (its own stats, or the host's RAM for CPU devices); 0: unknown.
   int64_t bytes_limit = 0;
@@ -44,6 +46,9 @@ struct ClientCounters {
   // Per physical mapping: compiled by the backend, or loaded from a serialized executable.
   std::atomic<int64_t> backend_compiles{0};
   std::atomic<int64_t> backend_loads{0};
+  // Per physical mapping: loaded from the compile of the same program for other devices of the
+  // same kinds (SharedCompiles) instead of compiled.
+  std::atomic<int64_t> shared_loads{0};
 };
 
 class VirtualClient : public Tagged {
@@ -62,6 +67,7 @@ class VirtualClient : public Tagged {
   // The roofline executables are profiled against (the physical devices' preset).
   const xla_passes::DeviceSpec& roofline() const { return roofline_; }
   ClientCounters& counters() { return counters_; }
+  SharedCompiles& shared_compiles() { return shared_compiles_; }
   // Completion callbacks hold the trace: they may run after the client is gone.
   const std::shared_ptr<Trace>& trace() const { return trace_; }
 
@@ -114,6 +120,7 @@ class VirtualClient : public Tagged {
   // After placer_: destroyed first, stopping the sampler that feeds the placer.
   std::unique_ptr<PhysicalTelemetry> telemetry_;
   ClientCounters counters_;
+  SharedCompiles shared_compiles_;
   std::shared_ptr<Trace> trace_ = std::make_shared<Trace>();
 };
 

@@ -64,16 +64,15 @@ CompileCache::CompiledResult CompileCache::CompileFor(const std::vector<int>& ph
       client_->counters().backend_loads.fetch_add(1, std::memory_order_relaxed);
     }
   }
+  std::shared_ptr<const std::string> inner_bytes;
   if (loaded == nullptr) {
-    auto compiled = b.Compile(client_->inner(), &program, options);
-    if (!compiled.ok()) return compiled.status();
-    loaded = std::move(*compiled);
-    client_->counters().backend_compiles.fetch_add(1, std::memory_order_relaxed);
+    FLEXNPU_ASSIGN_OR_RETURN(loaded, CompileOrShare(physical, program, options, &inner_bytes));
   }
 
   auto compiled = std::make_shared<CompiledVariant>();
   compiled->executable = std::move(loaded);
   compiled->physical = physical;
+  compiled->inner_bytes = std::move(inner_bytes);
   if (physical.size() > 1) {
     FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Device*> devices,
                              b.AddressableDevices(compiled->executable.get()));
@@ -92,6 +91,123 @@ CompileCache::CompiledResult CompileCache::CompileFor(const std::vector<int>& ph
     }
   }
   return compiled;
+}
+
+StatusOr<InnerLoadedExecutable> CompileCache::CompileOrShare(
+    const std::vector<int>& physical, const PJRT_Program& program, const std::string& options,
+    std::shared_ptr<const std::string>* inner_bytes) {
+  const PhysicalBackend& b = client_->backend();
+  SharedCompiles::Found found;
+  // Portable compiles run anywhere already: one per executable, nothing to share. Options
+  // whose key cannot be read are compiled as they are.
+  auto options_key = client_->options().share_compiles && !physical.empty()
+                         ? CompileOptionsKey(compile_options_)
+                         : StatusOr<std::string>(FailedPrecondition("not shared"));
+  if (options_key.ok()) {
+    std::vector<std::string> kinds;
+    for (int p : physical) kinds.push_back(client_->physical(p).kind);
+    found = client_->shared_compiles().Find(
+        SharedCompiles::KeyOf(program_format_, program_code_, *options_key, kinds));
+  }
+  if (found.bytes != nullptr) {
+    // A backend that cannot load it onto these devices compiles it instead.
+    auto shared = b.DeserializeAndLoad(client_->inner(), *found.bytes, options);
+    if (shared.ok() && RunsOnExactly(*client_, shared->get(), physical)) {
+      client_->counters().shared_loads.fetch_add(1, std::memory_order_relaxed);
+      *inner_bytes = std::move(found.bytes);
+      return std::move(*shared);
+    }
+  }
+  FLEXNPU_ASSIGN_OR_RETURN(InnerLoadedExecutable loaded,
+                           b.Compile(client_->inner(), &program, options));
+  client_->counters().backend_compiles.fetch_add(1, std::memory_order_relaxed);
+  if (found.claim != nullptr) {
+    // A program the backend cannot serialize (host callbacks, ...) is compiled per device.
+    auto unloaded = b.GetExecutable(loaded.get());
+    auto bytes = unloaded.ok() ? b.Serialize(unloaded->get())
+                               : StatusOr<std::string>(unloaded.status());
+    if (bytes.ok()) {
+      *inner_bytes = std::make_shared<const std::string>(std::move(*bytes));
+      found.claim->Publish(*inner_bytes);
+    }
+  }
+  return loaded;
+}
+
+bool RunsOnExactly(const VirtualClient& client, PJRT_LoadedExecutable* loaded,
+                   const std::vector<int>& physical) {
+  auto devices = client.backend().AddressableDevices(loaded);
+  if (!devices.ok() || devices->size != physical.size()) return false;
+  for (int p : physical) {
+    bool found = false;
+    for (PJRT_Device* device : *devices) found = found || device == client.physical(p).device;
+    if (!found) return false;
+  }
+  return true;
+}
+
+std::string SharedCompiles::KeyOf(std::string_view program_format, std::string_view program_code,
+                                  std::string_view options_without_assignment,
+                                  const std::vector<std::string>& kinds) {
+  std::string key;
+  auto add = [&key](std::string_view part) {
+    key += std::to_string(part.size());
+    key += ':';
+    key += part;
+  };
+  add(program_format);
+  add(program_code);
+  add(options_without_assignment);
+  for (const std::string& kind : kinds) add(kind);
+  return key;
+}
+
+SharedCompiles::Found SharedCompiles::Find(std::string key) {
+  std::shared_future<Bytes> earlier;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) {
+      auto claim = std::make_unique<Claim>(this, key);
+      entries_.emplace(std::move(key), Entry{claim->promise_.get_future().share(), ++next_order_});
+      return Found{nullptr, std::move(claim)};
+    }
+    earlier = it->second.bytes;
+  }
+  return Found{earlier.get(), nullptr};  // outside mu_: other keys' compiles go on
+}
+
+void SharedCompiles::Claim::Publish(Bytes bytes) {
+  if (owner_ == nullptr) return;
+  owner_->Resolve(key_, promise_, bytes);
+  owner_ = nullptr;
+}
+
+void SharedCompiles::Resolve(const std::string& key, std::promise<Bytes>& promise,
+                             const Bytes& bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = entries_.find(key);
+    if (bytes == nullptr) {
+      entries_.erase(it);  // not shareable: later compiles of it try again
+    } else {
+      it->second.size = bytes->size();
+      total_bytes_ += bytes->size();
+      while (total_bytes_ > kMaxBytes) {
+        // The oldest published entry (those in progress have no size yet).
+        auto oldest = entries_.end();
+        for (auto e = entries_.begin(); e != entries_.end(); ++e) {
+          if (e->second.size > 0 && (oldest == entries_.end() ||
+                                     e->second.order < oldest->second.order)) {
+            oldest = e;
+          }
+        }
+        total_bytes_ -= oldest->second.size;
+        entries_.erase(oldest);
+      }
+    }
+  }
+  promise.set_value(bytes);
 }
 
 CompileCache::CompiledResult CompileCache::For(const int* physical, size_t n) {

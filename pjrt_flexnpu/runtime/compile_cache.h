@@ -2,7 +2,9 @@
 // is compiled for a mapping onto N distinct physical devices (the device assignment rewritten
 // to physical ids), once per mapping the placer uses, cached. Single-device programs can
 // instead be compiled once, portable, and run on whichever physical device the placer picks
-// (option single_device_compile=portable).
+// (option single_device_compile=portable). Across executables, a program compiled for some
+// physical devices is loaded onto other devices of the same kinds instead of compiled again
+// (SharedCompiles, create option share_compiles).
 #ifndef FLEXNPU_RUNTIME_COMPILE_CACHE_H_
 #define FLEXNPU_RUNTIME_COMPILE_CACHE_H_
 
@@ -15,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "pjrt_c_api.h"
@@ -31,10 +34,73 @@ struct CompiledVariant {
   InnerLoadedExecutable executable;
   std::vector<int> physical;        // physical device per position (empty when portable)
   std::vector<int> inner_position;  // position in the inner executable's device list
+  // The inner serialization it was compiled to or loaded from, when shared (SharedCompiles):
+  // written again as it is by PJRT_Executable_Serialize, because the XLA CPU plugin
+  // re-serializes a deserialized executable without its kernels.
+  std::shared_ptr<const std::string> inner_bytes;
   // When an execution last used it (the cache's use clock): set on the fast path too, which
   // skips the map, so eviction sees real use.
   std::atomic<uint64_t> last_use{0};
 };
+
+// Inner executables compiled once per client and loaded (PJRT_Executable_DeserializeAndLoad
+// with the device assignment rewritten) onto the other physical devices of the same kinds that
+// need the same program with the same options: N identical devices cost one compile. Keyed by
+// the program, its compile options without the device assignment, and the devices' kinds;
+// bounded in bytes (the oldest entries are dropped). Only compiles touch it.
+class SharedCompiles {
+ public:
+  using Bytes = std::shared_ptr<const std::string>;
+
+  // The first compile of a key: the callers that look the key up meanwhile wait for Publish
+  // (or for the claim's end without it: then they compile themselves).
+  class Claim {
+   public:
+    Claim(SharedCompiles* owner, std::string key) : owner_(owner), key_(std::move(key)) {}
+    Claim(const Claim&) = delete;
+    Claim& operator=(const Claim&) = delete;
+    ~Claim() { Publish(nullptr); }
+    // The serialized inner executable (null: it could not be serialized, nothing shared).
+    void Publish(Bytes bytes);
+
+   private:
+    friend class SharedCompiles;
+    SharedCompiles* owner_;
+    std::string key_;
+    std::promise<Bytes> promise_;
+  };
+
+  // What a compile of `key` finds: the bytes of an earlier compile (waited for when it is in
+  // progress; null when it published none), or, for the first, the claim to fulfil.
+  struct Found {
+    Bytes bytes;
+    std::unique_ptr<Claim> claim;
+  };
+  Found Find(std::string key);
+
+  // The key of a program compiled with `options_without_assignment` for devices of `kinds`.
+  static std::string KeyOf(std::string_view program_format, std::string_view program_code,
+                           std::string_view options_without_assignment,
+                           const std::vector<std::string>& kinds);
+
+ private:
+  struct Entry {
+    std::shared_future<Bytes> bytes;
+    uint64_t order = 0;  // insertion order: the oldest is dropped first
+    size_t size = 0;     // 0 until published
+  };
+  void Resolve(const std::string& key, std::promise<Bytes>& promise, const Bytes& bytes);
+
+  static constexpr size_t kMaxBytes = size_t{256} << 20;
+  std::mutex mu_;
+  std::unordered_map<std::string, Entry> entries_;
+  uint64_t next_order_ = 0;
+  size_t total_bytes_ = 0;
+};
+
+// Whether `loaded` runs on exactly the client's physical devices `physical`.
+bool RunsOnExactly(const VirtualClient& client, PJRT_LoadedExecutable* loaded,
+                   const std::vector<int>& physical);
 
 class CompileCache {
  public:
@@ -81,6 +147,12 @@ class CompileCache {
   };
 
   CompiledResult CompileFor(const std::vector<int>& physical);
+  // Compiles for `physical` with `options`, or loads what another executable compiled for
+  // devices of the same kinds (SharedCompiles).
+  StatusOr<InnerLoadedExecutable> CompileOrShare(const std::vector<int>& physical,
+                                                 const PJRT_Program& program,
+                                                 const std::string& options,
+                                                 std::shared_ptr<const std::string>* inner_bytes);
   void EvictLocked();
   static uint64_t LastUse(const CacheEntry& entry);
   // Makes `compiled` (a variant pinned to `physical_device`) the recent one.

@@ -270,6 +270,10 @@ std::shared_ptr<const SerializableExecutable> VirtualLoadedExecutable::Serializa
         variant.loaded_from = &it->second;
       }
     }
+    if (variant.loaded_from == nullptr && compiled->inner_bytes != nullptr) {
+      variant.source = compiled->inner_bytes;  // shared with other devices' variants
+      variant.loaded_from = compiled->inner_bytes.get();
+    }
     snapshot->variants.push_back(std::move(variant));
   }
   return snapshot;
@@ -380,17 +384,7 @@ StatusOr<InnerLoadedExecutable> LoadPrebuiltVariant(const PrebuiltVariants& preb
                            b.DeserializeAndLoad(client.inner(), it->second, options));
   if (physical.empty()) return loaded;  // portable: runs wherever it is told
   // A pinned variant must run on exactly the devices of its mapping.
-  FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Device*> devices,
-                           b.AddressableDevices(loaded.get()));
-  bool matches = devices.size == physical.size();
-  for (size_t i = 0; matches && i < physical.size(); ++i) {
-    bool found = false;
-    for (PJRT_Device* device : devices) {
-      found = found || device == client.physical(physical[i]).device;
-    }
-    matches = found;
-  }
-  if (!matches) {
+  if (!RunsOnExactly(client, loaded.get(), physical)) {
     return InvalidArgument("PJRT_Executable_DeserializeAndLoad: the physical backend loaded a "
                            "compiled variant onto other devices than its mapping names");
   }

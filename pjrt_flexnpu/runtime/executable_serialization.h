@@ -48,9 +48,10 @@ struct SerializableExecutable {
     // executables must not outlive the client).
     std::weak_ptr<const void> compiled;
     PJRT_LoadedExecutable* executable = nullptr;
-    // The inner bytes it was loaded from, when it was: written again as they are, because the
-    // XLA CPU plugin re-serializes a deserialized executable without its kernels.
-    std::shared_ptr<const PrebuiltVariants> source;
+    // The inner bytes it was loaded from (an envelope's, or those shared by SharedCompiles),
+    // when it was: written again as they are, because the XLA CPU plugin re-serializes a
+    // deserialized executable without its kernels.
+    std::shared_ptr<const void> source;
     const std::string* loaded_from = nullptr;  // in `source`
   };
   std::shared_ptr<const PhysicalBackend> backend;

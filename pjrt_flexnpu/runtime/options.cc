@@ -12,8 +12,8 @@ namespace {
 
 constexpr const char* kKnownOptions =
     "allow_newer_backend, backend, backend_options, cpu_plugin_path, decode_devices, "
-    "num_virtual_devices, policy, prefill_devices, single_device_compile, telemetry, telemetry_period_ms, "
-    "ascendcl_library, nvml_library, tenant";
+    "num_virtual_devices, policy, prefill_devices, share_compiles, single_device_compile, "
+    "telemetry, telemetry_period_ms, ascendcl_library, nvml_library, tenant";
 
 std::string Trim(std::string_view s) {
   const auto begin = s.find_first_not_of(" \t\n");
@@ -121,6 +121,7 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
       {"num_virtual_devices", "FLEXNPU_NUM_VIRTUAL_DEVICES"},
       {"policy", "FLEXNPU_POLICY"},
       {"single_device_compile", "FLEXNPU_SINGLE_DEVICE_COMPILE"},
+      {"share_compiles", "FLEXNPU_SHARE_COMPILES"},
       {"prefill_devices", "FLEXNPU_PREFILL_DEVICES"},
       {"decode_devices", "FLEXNPU_DECODE_DEVICES"},
       {"telemetry", "FLEXNPU_TELEMETRY"},
@@ -187,6 +188,10 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
                                "or 'portable', got '" + *v + "'");
       }
       options.single_device_compile = *v;
+    } else if (option.name == "share_compiles") {
+      auto v = AsBool(option);
+      if (!v.ok()) return v.status();
+      options.share_compiles = *v;
     } else if (option.name == "allow_newer_backend") {
       auto v = AsBool(option);
       if (!v.ok()) return v.status();

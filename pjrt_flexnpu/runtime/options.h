@@ -43,6 +43,9 @@ struct Options {
   // "auto" (as "pinned"; under a placing policy, should the pinned compile for a device fail,
   // one portable compile, made on that first need, runs executions placed there instead).
   std::string single_device_compile = "auto";
+  // A program compiled for some physical devices is loaded (deserialized with the device
+  // assignment rewritten) onto other devices of the same kinds instead of compiled again.
+  bool share_compiles = true;
   // Telemetry of the physical devices (pjrt_flexnpu/hardware): "auto" (AscendCL when its
   // library loads; NVML when the backend is CUDA and NVML loads; else none), "ascendcl",
   // "nvml" or "none". An explicit source that fails is an error naming library and call.

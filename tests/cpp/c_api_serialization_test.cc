@@ -158,6 +158,46 @@ TEST_F(SerializationTest, RoundTripInTheSameClientEqualsDirect) {
   EXPECT_EQ(Run(again, inputs), expected_);
 }
 
+// The same program for each of 4 identical physical devices: compiled once, loaded onto the
+// other three (create option share_compiles, on by default); each runs on its own device with
+// the right result, and one of the loaded ones serializes and loads again (the bytes it was
+// loaded from, not the CPU plugin's re-serialization without kernels). Off: one compile each.
+TEST_F(SerializationTest, OneProgramForIdenticalDevicesIsCompiledOnceAndLoadedOnTheOthers) {
+  PJRT_Client* client = CreateClient(4);
+  const int64_t compiles = Counter("backend_compiles");
+  const int64_t shared = Counter("shared_loads");
+  std::vector<PJRT_LoadedExecutable*> exes;
+  for (int k = 0; k < 4; ++k) exes.push_back(CompileAdd(client, k));
+  EXPECT_EQ(Counter("backend_compiles"), compiles + 1);
+  EXPECT_EQ(Counter("shared_loads"), shared + 3);
+  for (int k = 0; k < 4; ++k) {
+    PJRT_Device* device = Device(client, k);
+    EXPECT_EQ(OnlyDevice(exes[k]), device) << "executable " << k;
+    EXPECT_EQ(Run(exes[k], {Upload(client, device, a_), Upload(client, device, b_)}), expected_)
+        << "on device " << k;
+  }
+  PJRT_Client* reader = CreateClient(4);
+  const int64_t loads = Counter("backend_loads");
+  PJRT_LoadedExecutable* loaded = nullptr;
+  ErrorInfo info = TryLoad(reader, Serialize(exes[3]), &loaded);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  EXPECT_EQ(Counter("backend_loads"), loads + 1);
+  PJRT_Device* device = Device(reader, 3);
+  EXPECT_EQ(OnlyDevice(loaded), device);
+  EXPECT_EQ(Run(loaded, {Upload(reader, device, a_), Upload(reader, device, b_)}), expected_);
+
+  PJRT_Client* unshared = nullptr;
+  info = TryCreateClient(
+      {IntOption("num_virtual_devices", 4), StringOption("share_compiles", "false")}, &unshared);
+  ASSERT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+  const int64_t before = Counter("backend_compiles");
+  const int64_t shared_before = Counter("shared_loads");
+  CompileAdd(unshared, 0);
+  CompileAdd(unshared, 1);
+  EXPECT_EQ(Counter("backend_compiles"), before + 2);
+  EXPECT_EQ(Counter("shared_loads"), shared_before);
+}
+
 TEST_F(SerializationTest, LoadsIntoAClientWithAnotherPolicyAndDeviceCount) {
   PJRT_Client* writer = CreateClient(4);
   PJRT_LoadedExecutable* exe = CompileAdd(writer, 3);

@@ -136,6 +136,28 @@ TEST_F(CApiSpmdTest, PassthroughShardsAreCountedNotTracked) {
   EXPECT_EQ(PlacementStat("physical", 2, "busy_ns"), 0);
 }
 
+// A counter at the top of the first client's stats (e.g. "backend_compiles"); -1 when absent.
+int64_t ClientCounter(const std::string& key) {
+  const std::string json = StatsJson();
+  const size_t at = json.find("\"" + key + "\":");
+  return at == std::string::npos ? -1 : std::atoll(json.c_str() + at + key.size() + 3);
+}
+
+// The replicated program over other devices of the same kind, in either order: compiled once,
+// loaded for the other mappings (share_compiles), every shard's result right.
+TEST_F(CApiSpmdTest, OneSpmdProgramIsCompiledOnceForIdenticalDevices) {
+  PJRT_Client* client = CreateClient(4);
+  ASSERT_NE(client, nullptr);
+  const int64_t compiles = ClientCounter("backend_compiles");
+  const int64_t shared = ClientCounter("shared_loads");
+  ASSERT_GE(shared, 0) << StatsJson();
+  RunReplicated(client, 0, 1, 1);
+  RunReplicated(client, 2, 3, 1);
+  RunReplicated(client, 3, 0, 1);
+  EXPECT_EQ(ClientCounter("backend_compiles"), compiles + 1);
+  EXPECT_EQ(ClientCounter("shared_loads"), shared + 2);
+}
+
 // Callers that ask for no completion events, and options structs from older and newer
 // headers: every shard's result is right whichever physical order the mapping gives the shards
 // (virtual 5 before 1 puts shard 0 on physical 0's second position), and every placer ticket

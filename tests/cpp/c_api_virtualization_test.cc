@@ -583,8 +583,9 @@ TEST_F(CApiVirtualizationTest, ExecutionsRaceBufferDestructionAndPolicySwitches)
 }
 
 // single_device_compile=auto under a placing policy: an execution placed off its home device
-// runs a variant pinned to that device, compiled once on the first placement there (before,
-// one portable compile served every device, a slower execute path), with the right results.
+// runs a variant pinned to that device, made once on the first placement there (before, one
+// portable compile served every device, a slower execute path), with the right results. The
+// devices are all of one kind: the variants are loaded from the first compile, not compiled.
 TEST_F(CApiVirtualizationTest, OffHomeExecutionsRunAVariantPinnedPerDevice) {
   PJRT_Client* client = CreateClientWith(
       {IntOption("num_virtual_devices", 4), StringOption("policy", "dynamic")});
@@ -593,6 +594,8 @@ TEST_F(CApiVirtualizationTest, OffHomeExecutionsRunAVariantPinnedPerDevice) {
   ASSERT_EQ(TryCompile(client, kAddProgram, CompileOptionsFor(0), &exe).code, PJRT_Error_Code_OK);
   const int64_t compiles = StatOfFirstClient("backend_compiles");
   ASSERT_GE(compiles, 1) << "no 'backend_compiles' in the stats";
+  const int64_t shared = StatOfFirstClient("shared_loads");
+  ASSERT_GE(shared, 0) << "no 'shared_loads' in the stats";
   for (int round = 0; round < 3; ++round) {
     for (int k = 1; k < 4; ++k) {
       const float x = static_cast<float>(k + round);
@@ -607,8 +610,9 @@ TEST_F(CApiVirtualizationTest, OffHomeExecutionsRunAVariantPinnedPerDevice) {
           << "on device " << k;
       DestroyBuffer(outputs[0]);
     }
-    // One pinned variant per device placed on, compiled on the first placement there only.
-    EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles + 3) << "round " << round;
+    // One pinned variant per device placed on, loaded on the first placement there only.
+    EXPECT_EQ(StatOfFirstClient("shared_loads"), shared + 3) << "round " << round;
+    EXPECT_EQ(StatOfFirstClient("backend_compiles"), compiles) << "round " << round;
   }
   EXPECT_EQ(StatOfFirstClient("migrations"), 0) << "executions followed their data";
 }
@@ -681,7 +685,8 @@ TEST_F(CApiVirtualizationTest, AFailedPinnedCompileFallsBackToThePortableOne) {
   setenv("FLEXNPU_FAKE_INNER_PLUGIN", Env("FLEXNPU_CPU_PLUGIN_PATH").c_str(), 1);
   PJRT_Client* client = CreateClientWith(
       {StringOption("backend", fake), IntOption("num_virtual_devices", 4),
-       StringOption("policy", "dynamic"), StringOption("single_device_compile", "auto")});
+       StringOption("policy", "dynamic"), StringOption("single_device_compile", "auto"),
+       StringOption("share_compiles", "false")});
   ASSERT_NE(client, nullptr);
   PJRT_LoadedExecutable* exe = nullptr;
   // The backend's first compile: the initial variant, pinned to device 0's home.
@@ -723,7 +728,7 @@ TEST_F(CApiVirtualizationTest, EvictedMappingsAreCompiledAgainWithRightResults) 
   PJRT_Client* client = CreateClientWith(
       {IntOption("num_virtual_devices", kDevices),
        StringOption("backend_options", "cpu_device_count=" + std::to_string(kDevices)),
-       StringOption("single_device_compile", "pinned")});
+       StringOption("single_device_compile", "pinned"), StringOption("share_compiles", "false")});
   ASSERT_NE(client, nullptr);
   PJRT_LoadedExecutable* exe = nullptr;
   ASSERT_EQ(TryCompile(client, kAddProgram, CompileOptionsFor(0), &exe).code, PJRT_Error_Code_OK);

@@ -73,6 +73,46 @@ TEST(CompileOptionsTest, AssignmentRewriteUsesPhysicalIds) {
   EXPECT_NE(rewritten->find("keep me"), std::string::npos);
 }
 
+// Options as JAX writes them with a map field in the debug options (field 357, entries in
+// hash order) and an assignment: the key is the same whatever the entries' order and the
+// devices, and differs when anything else differs.
+std::string OptionsWithMap(const std::vector<std::string>& entries, int64_t device,
+                           int64_t replicas = 1) {
+  proto::Writer debug;
+  debug.Varint(2, 1);
+  for (const std::string& entry : entries) debug.Bytes(357, entry);
+  debug.Bytes(451, "inf");
+  proto::Writer build;
+  build.Bytes(3, debug.str());
+  build.Varint(f::kNumReplicas, replicas);
+  build.Varint(f::kNumPartitions, 1);
+  std::vector<int64_t> ids;
+  for (int64_t r = 0; r < replicas; ++r) ids.push_back(device + r);
+  build.Bytes(f::kDeviceAssignment, SerializeDeviceAssignment(replicas, 1, ids));
+  proto::Writer options;
+  options.Bytes(f::kBuildOptions, build.str());
+  options.Varint(5, 42);
+  return options.Take();
+}
+
+TEST(CompileOptionsTest, KeyIgnoresTheAssignmentAndTheOrderOfMapEntries) {
+  const std::string a = "\n\x06rtt_us\x12\x02-1";
+  const std::string b = "\n\rgpus_per_node\x12\x02-1";
+  auto first = CompileOptionsKey(OptionsWithMap({a, b}, 0));
+  auto second = CompileOptionsKey(OptionsWithMap({b, a}, 3));
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(*first, *second);
+  EXPECT_EQ(first->find(SerializeDeviceAssignment(1, 1, {0})), std::string::npos);
+  auto other_entry = CompileOptionsKey(OptionsWithMap({a}, 0));
+  ASSERT_TRUE(other_entry.ok());
+  EXPECT_NE(*first, *other_entry);
+  auto two_replicas = CompileOptionsKey(OptionsWithMap({a, b}, 0, 2));
+  ASSERT_TRUE(two_replicas.ok());
+  EXPECT_NE(*first, *two_replicas);
+  EXPECT_FALSE(CompileOptionsKey("\xff").ok());
+}
+
 TEST(CompileOptionsTest, RewriteRejectsWrongDeviceCount) {
   auto rewritten = RewriteDeviceAssignment(MakeOptions(1, 2, {0, 1}), {0});
   ASSERT_FALSE(rewritten.ok());

@@ -21,6 +21,7 @@ TEST(OptionsTest, DefaultsWithoutOptionsOrEnvironment) {
   EXPECT_EQ(options->backend, "cpu");
   EXPECT_EQ(options->num_virtual_devices, 0);
   EXPECT_EQ(options->policy, "passthrough");
+  EXPECT_TRUE(options->share_compiles);
   auto backend = EffectiveBackendOptions(*options);
   ASSERT_EQ(backend.size(), 1u);
   EXPECT_EQ(backend[0].name, "cpu_device_count");
@@ -48,6 +49,16 @@ TEST(OptionsTest, EmulatedBackendGetsTheCpuPluginItCompilesWith) {
   EXPECT_EQ(backend[0].name, "device_count");
   EXPECT_EQ(backend[1].name, "cpu_plugin_path");
   EXPECT_EQ(std::get<std::string>(backend[1].value), "/x/cpu.so");
+}
+
+TEST(OptionsTest, CompileSharingCanBeTurnedOff) {
+  auto off = ParseOptions({}, FakeEnv({{"FLEXNPU_SHARE_COMPILES", "0"}}));
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->share_compiles);
+  auto on = ParseOptions({{"share_compiles", std::string("true")}},
+                         FakeEnv({{"FLEXNPU_SHARE_COMPILES", "0"}}));
+  ASSERT_TRUE(on.ok());
+  EXPECT_TRUE(on->share_compiles);
 }
 
 TEST(OptionsTest, StringValuesFromJaxAreParsed) {
@@ -103,6 +114,7 @@ TEST(OptionsTest, BadOptionsNameTheProblem) {
       {{{"num_virtual_devices", true}}, {}, "'num_virtual_devices' must be an integer"},
       {{{"policy", int64_t{2}}}, {}, "'policy' must be a string"},
       {{{"single_device_compile", std::string("eager")}}, {}, "got 'eager'"},
+      {{{"share_compiles", std::string("sometimes")}}, {}, "'share_compiles' must be a boolean"},
       {{{"backend", int64_t{1}}}, {}, "'backend' must be a string"},
       {{{"backend", std::string("  ")}}, {}, "'backend' is empty"},
       {{}, {{"FLEXNPU_BACKEND_OPTIONS", "a=1;=2"}}, "malformed backend option '=2'"},

@@ -49,6 +49,24 @@ def default_gguf_path() -> str:
     return found[0]
 
 
+def _reader(path: str):
+    """gguf's GGUFReader over a plain ndarray view of the file's memory map: slicing a
+    np.memmap runs its __array_finalize__ each time, and reading SmolLM2's ~100,000 vocabulary
+    and merge strings slices a million times (4x the time of the whole read otherwise)."""
+    import gguf
+
+    class Reader(gguf.GGUFReader):
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain_data
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain_data = np.asarray(value)  # the same mapped bytes, as a base ndarray
+
+    return Reader(path)
+
+
 def _field(reader, key: str, default=None):
     f = reader.fields.get(key)
     return default if f is None else f.contents()
@@ -58,11 +76,10 @@ def load_gguf(path: str | None = None, max_layers: int | None = None,
               weights: bool = True) -> GgufModel:
     """Loads a llama-architecture GGUF; `max_layers` keeps only the first layers (tests),
     `weights=False` reads only the metadata and the tokenizer."""
-    import gguf
     from gguf import quants
 
     path = path or default_gguf_path()
-    reader = gguf.GGUFReader(path)
+    reader = _reader(path)
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"{path}: architecture {arch!r}, only 'llama' is supported")
