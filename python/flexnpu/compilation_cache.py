@@ -7,10 +7,15 @@ pjrt_flexnpu/runtime/executable_serialization.h), so the plugin wraps that one f
 answer for flexnpu as for a listed platform. The cache key JAX computes hashes FlexNPU's
 platform_version, which names the physical backend, its build and FlexNPU's executable format.
 tests/python/test_plugin_serialization.py pins the hook, so a JAX upgrade that moves it fails.
+
+`flexnpu serve` turns the cache on by default in a user cache directory (`default_directory`),
+and `CacheEvents` tells its progress output whether the programs come from the cache.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 PLATFORM_NAME = "flexnpu"
@@ -41,3 +46,54 @@ def enable() -> None:
 
     is_cache_used._flexnpu_wrapped = True  # type: ignore[attr-defined]
     compilation_cache.is_cache_used = is_cache_used
+
+
+def default_directory() -> Path:
+    """$XDG_CACHE_HOME/flexnpu/jax-cache (an absolute XDG_CACHE_HOME only, as the XDG spec
+    says), else ~/.cache/flexnpu/jax-cache."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "flexnpu" / "jax-cache"
+
+
+def use_directory(directory: str | os.PathLike[str]) -> None:
+    """JAX's persistent compilation cache in `directory` for every program (also the quick
+    ones: a serving engine's small programs add up at start-up)."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+_REQUESTS = "/jax/compilation_cache/compile_requests_use_cache"
+_HITS = "/jax/compilation_cache/cache_hits"
+
+
+class CacheEvents:
+    """Counts, while active (a context manager), JAX's compiles that consulted the persistent
+    cache and those it served."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.hits = 0
+
+    def _on_event(self, event: str, **_: Any) -> None:
+        if event == _REQUESTS:
+            self.requests += 1
+        elif event == _HITS:
+            self.hits += 1
+
+    @property
+    def misses(self) -> int:
+        return self.requests - self.hits
+
+    def __enter__(self) -> CacheEvents:
+        import jax
+
+        jax.monitoring.register_event_listener(self._on_event)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import jax
+
+        jax.monitoring.unregister_event_listener(self._on_event)

@@ -3,6 +3,10 @@ by JAX as platform `xlacpu`) side by side in one process, so every test can comp
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import pytest
 
 REFERENCE_PLATFORM = "xlacpu"
@@ -10,6 +14,10 @@ NUM_PHYSICAL = 4
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # `flexnpu serve` caches compiled programs in the user cache directory by default: the
+    # servers the tests start (they inherit the environment) use a temporary one instead.
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="flexnpu-tests-cache-")
+    config.add_cleanup(lambda: shutil.rmtree(os.environ["XDG_CACHE_HOME"], ignore_errors=True))
     import jax
     from jax._src import xla_bridge
 

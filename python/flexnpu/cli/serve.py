@@ -1,7 +1,8 @@
-"""`python examples/serve.py` / `python -m flexnpu serve`: load a model, build the engine
-over all of `jax.devices()` (co-located, or split into prefill and decode devices), compile every
-step shape (progress bar) and serve the OpenAI-compatible API. The listening socket is bound
-first, so a busy port fails at once, and serving takes that very socket."""
+"""`python examples/serve.py` / `python -m flexnpu serve`: load a model, build the engine over
+`jax.devices()` (co-located, as many instances as the backend holds unless --devices says, or
+split into prefill and decode devices), compile every step shape or load it from the persistent
+compilation cache (progress bar) and serve the OpenAI-compatible API. The listening socket is
+bound first, so a busy port fails at once, and serving takes that very socket."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+from flexnpu import compilation_cache
 from flexnpu.cli.errors import CliError, run_subcommand
 from flexnpu.serving import logs
 from flexnpu.serving.config import RANDOM_PRESETS
 from flexnpu.serving.gguf_loader import DEFAULT_MODEL
+from flexnpu.serving.layout import default_instances
 
 # Engine shapes an export fixes (None here: take the export's, or the EngineConfig default).
 _SHAPE_FLAGS = {
@@ -128,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--devices",
         type=int,
         default=0,
-        help="colocated: the first N of jax.devices() (default 0: all of them)",
+        help="colocated: one instance on each of the first N of jax.devices() (default: what "
+        "the backend has: on CPU devices, which share the cores, one instance per 2 cores; on "
+        "accelerators, every device)",
     )
     e.add_argument(
         "--prefill-devices",
@@ -157,12 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
         "are the export's)",
     )
     p.add_argument("--no-warmup", action="store_true", help="compile lazily")
-    p.add_argument(
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument(
         "--compilation-cache",
         metavar="DIR",
         default=None,
-        help="JAX's persistent compilation cache in DIR (every program is cached): "
-        "a restart loads the step programs instead of compiling them",
+        help="JAX's persistent compilation cache directory (every program is cached): a "
+        "restart loads the step programs instead of compiling them (default: "
+        f"{compilation_cache.default_directory()}, from $XDG_CACHE_HOME)",
+    )
+    cache.add_argument(
+        "--no-compilation-cache",
+        action="store_true",
+        help="neither read nor write the persistent compilation cache",
     )
     p.add_argument(
         "--shutdown-grace-s",
@@ -185,8 +198,15 @@ def _seconds(text: str) -> float:
     return value
 
 
-def engine_config(args: argparse.Namespace, num_devices: int, exported: dict | None = None):
-    """The EngineConfig of the command line (shapes from `exported` when serving an export)."""
+def engine_config(
+    args: argparse.Namespace,
+    num_devices: int,
+    exported: dict | None = None,
+    default_instances: int = 0,
+):
+    """The EngineConfig of the command line (shapes from `exported` when serving an export;
+    `default_instances`: the co-located instances when --devices is not given, 0: one per
+    device)."""
     from flexnpu.serving.engine import EngineConfig
 
     shapes = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
@@ -207,7 +227,7 @@ def engine_config(args: argparse.Namespace, num_devices: int, exported: dict | N
         dec = args.decode_devices or max(1, num_devices - pre)
         layout_kw = dict(layout="split", prefill_devices=pre, decode_devices=dec)
     else:
-        layout_kw = dict(layout="colocated", num_devices=args.devices)
+        layout_kw = dict(layout="colocated", num_devices=args.devices or default_instances)
     ec = EngineConfig(
         **shapes,
         **layout_kw,
@@ -282,9 +302,9 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
 
     from flexnpu.serving.engine import Engine
 
-    if args.compilation_cache:
-        jax.config.update("jax_compilation_cache_dir", args.compilation_cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    cache_dir = _compilation_cache_dir(args)
+    if cache_dir is not None:
+        compilation_cache.use_directory(cache_dir)
 
     devices = jax.devices()
     if args.policy is not None and devices[0].platform != "flexnpu":
@@ -293,6 +313,7 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
             f"(JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')})"
         )
     print(f"JAX platform {devices[0].platform}: {len(devices)} devices", flush=True)
+    choice = default_instances(devices)
     if args.from_export:
         from flexnpu.serving import export
 
@@ -300,11 +321,11 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
             raise CliError("--tokenizer: an export serves the tokenizer it was written with")
         art = export.load(args.from_export)
         steps, params, tok, name = art.steps, art.params, art.tokenizer, art.name
-        ec = engine_config(args, len(devices), art.engine)
+        ec = engine_config(args, len(devices), art.engine, choice.instances)
     else:
         from flexnpu.serving.loading import load_model
 
-        ec = engine_config(args, len(devices))
+        ec = engine_config(args, len(devices), default_instances=choice.instances)
         try:
             m = load_model(args.model, args.dtype, args.seed, tokenizer=args.tokenizer)
         except (ValueError, FileNotFoundError) as e:
@@ -331,16 +352,11 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
     engine = Engine(
         steps, params, ec, devices=devices, metrics=metrics, eos_ids=getattr(tok, "eos_ids", None)
     )
+    if ec.layout == "colocated" and not args.devices:
+        print(f"instances: {choice.reason} (--devices N to change)", flush=True)
     print(f"engine: {describe(engine)}", flush=True)
     if not args.no_warmup:
-        from tqdm import tqdm
-
-        t0 = time.perf_counter()
-        with tqdm(
-            total=engine.num_warmup_programs(), desc="compiling", unit="program", file=sys.stdout
-        ) as bar:
-            engine.warmup(bar.update)
-        print(f"compiled in {time.perf_counter() - t0:.1f}s", flush=True)
+        _warm_up(engine, cache_dir)
     engine.start()
 
     from flexnpu.serving.server import ServerState, create_app
@@ -366,6 +382,58 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
     finally:
         engine.stop()
     return 0
+
+
+def _compilation_cache_dir(args: argparse.Namespace) -> Path | None:
+    """The persistent compilation cache's directory (created), or None: turned off, or the
+    default one cannot be created (then serving goes on without it; a directory named on the
+    command line that cannot be is an error)."""
+    if args.no_compilation_cache:
+        return None
+    directory = Path(args.compilation_cache or compilation_cache.default_directory())
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        message = f"compilation cache {directory}: {e.strerror or e}"
+        if args.compilation_cache:
+            raise CliError(message) from e
+        print(f"{message}; serving without it", flush=True)
+        return None
+    return directory
+
+
+def _warm_up(engine, cache_dir: Path | None) -> None:
+    """Runs every step program once, with a progress bar that says whether they are compiled
+    or loaded from the persistent compilation cache."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    with (
+        compilation_cache.CacheEvents() as cache,
+        tqdm(
+            total=engine.num_warmup_programs(), desc="warming up", unit="program", file=sys.stdout
+        ) as bar,
+    ):
+
+        def done(n: int) -> None:
+            if cache.requests:
+                bar.set_description(
+                    "compiling" if cache.misses else "loading from cache", refresh=False
+                )
+            bar.update(n)
+
+        engine.warmup(done)
+    seconds = time.perf_counter() - t0
+    if cache.requests and not cache.misses:
+        print(f"loaded from the compilation cache in {seconds:.1f}s ({cache_dir})", flush=True)
+    elif cache_dir is not None:
+        print(
+            f"compiled in {seconds:.1f}s ({cache.hits} of {cache.requests} programs from the "
+            f"compilation cache {cache_dir})",
+            flush=True,
+        )
+    else:
+        print(f"compiled in {seconds:.1f}s", flush=True)
 
 
 def describe(engine) -> str:
