@@ -5,14 +5,26 @@
 #define FLEXNPU_BACKEND_MODELLED_TIME_H_
 
 #include <cstdint>
+#include <cstring>
 
 #include "pjrt_c_api.h"
 
 namespace flexnpu {
 
-// Outside the range of PJRT's own extension types ("FNPT").
-inline constexpr PJRT_Extension_Type kModelledTimeExtensionType =
-    static_cast<PJRT_Extension_Type>(0x464E5054);
+// Outside the range of PJRT's own extension types ("FNPT"). PJRT_Extension_Type is a C enum
+// whose range ends far below it, so the field is written and read as the integer it holds
+// (an enum load of an out-of-range value is undefined behaviour).
+inline constexpr uint32_t kModelledTimeExtensionType = 0x464E5054;
+static_assert(sizeof(PJRT_Extension_Type) == sizeof(uint32_t));
+
+inline uint32_t ExtensionTypeOf(const PJRT_Extension_Base& extension) {
+  uint32_t type;
+  std::memcpy(&type, &extension.type, sizeof(type));
+  return type;
+}
+inline void SetExtensionType(PJRT_Extension_Base& extension, uint32_t type) {
+  std::memcpy(&extension.type, &type, sizeof(type));
+}
 
 struct ModelledDeviceTime {
   double busy_s = 0;        // device time of the executions run or queued so far (modelled)

@@ -200,7 +200,7 @@ StatusOr<ModelledDeviceTime> PhysicalBackend::ModelledTime(PJRT_Device* device) 
   for (const PJRT_Extension_Base* e = api_->struct_size >= chain_end ? api_->extension_start
                                                                      : nullptr;
        e != nullptr; e = e->next) {
-    if (e->type != kModelledTimeExtensionType || e->struct_size < sizeof(ModelledTimeExtension)) {
+    if (ExtensionTypeOf(*e) != kModelledTimeExtensionType || e->struct_size < sizeof(ModelledTimeExtension)) {
       continue;
     }
     ModelledDeviceTime out;

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <utility>
 
+#include "pjrt_flexnpu/backend/modelled_time.h"
+
 namespace flexnpu {
 namespace {
 
@@ -342,7 +344,7 @@ std::vector<FfiRouteReport> FfiRoutes() {
 const PJRT_Extension_Base* FindExtension(const PJRT_Api* api, PJRT_Extension_Type type) {
   if (api == nullptr) return nullptr;
   for (const PJRT_Extension_Base* e = api->extension_start; e != nullptr; e = e->next) {
-    if (e->type == type) return e;
+    if (ExtensionTypeOf(*e) == static_cast<uint32_t>(type)) return e;
   }
   return nullptr;
 }

@@ -6,6 +6,8 @@
 #include <new>
 #include <vector>
 
+#include "pjrt_flexnpu/backend/modelled_time.h"
+
 namespace flexnpu {
 namespace {
 // Far above any profiler extension struct (a base and a few pointers); a larger size is
@@ -29,7 +31,7 @@ PJRT_Extension_Base* ForwardedProfilerExtension(const PJRT_Api& inner) {
   }
   const PJRT_Extension_Base* e = inner.extension_start;
   for (int i = 0; e != nullptr && i < kMaxChainLength; ++i, e = e->next) {
-    if (e->type != PJRT_Extension_Type_Profiler) continue;
+    if (ExtensionTypeOf(*e) != static_cast<uint32_t>(PJRT_Extension_Type_Profiler)) continue;
     if (e->struct_size < sizeof(PJRT_Extension_Base) || e->struct_size > kMaxExtensionSize) {
       return nullptr;
     }

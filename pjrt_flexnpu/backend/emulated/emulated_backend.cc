@@ -6,6 +6,7 @@
 #include "pjrt_flexnpu/backend/emulated/entry_points.h"
 #include "pjrt_flexnpu/backend/emulated/handles.h"
 #include "pjrt_flexnpu/backend/emulated/timeline.h"
+#include "pjrt_flexnpu/backend/modelled_time.h"
 
 namespace flexnpu::emulated {
 namespace {
@@ -34,7 +35,8 @@ PJRT_Error* ForwardFfi(void* args) {
     if (!cpu.ok()) return cpu.status();
     for (const PJRT_Extension_Base* e = (*cpu)->api()->extension_start; e != nullptr;
          e = e->next) {
-      if (e->type != PJRT_Extension_Type_FFI || e->struct_size < sizeof(FfiExtensionLayout)) {
+      if (ExtensionTypeOf(*e) != static_cast<uint32_t>(PJRT_Extension_Type_FFI) ||
+          e->struct_size < sizeof(FfiExtensionLayout)) {
         continue;
       }
       const FfiCall call = reinterpret_cast<const FfiExtensionLayout*>(e)->calls[kCall];
@@ -49,7 +51,7 @@ PJRT_Error* ForwardFfi(void* args) {
 PJRT_Extension_Base* BuildExtensions() {
   static ModelledTimeExtension modelled{};
   modelled.base.struct_size = sizeof(modelled);
-  modelled.base.type = kModelledTimeExtensionType;
+  SetExtensionType(modelled.base, kModelledTimeExtensionType);
   modelled.device_time = DeviceTime;
   static FfiExtensionLayout ffi{};
   ffi.base.struct_size = sizeof(ffi);
