@@ -171,3 +171,23 @@ def test_a_stopped_request_finishes_stop_whatever_the_engine_says() -> None:
     failed.on_token(EOS, None, 0.0)
     failed.on_finish("error: device lost", 0.0)
     assert failed.finish_reason == "error: device lost"
+
+
+def test_skip_special_tokens_false_shows_the_byte_tokenizers_special_tokens() -> None:
+    tok = ByteTokenizer()
+    ids = [*_ids("hi"), tok.eos_id, *_ids("é"), tok.bos_id]
+    sp = SamplingParams(ignore_eos=True)
+    assert _run_text(ids, sp)[0].text == "hié"
+    sp.skip_special_tokens = False
+    assert _run_text(ids, sp)[0].text == "hi<|im_end|>é<|im_start|>"
+    assert tok.decode(ids, skip_special_tokens=False) == "hi<|im_end|>é<|im_start|>"
+    assert tok.decode(ids) == "hié"
+
+
+def test_skip_special_tokens_false_shows_smollm2s_special_tokens(smol_tok) -> None:
+    tok = smol_tok
+    ids = [*tok.encode("Hello"), 0, *tok.encode(" world")]
+    sp = SamplingParams(ignore_eos=True)
+    assert _run_text(ids, sp, tok, eos=())[0].text == "Hello world"
+    sp.skip_special_tokens = False
+    assert _run_text(ids, sp, tok, eos=())[0].text == "Hello<|endoftext|> world"

@@ -381,6 +381,19 @@ def test_ignore_eos_generates_max_tokens(server, path) -> None:
     assert [c["finish_reason"] for e in events for c in e["choices"]][-1] == "length"
 
 
+def test_skip_special_tokens_false_puts_special_tokens_in_the_text(server) -> None:
+    body = dict(SAMPLED, ignore_eos=True)
+    shown = _post(server, "/v1/completions", dict(body, skip_special_tokens=False)).json()
+    hidden = _post(server, "/v1/completions", body).json()
+    tokens = shown["choices"][0]["logprobs"]["tokens"]
+    assert tokens == hidden["choices"][0]["logprobs"]["tokens"]  # the same seed, the same draws
+    assert "</s>" in tokens  # eos comes about every fifth token
+    assert shown["choices"][0]["text"].count("</s>") == tokens.count("</s>")
+    assert "</s>" not in hidden["choices"][0]["text"]
+    bad = _post(server, "/v1/completions", dict(body, skip_special_tokens="no"))
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "skip_special_tokens"
+
+
 def test_min_tokens_keeps_eos_and_stops_away_until_then(server) -> None:
     r = _post(server, "/v1/completions", dict(SAMPLED, min_tokens=40, stop=["b"])).json()
     tokens = r["choices"][0]["logprobs"]["tokens"]

@@ -95,7 +95,6 @@ _UNSUPPORTED: tuple[tuple[str, tuple, str], ...] = (
     ("echo", (False,), "echo is not supported"),
     ("suffix", ("",), "suffix is not supported"),
     ("include_stop_str_in_output", (False,), "include_stop_str_in_output is not supported"),
-    ("skip_special_tokens", (True,), "skip_special_tokens=false is not supported"),
     ("tools", ([],), "tools (function calling) are not supported"),
     ("functions", ([],), "functions (function calling) are not supported"),
     ("tool_choice", ("none",), "tool_choice is not supported (only 'none')"),
@@ -215,6 +214,9 @@ def parse_sampling(
                 body, "seed", (int,), None, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)"
             ),
             ignore_eos=get_field(body, "ignore_eos", (bool,), False, None, "a boolean"),
+            skip_special_tokens=get_field(
+                body, "skip_special_tokens", (bool,), True, None, "a boolean"
+            ),
             stop=stop,
         )
         _set_if_supported(sp, "top_k", max(top_k, 0), 0)

@@ -148,7 +148,7 @@ class TextOutput:
         self._stop_ids = stop_token_ids(sampling, eos_ids)
         self._min_tokens = sampling.min_tokens
         self._stops = StopStrings(sampling.stop or ())
-        self._stream = tokenizer.decode_stream(prompt_ids)
+        self._stream = tokenizer.decode_stream(prompt_ids, sampling.skip_special_tokens)
         self._emit = emit
         self.text = ""
         self._sent = 0

@@ -34,6 +34,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings (the output processor)
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop ids (output processor)
     logprobs: int | None = None  # None: none; k >= 0: the sampled token's logprob + top k
+    skip_special_tokens: bool = True  # False: special tokens appear in the text (vLLM's field)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -30,9 +30,12 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
-    def decode_stream(self, prompt_ids: list[int]) -> TextStream: ...
+    def decode_stream(self, prompt_ids: list[int], skip_special_tokens: bool = True) -> TextStream:
+        """Text as tokens arrive; special tokens are left out unless `skip_special_tokens` is
+        False (vLLM's request field of that name)."""
+        ...
 
     def token_text(self, token_id: int) -> str:
         """One token's text, special tokens included (logprobs)."""
@@ -87,14 +90,14 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def decode_stream(self, prompt_ids: list[int]) -> TextStream:
+    def decode_stream(self, prompt_ids: list[int], skip_special_tokens: bool = True) -> TextStream:
         try:
-            return _HFStream(self._tok, prompt_ids)
+            return _HFStream(self._tok, prompt_ids, skip_special_tokens)
         except ImportError:  # a `tokenizers` without DecodeStream (< 0.21)
-            return IncrementalDetokenizer(self, prompt_ids)
+            return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens)
 
     def token_text(self, token_id: int) -> str:
         return self._tok.decode([token_id], skip_special_tokens=False)
@@ -289,11 +292,12 @@ class ByteTokenizer:
                                 for t in self.SPECIAL])
         return tok
 
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        stream = _ByteStream(self if not skip_special_tokens else None)
+        return "".join(stream.step(i) for i in ids) + stream.flush()
 
-    def decode_stream(self, prompt_ids: list[int]) -> TextStream:
-        return _ByteStream()
+    def decode_stream(self, prompt_ids: list[int], skip_special_tokens: bool = True) -> TextStream:
+        return _ByteStream(self if not skip_special_tokens else None)
 
     def token_text(self, token_id: int) -> str:
         """ASCII as itself, other bytes as <0xNN> (as SentencePiece byte tokens), so distinct
@@ -352,29 +356,42 @@ class _HFStream:
     """`tokenizers`' DecodeStream (Rust): holds back incomplete UTF-8, skips special tokens;
     primed with the prompt's last tokens so the first piece decodes in context."""
 
-    def __init__(self, tok, prompt_ids: list[int]) -> None:
+    def __init__(self, tok, prompt_ids: list[int], skip_special_tokens: bool = True) -> None:
         from tokenizers.decoders import DecodeStream
 
         self._tok = tok
-        self._stream = DecodeStream(ids=list(prompt_ids[-4:]), skip_special_tokens=True)
+        self._stream = DecodeStream(ids=list(prompt_ids[-4:]),
+                                    skip_special_tokens=skip_special_tokens)
 
     def step(self, token_id: int) -> str:
         return self._stream.step(self._tok, token_id) or ""
 
 
 class _ByteStream:
-    def __init__(self) -> None:
+    """Bytes as UTF-8 text; the special ids as their names when `shown` is the tokenizer."""
+
+    def __init__(self, shown: ByteTokenizer | None = None) -> None:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._special = {shown.bos_id: shown.SPECIAL[0], shown.eos_id: shown.SPECIAL[1]} \
+            if shown is not None else {}
 
     def step(self, token_id: int) -> str:
-        return self._utf8.decode(bytes([token_id])) if 0 <= token_id < 256 else ""
+        if 0 <= token_id < 256:
+            return self._utf8.decode(bytes([token_id]))
+        special = self._special.get(token_id)
+        return self.flush() + special if special is not None else ""
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
 
 
 class IncrementalDetokenizer:
     """Streams text as tokens arrive; holds back bytes of an incomplete UTF-8 character."""
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None,
+                 skip_special_tokens: bool = True) -> None:
         self.tok = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = list(prompt_ids[-4:]) if prompt_ids else []
         self.prefix = len(self.ids)
         self.read = len(self.ids)
@@ -384,8 +401,8 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)
-        prefix_text = self.tok.decode(self.ids[self.prefix:self.read])
-        new_text = self.tok.decode(self.ids[self.prefix:])
+        prefix_text = self.tok.decode(self.ids[self.prefix:self.read], self.skip_special_tokens)
+        new_text = self.tok.decode(self.ids[self.prefix:], self.skip_special_tokens)
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
             return new_text[len(prefix_text):]
