@@ -58,6 +58,23 @@ def test_flexnpu_devices_over_the_cpu_plugin_count_as_cpu(npu_devices: list) -> 
     assert choice.reason == f"{len(npu_devices)} CPU devices share 2 cores: 1 instance"
 
 
+def test_emulated_accelerators_get_one_instance_per_device() -> None:
+    # Their programs compile for the CPU but never run: the host's cores do not limit them.
+    r = run_python(
+        "import jax\n"
+        "from flexnpu.serving import layout\n"
+        "devices = jax.devices()\n"
+        "choice = layout.default_instances(devices, cores=2)\n"
+        "print(layout.emulated_device_kind(devices[0]), choice.instances, choice.reason)\n",
+        {"JAX_PLATFORMS": "flexnpu", "FLEXNPU_BACKEND": "emulate:910c",
+         "FLEXNPU_BACKEND_OPTIONS": "device_count=6"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[-2] == (
+        "ascend910c 6 6 emulated ascend910c devices: one instance each"
+    )
+
+
 def test_no_devices_is_an_error() -> None:
     with pytest.raises(ValueError, match="no devices"):
         layout.default_instances([], cores=2)

@@ -6,7 +6,9 @@
   only make each step wait for the others' (4 instances on 2 cores: a stream's inter-token
   latency 4x that of a lone stream). One instance per `CORES_PER_CPU_INSTANCE` cores, at least
   one, at most one per device.
-- Accelerators (GPU, NPU, or virtual NPUs over them): one instance per device.
+- Accelerators (GPU, NPU, or virtual NPUs over them): one instance per device. So are emulated
+  accelerators (`FLEXNPU_BACKEND=emulate:<preset>`): their programs compile for the CPU but never
+  run, and each device keeps its own time, whatever the cores.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ def physical_platform(device: Any) -> str:
     return str(device.platform)
 
 
+def emulated_device_kind(device: Any) -> str | None:
+    """The emulated accelerator (e.g. 'ascend910c') under FlexNPU's virtual NPU `device`, or None
+    when its physical backend is not the emulated one."""
+    if device.platform != "flexnpu":
+        return None
+    version = str(device.client.platform_version)
+    marker = "(emulated "
+    at = version.find(marker)
+    return version[at + len(marker):].split(" ", 1)[0] if at >= 0 else None
+
+
 def available_cores() -> int:
     """The cores this process may run on (its CPU affinity, not the machine's count)."""
     try:
@@ -53,6 +66,9 @@ def default_instances(
     if not devices:
         raise ValueError("no devices to serve on")
     n = len(devices)
+    if platform is None and (emulated := emulated_device_kind(devices[0])) is not None:
+        devices_named = _count(n, f"emulated {emulated} device")
+        return InstanceChoice(n, f"{devices_named}: one instance each")
     platform = platform or physical_platform(devices[0])
     if platform != "cpu":
         return InstanceChoice(n, f"{_count(n, platform + ' device')}: one instance each")
