@@ -2,7 +2,8 @@
 prefix): per physical device queue length, busy fraction, executions by phase, placement
 decisions by reason, bytes migrated in (in all and by the placement's reason); per virtual
 device bytes held; the policy and pools; telemetry of the physical devices (AscendCL / NVML):
-free memory and utilisation by kind. Under every policy, passthrough included, the counts are
+free memory and utilisation by kind; on emulated devices (`emulate:<preset>`) the device time they
+modelled and their executions. Under every policy, passthrough included, the counts are
 those of every execution.
 
     from prometheus_client import REGISTRY, start_http_server
@@ -80,6 +81,17 @@ class FlexNpuCollector(Collector):
             "part of compute not caused by FlexNPU's executions (external)",
             labels=["client", "device", "kind"],
         )
+        modelled = CounterMetricFamily(
+            "flexnpu_modelled_device_seconds",
+            "Device time an emulated device modelled for its executions (wall-clock time / "
+            "time_scale); absent on real devices",
+            labels=["client", "device"],
+        )
+        modelled_executions = CounterMetricFamily(
+            "flexnpu_modelled_executions",
+            "Executions an emulated device ran or queued",
+            labels=["client", "device"],
+        )
         for index, client in enumerate(clients):
             c = str(index)
             placement = client["placement"]
@@ -107,9 +119,13 @@ class FlexNpuCollector(Collector):
             for device in client["virtual_devices"]:
                 in_use.add_metric([c, str(device["id"])], device["bytes_in_use"])
             _telemetry(c, client, memory_free, utilization)
+            for device in client.get("modelled_device_time") or ():
+                d = str(device["physical"])
+                modelled.add_metric([c, d], device["busy_s"])
+                modelled_executions.add_metric([c, d], device["executions"])
         yield from (info, queue, busy, executions, decisions, migrated, migrated_by_reason)
         yield from (in_use, total_executions)
-        yield from (memory_free, utilization)
+        yield from (memory_free, utilization, modelled, modelled_executions)
 
 
 def _telemetry(

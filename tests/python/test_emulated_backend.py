@@ -233,7 +233,15 @@ MODELLED = PRELUDE + textwrap.dedent(
     compiled(a, b).block_until_ready()
     after = modelled(home)
     cost = analysis.analyze_bytes(analysis.optimized_hlo(compiled), device="ascend910c")
+    from prometheus_client import CollectorRegistry, generate_latest
+    from flexnpu import metrics
+    registry = CollectorRegistry()
+    metrics.register(registry)
+    exposition = generate_latest(registry).decode()
     print("RESULT" + json.dumps({
+        "exposition": [line for line in exposition.splitlines()
+                       if line.startswith("flexnpu_modelled_") and f'device="{home}"' in line],
+        "total_busy_s": after["busy_s"],
         "busy_s": after["busy_s"] - before["busy_s"],
         "executions": after["executions"] - before["executions"],
         "flops": cost.classification.flops, "bytes": cost.classification.bytes,
@@ -254,6 +262,12 @@ def test_modelled_time_of_a_matmul_is_the_cost_models_prediction() -> None:
     assert r["flops"] == 2 * 4096**3
     # Device time, not wall time: the same whatever time_scale stretches it to.
     assert r["busy_s"] == pytest.approx(modelled_seconds(PRESET, r["flops"], r["bytes"]), rel=1e-9)
+    # /metrics shows the same device time and count (every execution so far on that device).
+    series = dict(line.rsplit(" ", 1) for line in r["exposition"])
+    (seconds,) = (v for k, v in series.items() if k.startswith("flexnpu_modelled_device_seconds"))
+    (count,) = (v for k, v in series.items() if k.startswith("flexnpu_modelled_executions_total"))
+    assert float(seconds) == pytest.approx(r["total_busy_s"], rel=1e-9)
+    assert float(count) >= 1
 
 
 @pytest.mark.parametrize(
