@@ -20,6 +20,9 @@
 //       XLA charges the whole operand to every fusion that gathers from it: an embedding
 //       lookup (convert + gather of a 1 GB vocabulary table) fused into three consumers
 //       would convert and read the whole table three times.
+//     - a fused scatter updates its inputs in place, as a dynamic-update-slice does: the fusion
+//       writes the updates and does not read the scattered-into inputs (XLA charges the whole
+//       state twice: an 8-token KV-cache write into a 235 MB cache would move 470 MB).
 //   * Shared with XLA, by design: conditionals take the per-property maximum over branches
 //     (an upper bound); custom calls cost zero and are counted (XLA reports -1, "unknown").
 #ifndef FLEXNPU_XLA_PASSES_ANALYSIS_H_

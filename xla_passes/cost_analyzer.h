@@ -69,6 +69,12 @@ class Analyzer {
   bool FusionCost(const Computation& c, const Instruction& in, int depth, Cost* cost);
   void AddConvertOverhead(const Computation& c, int32_t idx, Cost* own) const;
   bool IsPureConvertFusion(const Instruction& in) const;
+  // Whether fusion `user` updates `value` (one of its operands) in place without reading it:
+  // its root is a dynamic-update-slice or scatter into that parameter (off xla_compatible).
+  bool UpdatesInPlace(const Instruction& user, int32_t value) const;
+  // Whether fusion `in` writes only an update into one of its inputs (see UpdatesInPlace).
+  bool WritesInPlace(const Instruction& in) const;
+  const Instruction* InPlaceRoot(const Instruction& in, size_t* states) const;
   // HloCostAnalysis::FusionParameterReadBytes for instruction `idx` of fused computation `ci`.
   bool ReadBytes(int32_t ci, int32_t idx, int depth, double* out);
   bool ParamReadBytes(int32_t ci, int64_t param, int depth, double* out);

@@ -140,6 +140,14 @@ bool Analyzer::ReadBytes(int32_t ci, int32_t idx, int depth, double* out) {
         // Operand 0 is aliased to the output.
         if (user.operands.empty() || user.operands[0] != idx) trivial();
         break;
+      case Opcode::kScatter:
+        // Deviation (see analysis.h): a fused scatter updates its inputs in place too.
+        if (o_.xla_compatible || user.operands.size() < 3 ||
+            static_cast<size_t>(std::find(user.operands.begin(), user.operands.end(), idx) -
+                                user.operands.begin()) >= (user.operands.size() - 1) / 2) {
+          trivial();
+        }
+        break;
       case Opcode::kBroadcast:
       case Opcode::kReshape:
         size += own;
@@ -178,11 +186,24 @@ bool Analyzer::FusionCost(const Computation& c, const Instruction& in, int depth
   cost->convert_flops = 0;
   const Instruction& root = fused.instructions[fused.root];
   auto dus_update_size = [&](const Instruction& x, double* size) {
-    if (x.opcode != Opcode::kDynamicUpdateSlice || x.operands.size() < 2) return false;
-    *size = ShapeSize(fused.instructions[x.operands[1]].shape);
+    if (x.opcode == Opcode::kDynamicUpdateSlice && x.operands.size() >= 2) {
+      *size = ShapeSize(fused.instructions[x.operands[1]].shape);
+      return true;
+    }
+    // Deviation (see analysis.h): a scatter root writes its updates (n inputs, the indices,
+    // n updates), not the whole state.
+    if (o_.xla_compatible || x.opcode != Opcode::kScatter || x.operands.size() < 3 ||
+        x.operands.size() % 2 == 0) {
+      return false;
+    }
+    const size_t n = (x.operands.size() - 1) / 2;
+    *size = 0;
+    for (size_t i = 0; i < n; ++i) *size += ShapeSize(fused.instructions[x.operands[n + 1 + i]].shape);
+    if (!x.shape.IsArray()) return false;  // several outputs: each one's share is not known
     return true;
   };
-  // Outputs: every array subshape, except that a dynamic-update-slice root writes its update.
+  // Outputs: every array subshape, except that a dynamic-update-slice (or, off
+  // xla_compatible, scatter) root writes its update.
   if (in.shape.IsTuple()) {
     struct Item {
       const Shape* shape;
@@ -265,6 +286,48 @@ bool Analyzer::FusionCost(const Computation& c, const Instruction& in, int depth
   return true;
 }
 
+// The root of fusion `in` past bitcasts, and how many of its leading operands it updates in
+// place (a dynamic-update-slice's state, a scatter's inputs); 0 when none, or xla_compatible.
+const Instruction* Analyzer::InPlaceRoot(const Instruction& in, size_t* states) const {
+  *states = 0;
+  if (o_.xla_compatible || in.opcode != Opcode::kFusion || in.called.empty()) return nullptr;
+  const Computation& f = m_.computations[in.called[0]];
+  const Instruction* root = &f.instructions[f.root];
+  while (root->opcode == Opcode::kBitcast && !root->operands.empty()) {
+    root = &f.instructions[root->operands[0]];
+  }
+  if (root->opcode == Opcode::kDynamicUpdateSlice && root->operands.size() >= 2) {
+    *states = 1;
+  } else if (root->opcode == Opcode::kScatter && root->operands.size() >= 3 &&
+             root->operands.size() % 2 == 1) {
+    *states = (root->operands.size() - 1) / 2;
+  }
+  return *states > 0 ? root : nullptr;
+}
+
+bool Analyzer::WritesInPlace(const Instruction& in) const {
+  size_t states = 0;
+  return InPlaceRoot(in, &states) != nullptr;
+}
+
+bool Analyzer::UpdatesInPlace(const Instruction& user, int32_t value) const {
+  size_t states = 0;
+  const Instruction* root = InPlaceRoot(user, &states);
+  if (root == nullptr) return false;
+  const Computation& f = m_.computations[user.called[0]];
+  for (size_t i = 0; i < states; ++i) {
+    const Instruction& state = f.instructions[root->operands[i]];
+    if (state.opcode != Opcode::kParameter || state.parameter_number < 0 ||
+        static_cast<size_t>(state.parameter_number) >= user.operands.size()) {
+      continue;
+    }
+    if (user.operands[state.parameter_number] != value) continue;
+    // In place only if the fusion reads the state nowhere else.
+    if (f.users[root->operands[i]].size() == 1) return true;
+  }
+  return false;
+}
+
 bool Analyzer::IsPureConvertFusion(const Instruction& in) const {
   if (in.opcode == Opcode::kElementwise && in.opcode_name == "convert") return true;
   if (in.opcode != Opcode::kFusion || in.called.empty()) return false;
@@ -312,10 +375,12 @@ void Analyzer::AddConvertOverhead(const Computation& c, int32_t idx, Cost* own) 
     double readers = 0;
     for (int32_t u : c.users[idx]) {
       if (u == c.root) continue;  // an output of the computation, not a reader
-      if (c.instructions[u].opcode != Opcode::kGetTupleElement) readers += 1;
+      if (c.instructions[u].opcode == Opcode::kGetTupleElement) continue;
+      if (UpdatesInPlace(c.instructions[u], idx)) continue;  // reads none of it
+      readers += 1;
     }
     overhead += readers * elements * (out_width - in_width);
-  } else if (out_width < in_width) {
+  } else if (out_width < in_width && !WritesInPlace(*data)) {
     overhead += elements * (in_width - out_width);
   }
   own->convert_overhead += overhead;
