@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "pjrt_flexnpu/backend/emulated/program.h"
 #include "pjrt_flexnpu/base/wire.h"
 
 namespace flexnpu {
@@ -111,6 +112,22 @@ TEST(CompileOptionsTest, KeyIgnoresTheAssignmentAndTheOrderOfMapEntries) {
   ASSERT_TRUE(two_replicas.ok());
   EXPECT_NE(*first, *two_replicas);
   EXPECT_FALSE(CompileOptionsKey("\xff").ok());
+}
+
+// The emulated backend compiles a program once for every device: its key also drops the
+// device ordinal and portability, and keeps CompileOptionsKey's canonical order.
+TEST(CompileOptionsTest, EmulatedKeyIsOneForEveryDeviceAndMapOrder) {
+  const std::string a = "\n\x06rtt_us\x12\x02-1";
+  const std::string b = "\n\rgpus_per_node\x12\x02-1";
+  auto first = emulated::DeviceFreeOptionsKey(OptionsWithMap({a, b}, 0));
+  auto second = emulated::DeviceFreeOptionsKey(OptionsWithMap({b, a}, 3));
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  EXPECT_EQ(*first, *second);
+  auto other_entry = emulated::DeviceFreeOptionsKey(OptionsWithMap({a}, 0));
+  ASSERT_TRUE(other_entry.ok());
+  EXPECT_NE(*first, *other_entry);
+  EXPECT_FALSE(emulated::DeviceFreeOptionsKey("\xff").ok());
 }
 
 TEST(CompileOptionsTest, RewriteRejectsWrongDeviceCount) {

@@ -112,7 +112,7 @@ PJRT_Error* Executable_DeserializeAndLoad(PJRT_Executable_DeserializeAndLoad_Arg
     std::string key = "deserialized:" + std::to_string(cpu_bytes.size()) + ":";
     key.append(cpu_bytes);
     if (!options.empty()) {
-      FLEXNPU_ASSIGN_OR_RETURN(const std::string device_free, WithoutDeviceChoice(options));
+      FLEXNPU_ASSIGN_OR_RETURN(const std::string device_free, DeviceFreeOptionsKey(options));
       key += device_free;
     }
     auto program = client->programs.Get(key, [&]() -> ProgramCache::Result {

@@ -110,8 +110,13 @@ ProgramCache::Result ProgramCache::Get(const std::string& key,
   return result;
 }
 
+StatusOr<std::string> DeviceFreeOptionsKey(std::string_view options) {
+  FLEXNPU_ASSIGN_OR_RETURN(const std::string device_free, WithoutDeviceChoice(options));
+  return CompileOptionsKey(device_free);
+}
+
 StatusOr<std::string> ProgramKey(const PJRT_Program& program, std::string_view options) {
-  auto device_free = WithoutDeviceChoice(options);
+  auto device_free = DeviceFreeOptionsKey(options);
   if (!device_free.ok()) return device_free.status();
   std::string key;
   key.reserve(program.format_size + program.code_size + device_free->size() + 24);

@@ -80,9 +80,12 @@ class ProgramCache {
   std::atomic<int64_t> compiles_{0};
 };
 
-// The cache key of a program: format, code and the compile options without what only names
-// devices (device assignment, device ordinal, portability). The runtime's per-device variants
-// of one program (runtime/compile_cache.h) share it.
+// The compile options as a key for any device: without what only names devices (device
+// assignment, device ordinal, portability), in CompileOptionsKey's canonical field order.
+StatusOr<std::string> DeviceFreeOptionsKey(std::string_view options);
+
+// The cache key of a program: format, code and DeviceFreeOptionsKey. The runtime's per-device
+// variants of one program (runtime/compile_cache.h) share it.
 StatusOr<std::string> ProgramKey(const PJRT_Program& program, std::string_view options);
 
 // A Program from a loaded CPU executable: its outputs, aliases, memory and cost.
