@@ -14,7 +14,7 @@ std::string Lower(std::string s) {
   return s;
 }
 
-// Host-to-device style links when the backend says nothing: PCIe 5 x16 for accelerators,
+// Host-to-device style links when the preset names none: PCIe 5 x16 for accelerators,
 // memcpy bandwidth for CPU devices (one memory).
 constexpr double kAcceleratorLinkBytesPerS = 50e9;
 
@@ -38,6 +38,13 @@ placement::DeviceModel DeviceModelFor(const xla_passes::DeviceSpec& spec) {
   if (spec.mem_bandwidth > 0) model.bandwidth_bytes_per_s = spec.mem_bandwidth;
   const bool cpu = spec.name == "cpu";
   model.link_bytes_per_s = cpu ? model.bandwidth_bytes_per_s : kAcceleratorLinkBytesPerS;
+  // A preset that names its device-to-device link (HCCS, NVLink) moves buffers at its speed,
+  // as the emulated backend's copies do.
+  if (!cpu && !spec.link.empty()) {
+    if (auto link = xla_passes::FindLink(spec.link); link.ok() && link->bytes_per_s > 0) {
+      model.link_bytes_per_s = link->bytes_per_s;
+    }
+  }
   // XLA:CPU devices share the host's cores; GPUs run one program at a time per stream.
   model.can_overlap = false;
   // Below this roofline time work is latency-bound: the fixed cost of an execution.
