@@ -36,10 +36,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_subprocess(args: list[str], log: Path, port: int | None = None) -> Iterator[str]:
+def serve_subprocess(
+    args: list[str], log: Path, port: int | None = None, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """`python -m flexnpu serve ARGS --port P` on the flexnpu platform (no FLEXNPU_* settings of
-    the caller), its output in `log`; yields its base URL once /health answers 200, then stops
-    it."""
+    the caller; `env` adds settings), its output in `log`; yields its base URL once /health
+    answers 200, then stops it."""
+    extra = env or {}
     import httpx
 
     port = port or free_port()
@@ -49,6 +52,7 @@ def serve_subprocess(args: list[str], log: Path, port: int | None = None) -> Ite
         if not k.startswith("FLEXNPU_") and k != "TF_CPP_MIN_LOG_LEVEL"
     }
     env["JAX_PLATFORMS"] = "flexnpu"
+    env.update(extra)
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "flexnpu", "serve", *args, "--port", str(port)],

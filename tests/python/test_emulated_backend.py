@@ -331,3 +331,50 @@ def test_daemon_serves_the_emulated_backend(tmp_path: Path) -> None:
         assert sum(m["executions"] for m in runtime["modelled_device_time"]) >= 1
     finally:
         daemon.stop()
+
+
+def test_the_server_on_emulated_devices_completes_every_request(tmp_path: Path) -> None:
+    # The real server over 2 emulated 910C (one instance each): concurrent streams with fixed
+    # output lengths, as benchmark clients send them. Every sampled id is 0 (outputs are
+    # zeros): SmolLM2's <|endoftext|>, shown because the requests ask for special tokens.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from _serving import require, require_smollm2, serve_subprocess
+
+    require("httpx")
+    require_smollm2()
+    import httpx
+
+    args = ["--model", "random:tiny-qwen2.5", "--dtype", "bfloat16", "--max-model-len", "128",
+            "--max-num-seqs", "2", "--max-num-batched-tokens", "32", "--chunk-buckets", "32",
+            "--no-compilation-cache"]
+    env = {"FLEXNPU_BACKEND": "emulate:910c", "FLEXNPU_BACKEND_OPTIONS": "device_count=2"}
+    tokens = 12
+
+    def stream(i: int) -> tuple[str, int, str | None]:
+        body = {"model": "random:tiny-qwen2.5", "stream": True, "max_tokens": tokens,
+                "messages": [{"role": "user", "content": f"question {i}"}],
+                "ignore_eos": True, "min_tokens": tokens, "skip_special_tokens": False,
+                "stream_options": {"include_usage": True}}
+        text, usage, reason = "", 0, None
+        with httpx.stream("POST", base + "/v1/chat/completions", json=body, timeout=300) as r:
+            assert r.status_code == 200, r.read()
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line[6:])
+                for choice in event["choices"]:
+                    text += choice["delta"].get("content") or ""
+                    reason = choice.get("finish_reason") or reason
+                if event.get("usage"):
+                    usage = event["usage"]["completion_tokens"]
+        return text, usage, reason
+
+    with serve_subprocess(args, tmp_path / "serve.log", env=env) as base:
+        with ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(stream, range(6)))
+        metrics = httpx.get(base + "/metrics", timeout=30).text
+    assert results == [("<|endoftext|>" * tokens, tokens, "length")] * 6
+    executions = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("flexnpu_modelled_executions_total")]
+    assert len(executions) == 2 and min(executions) > 0  # both emulated devices served
