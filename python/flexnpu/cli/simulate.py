@@ -98,8 +98,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--rate",
         type=float,
         default=10.0,
-        help="mean arrival rate, requests/s (with --trace: rescale to it; 0 keeps "
-        "the trace's times)",
+        help="mean arrival rate, requests/s (with --trace: rescale to it and repeat "
+        "the trace to fill --duration; 0 keeps the trace's times)",
     )
     w.add_argument(
         "--duration",
@@ -142,7 +142,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--prefill-units",
         type=int,
         default=0,
-        help="static-pd prefill units (0: tuned by search at --rate)",
+        help="static-pd prefill units (0: tuned by search at --rate, and again at "
+        "every rate --goodput-search tries)",
+    )
+    r.add_argument(
+        "--split-objective",
+        default="goodput",
+        choices=("goodput", "throughput"),
+        help="what the static-pd split search maximises first (default goodput; "
+        "throughput: the split with the most tok/s)",
     )
     r.add_argument(
         "--search-duration",
@@ -242,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             slos=tuple(parse_slos(args.slo)),
             prefill_units=args.prefill_units,
+            split_objective=args.split_objective,
             search_duration=args.search_duration,
             dynamic_layout=args.dynamic_layout,
             split_target_utilization=args.split_target,
