@@ -18,7 +18,10 @@ Policies: passthrough (monolithic continuous batching per unit), static-pd (pref
 instances on fixed units, P:D split tuned by search unless --prefill-units), static-colocate
 (a prefill and a decode instance on every unit, FIFO), chunked-colocate (Sarathi-style chunked
 prefill in mixed batches), dynamic (FlexNPU: the PD layout on virtual devices, every step placed
-by the C++ placement core). A unit is --parallel devices serving one instance.
+by the C++ placement core), elastic-pd (the split advisor moves whole units between prefill and
+decode, every step on its home unit: Dynamo's planner), adaptive (elastic-pd's routing with
+dynamic's placer; = dynamic --dynamic-layout adaptive). A unit is --parallel devices serving one
+instance.
 
 Output: a markdown table on stdout, --json with {"config", "policies": {NAME: {throughput_tok_s,
 goodput_rps, ttft_s, tpot_s, requests_finished, requests_dropped, decisions_by_reason,

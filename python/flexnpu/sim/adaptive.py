@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from flexnpu import placement as fp
-from flexnpu.sim.simulation import Instance, Request, Router, Simulation
+from flexnpu.sim.simulation import ADVISED_CORE_POLICY, Instance, Request, Router, Simulation
 
 # Defaults of the advisor here (split.h explains them): prefill units sized for 75% load,
 # prompt rate averaged over 2 s, one decision per simulated second.
@@ -29,8 +29,12 @@ SPLIT_DECODE_BATCH_FRACTION = 0.75
 
 
 class AdaptiveSimulation(Simulation):
-    """Simulation of policy "dynamic" over the colocated virtual layout, its routers limited to
-    the advisor's split. `num_prefill`: the split before the first decision (0: half)."""
+    """Simulation over the colocated virtual layout, its routers limited to the advisor's split:
+    policy "adaptive" (or "dynamic", the adaptive layout) with the dynamic placer, "elastic-pd"
+    with every step on its home unit. `num_prefill`: the split before the first decision (0:
+    half)."""
+
+    advised = True
 
     def __init__(
         self,
@@ -40,8 +44,12 @@ class AdaptiveSimulation(Simulation):
         **kw: Any,
     ) -> None:
         kw.pop("dynamic_layout", None)
-        if kw.get("policy", "dynamic") != "dynamic":
-            raise ValueError("the adaptive layout is dynamic's: policy must be 'dynamic'")
+        policy = kw.setdefault("policy", "dynamic")
+        if policy != "dynamic" and policy not in ADVISED_CORE_POLICY:
+            raise ValueError(
+                f"the split advisor's routing serves policies dynamic, "
+                f"{', '.join(ADVISED_CORE_POLICY)}; got {policy!r}"
+            )
         super().__init__(num_prefill=num_prefill, dynamic_layout="colocated", **kw)
         self.initial_prefill = num_prefill
         self.split_target = split_target_utilization

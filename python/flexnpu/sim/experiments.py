@@ -13,7 +13,14 @@ from flexnpu.serving.scheduler import Scheduler
 from flexnpu.sim.adaptive import SPLIT_TARGET_UTILIZATION, AdaptiveSimulation
 from flexnpu.sim.hardware import LINKS, get_preset
 from flexnpu.sim.models import get_model
-from flexnpu.sim.simulation import POLICIES, InstanceConfig, RunResult, Simulation, percentiles
+from flexnpu.sim.simulation import (
+    ADVISED_CORE_POLICY,
+    POLICIES,
+    InstanceConfig,
+    RunResult,
+    Simulation,
+    percentiles,
+)
 from flexnpu.sim.workload import Workload, make_workload
 
 # dynamic's virtual layouts: a prefill + a decode instance per unit; static-pd's split; the
@@ -143,6 +150,7 @@ class SimSpec:
             for p in self.policies
             if p == "static-pd" or (p == "dynamic" and self.dynamic_layout == "disaggregated")
         ]
+        pd += [p for p in self.policies if p in ADVISED_CORE_POLICY]
         if pd and units < 2:
             raise ValueError(
                 f"{pd[0]} needs at least 2 units; {self.devices} devices / "
@@ -231,7 +239,7 @@ def build_simulation(
         request_weights=s.request_weights,
         scheduler_class=scheduler_class,
     )
-    if policy == "dynamic" and s.dynamic_layout == "adaptive":
+    if policy in ADVISED_CORE_POLICY or (policy == "dynamic" and s.dynamic_layout == "adaptive"):
         sim: Simulation = AdaptiveSimulation(
             split_target_utilization=s.split_target_utilization, **kw
         )
