@@ -178,6 +178,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "(0, 1] (default 0.75)",
     )
     r.add_argument(
+        "--split-backlog-drain",
+        type=float,
+        default=2.0,
+        help="adaptive / elastic-pd advisor: seconds its prefill units are sized to drain "
+        "the queued prompt backlog in (0: backlog not counted; default 2)",
+    )
+    r.add_argument(
+        "--split-hold",
+        type=float,
+        default=2.0,
+        help="adaptive / elastic-pd advisor: a one-unit move or a reversal of the split "
+        "waits until asked for this many seconds (0: no hysteresis; default 2)",
+    )
+    r.add_argument(
         "--drain",
         type=float,
         default=600.0,
@@ -257,6 +271,8 @@ def run(args: argparse.Namespace) -> int:
             search_duration=args.search_duration,
             dynamic_layout=args.dynamic_layout,
             split_target_utilization=args.split_target,
+            split_backlog_drain_s=args.split_backlog_drain,
+            split_hold_s=args.split_hold,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size,

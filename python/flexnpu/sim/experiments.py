@@ -10,7 +10,12 @@ from typing import Any
 import numpy as np
 
 from flexnpu.serving.scheduler import Scheduler
-from flexnpu.sim.adaptive import SPLIT_TARGET_UTILIZATION, AdaptiveSimulation
+from flexnpu.sim.adaptive import (
+    SPLIT_BACKLOG_DRAIN_S,
+    SPLIT_HOLD_S,
+    SPLIT_TARGET_UTILIZATION,
+    AdaptiveSimulation,
+)
 from flexnpu.sim.hardware import LINKS, get_preset
 from flexnpu.sim.models import get_model
 from flexnpu.sim.simulation import (
@@ -98,6 +103,8 @@ class SimSpec:
     search_duration: float = 60.0
     dynamic_layout: str = "colocated"
     split_target_utilization: float = SPLIT_TARGET_UTILIZATION  # adaptive layout's advisor
+    split_backlog_drain_s: float = SPLIT_BACKLOG_DRAIN_S  # 0: prompt backlog not counted
+    split_hold_s: float = SPLIT_HOLD_S  # 0: no hysteresis
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
     block_size: int = 0
@@ -133,6 +140,12 @@ class SimSpec:
                 raise ValueError(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
         if self.split_objective not in SPLIT_OBJECTIVES:
             raise ValueError("--split-objective must be one of " + ", ".join(SPLIT_OBJECTIVES))
+        for name, value in (
+            ("--split-backlog-drain", self.split_backlog_drain_s),
+            ("--split-hold", self.split_hold_s),
+        ):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be >= 0 seconds (0: off), got {value}")
         if self.dynamic_layout not in DYNAMIC_LAYOUTS:
             raise ValueError("--dynamic-layout must be one of " + ", ".join(DYNAMIC_LAYOUTS))
         if not 0 < self.split_target_utilization <= 1:
@@ -241,7 +254,10 @@ def build_simulation(
     )
     if policy in ADVISED_CORE_POLICY or (policy == "dynamic" and s.dynamic_layout == "adaptive"):
         sim: Simulation = AdaptiveSimulation(
-            split_target_utilization=s.split_target_utilization, **kw
+            split_target_utilization=s.split_target_utilization,
+            split_backlog_drain_s=s.split_backlog_drain_s,
+            split_hold_s=s.split_hold_s,
+            **kw,
         )
     else:
         sim = Simulation(dynamic_layout=s.dynamic_layout, **kw)

@@ -1,0 +1,157 @@
+"""The role split advisor (flexnpu.sim.split_advisor) on an injected clock: split.h's rule when
+its fixes are off, the prompt backlog in the prefill need, and hysteresis."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from flexnpu import placement as fp
+from flexnpu.sim.split_advisor import RoleSplitAdvisor
+
+SEC = 1_000_000_000
+# 10 units; a unit prefills 100k tokens/s and decodes 1000 sequences.
+TEN = dict(units=10, prefill_tokens_per_s=100_000, decode_sequences_per_unit=1000)
+
+
+def test_without_backlog_and_hold_it_decides_exactly_as_the_placement_core():
+    rng = random.Random(3)
+    args = dict(units=24, prefill_tokens_per_s=100_000, decode_sequences_per_unit=1000,
+                target_utilization=0.8, initial_prefill_units=5)
+    ours = RoleSplitAdvisor(**args, backlog_drain_ns=0, hold_ns=0)
+    core = fp.SplitAdvisor(**args)
+    now = 0
+    for _ in range(400):
+        for _ in range(rng.randrange(4)):
+            tokens = rng.randrange(600_000)
+            ours.on_prompt(tokens)
+            core.on_prompt(tokens)
+        now += rng.randrange(SEC // 3, 2 * SEC)
+        held = rng.randrange(30_000)
+        assert ours.due(now) == core.due(now)
+        assert ours.update(now, held, rng.randrange(10**6)) == core.update(now, held)
+        assert ours.prefill_units == core.prefill_units
+        assert ours.prompt_tokens_per_s == pytest.approx(core.prompt_tokens_per_s, rel=1e-12)
+    assert ours.decisions == core.decisions > 100
+    assert ours.changes == core.changes > 20
+
+
+def _overload_edge(**kw) -> tuple[list[int], list[float]]:
+    """A toy cluster on the advisor's clock: 600k prompt tokens/s arrive (6 units of prefill),
+    4000 sequences decode (4 units): 6 / 0.75 + 4 > 10, so the advisor shares the units by
+    need, 6 prefill -- exactly the arrival rate. A 1.2M-token backlog waits at the start.
+    Each tick the advisor sees what the last tick left queued, then the prefill units compute
+    what they can of it and of the tick's arrivals."""
+    a = RoleSplitAdvisor(**TEN, initial_prefill_units=6, **kw)
+    backlog = 1_200_000.0
+    splits, backlogs = [], []
+    a.update(0, 4000, int(backlog))
+    for t in range(1, 31):
+        a.on_prompt(600_000)
+        a.update(t * SEC, 4000, int(backlog))
+        backlog = max(0.0, backlog + 600_000 - a.prefill_units * 100_000)
+        splits.append(a.prefill_units)
+        backlogs.append(backlog)
+    return splits, backlogs
+
+
+def test_backlog_at_the_overload_edge_never_drains_when_the_need_ignores_it():
+    splits, backlogs = _overload_edge(backlog_drain_ns=0)
+    assert set(splits) == {6}
+    assert backlogs[-1] == 1_200_000  # every tick adds what it computes
+
+
+def test_backlog_counted_in_the_prefill_need_drains_and_the_split_returns():
+    splits, backlogs = _overload_edge()  # backlog drained over 2 s
+    assert max(splits[:3]) >= 8  # the backlog takes units from decode at once
+    drained = next(t for t, b in enumerate(backlogs) if b == 0)
+    assert drained < 10, backlogs
+    assert backlogs[-1] == 0 and splits[-1] == 6  # then back to the arrivals' share
+
+
+def test_backlog_below_the_edge_adds_its_drain_rate_to_the_need():
+    a = RoleSplitAdvisor(**TEN, hold_ns=0)
+    a.update(0, 0)
+    a.on_prompt(300_000)  # 3 units / 0.75 -> 4
+    a.update(SEC, 0, 0)
+    assert a.prefill_units == 4
+    a.on_prompt(300_000)
+    a.update(2 * SEC, 0, 600_000)  # + 600k over 2 s = 300k/s more: 6 / 0.75 -> 8
+    assert a.prefill_units == 8
+
+
+def _alternating(hold_ns: int) -> RoleSplitAdvisor:
+    """A prompt rate that hovers across a unit boundary: 440k/s (6 units at 0.75) and 520k/s
+    (7 units) on alternate ticks; the average follows each tick (average_ns 1)."""
+    a = RoleSplitAdvisor(**TEN, initial_prefill_units=6, average_ns=1, hold_ns=hold_ns)
+    a.update(0, 0)
+    for t in range(1, 21):
+        a.on_prompt(520_000 if t % 2 else 440_000)
+        a.update(t * SEC, 0)
+    return a
+
+
+def test_hysteresis_keeps_a_hovering_rate_from_flipping_the_split_every_tick():
+    flipping = _alternating(hold_ns=0)
+    assert flipping.changes == 20  # 7, 6, 7, 6, ...
+    steady = _alternating(hold_ns=2 * SEC)
+    assert steady.decisions == 20 and steady.changes == 0
+    assert steady.prefill_units == 6 and steady.proposal == 6
+
+
+def test_hysteresis_lets_big_moves_through_and_holds_reversals():
+    a = RoleSplitAdvisor(**TEN, initial_prefill_units=3, average_ns=1)  # hold 2 s
+    a.update(0, 0)
+    a.on_prompt(600_000)  # 8 units: +5 at once
+    assert a.update(SEC, 0) is True and a.prefill_units == 8
+    a.on_prompt(750_000)  # 10 -> 9 (clamped): +1 is within the dead band, held
+    assert a.update(2 * SEC, 0) is False and a.proposal == 9
+    a.on_prompt(750_000)
+    assert a.update(3 * SEC, 0) is False
+    a.on_prompt(750_000)
+    assert a.update(4 * SEC, 0) is True and a.prefill_units == 9  # asked for 2 s
+    for t in (5, 6):  # 3 units: a reversal, held for 2 s although large
+        a.on_prompt(200_000)
+        assert a.update(t * SEC, 0) is False and a.prefill_units == 9
+    a.on_prompt(260_000)  # 4 units; the ask held since 5 s wanted at least -5 (to 4)
+    assert a.update(7 * SEC, 0) is True and a.prefill_units == 4
+    assert a.changes == 3
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"units": 1}, "units must be >= 2"),
+    ({"prefill_tokens_per_s": 0}, "prefill_tokens_per_s must be a finite number > 0"),
+    ({"decode_sequences_per_unit": float("inf")}, "decode_sequences_per_unit"),
+    ({"target_utilization": 1.5}, r"target_utilization must be in \(0, 1\]"),
+    ({"tick_ns": 0}, "tick_ns must be > 0"),
+    ({"hold_ns": -1}, r"hold_ns must be >= 0 \(0: off\)"),
+    ({"backlog_drain_ns": -1}, "backlog_drain_ns must be >= 0"),
+    ({"initial_prefill_units": 10}, r"initial_prefill_units must be in \[0, units - 1\]"),
+])
+def test_bad_config_is_named(kw, message):
+    with pytest.raises(ValueError, match="split advisor: " + message):
+        RoleSplitAdvisor(**(TEN | kw))
+
+
+def test_bad_calls_are_named_and_keep_the_state():
+    a = RoleSplitAdvisor(**TEN)
+    with pytest.raises(ValueError, match="on_prompt tokens must be >= 0"):
+        a.on_prompt(-1)
+    a.update(5 * SEC, 0)
+    with pytest.raises(ValueError, match="clock went back"):
+        a.update(4 * SEC, 0)
+    with pytest.raises(ValueError, match="queued_prompt_tokens must be >= 0"):
+        a.update(6 * SEC, 0, -3)
+    with pytest.raises(ValueError, match="decode_sequences must be >= 0"):
+        a.update(6 * SEC, -1)
+    assert a.prefill_units == 5 and a.decisions == 0
+
+
+def test_simulate_rejects_a_negative_hold_or_drain_by_flag():
+    from flexnpu.sim.experiments import SimSpec
+
+    with pytest.raises(ValueError, match="--split-hold must be >= 0 seconds"):
+        SimSpec(split_hold_s=-1.0).resolved()
+    with pytest.raises(ValueError, match="--split-backlog-drain must be >= 0 seconds"):
+        SimSpec(split_backlog_drain_s=float("nan")).resolved()
