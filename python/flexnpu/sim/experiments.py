@@ -398,19 +398,24 @@ def tune_prefill_units(
     *,
     rate: float | None = None,
     objective: str | None = None,
+    cache: dict[tuple, dict[str, Any]] | None = None,
 ) -> tuple[int, list]:
     """The P:D split with the best goodput (then throughput; objective "throughput": the other
     way round) at `rate` (None: the spec's), seed 0, over a shorter run: all splits for <= 12
-    units, else a coarse grid refined around its best."""
+    units, else a coarse grid refined around its best. cache: the candidates' metrics by
+    (policy, rate, split), for calls whose specs differ at most in split_objective."""
     units = spec.devices // spec.parallel
     dur = min(spec.duration, spec.search_duration)
     objective = objective or spec.split_objective
     tried: dict[int, dict[str, Any]] = {}
+    cache = {} if cache is None else cache
 
     def evaluate(n: int) -> tuple[float, float]:
+        if n not in tried and (policy, rate, n) in cache:
+            tried[n] = cache[policy, rate, n]
         if n not in tried:
             r = simulate_once(spec, policy, spec.seed, rate=rate, duration=dur, prefill_units=n)
-            tried[n] = run_metrics(r, spec, dur)
+            tried[n] = cache[policy, rate, n] = run_metrics(r, spec, dur)
             log(
                 f"  {policy} P:D {n}:{units - n}: goodput {tried[n]['goodput_rps']:.2f} req/s, "
                 f"{tried[n]['throughput_tok_s']:.0f} tok/s"
@@ -455,18 +460,22 @@ def search_goodput(
     log: Callable[[str], None],
     *,
     tune_split: bool = False,
+    tune_cache: dict[tuple, dict[str, Any]] | None = None,
 ) -> tuple[float, list]:
     """DistServe goodput: the largest rate with >= 90% of requests meeting the first SLO tier
     (mean attainment over the seeds); bisection between 0 and the first failing doubling.
     tune_split: static-PD's P:D split is tuned again at every rate tried (tune_prefill_units),
-    as an operator would size a static deployment for its load; prefill_units is then ignored."""
+    as an operator would size a static deployment for its load; prefill_units is then ignored
+    (tune_cache: tune_prefill_units' cache)."""
     tier = spec.slos[0].name
     curve: list[dict[str, Any]] = []
 
     def attained(rate: float) -> bool:
         split = prefill_units
         if tune_split:
-            split, _ = tune_prefill_units(spec, "static-pd", lambda s: None, rate=rate)
+            split, _ = tune_prefill_units(
+                spec, "static-pd", lambda s: None, rate=rate, cache=tune_cache
+            )
         vals = []
         for k in range(spec.seeds):
             r = simulate_once(spec, policy, spec.seed + k, rate=rate, prefill_units=split)
