@@ -17,8 +17,13 @@ TEN = dict(units=10, prefill_tokens_per_s=100_000, decode_sequences_per_unit=100
 
 def test_without_backlog_and_hold_it_decides_exactly_as_the_placement_core():
     rng = random.Random(3)
-    args = dict(units=24, prefill_tokens_per_s=100_000, decode_sequences_per_unit=1000,
-                target_utilization=0.8, initial_prefill_units=5)
+    args = dict(
+        units=24,
+        prefill_tokens_per_s=100_000,
+        decode_sequences_per_unit=1000,
+        target_utilization=0.8,
+        initial_prefill_units=5,
+    )
     ours = RoleSplitAdvisor(**args, backlog_drain_ns=0, hold_ns=0)
     core = fp.SplitAdvisor(**args)
     now = 0
@@ -100,7 +105,7 @@ def test_hysteresis_keeps_a_hovering_rate_from_flipping_the_split_every_tick():
     assert steady.prefill_units == 6 and steady.proposal == 6
 
 
-def test_hysteresis_lets_big_moves_through_and_holds_reversals():
+def test_hysteresis_lets_big_moves_through_and_holds_quick_reversals():
     a = RoleSplitAdvisor(**TEN, initial_prefill_units=3, average_ns=1)  # hold 2 s
     a.update(0, 0)
     a.on_prompt(600_000)  # 8 units: +5 at once
@@ -111,24 +116,30 @@ def test_hysteresis_lets_big_moves_through_and_holds_reversals():
     assert a.update(3 * SEC, 0) is False
     a.on_prompt(750_000)
     assert a.update(4 * SEC, 0) is True and a.prefill_units == 9  # asked for 2 s
-    for t in (5, 6):  # 3 units: a reversal, held for 2 s although large
-        a.on_prompt(200_000)
-        assert a.update(t * SEC, 0) is False and a.prefill_units == 9
-    a.on_prompt(260_000)  # 4 units; the ask held since 5 s wanted at least -5 (to 4)
-    assert a.update(7 * SEC, 0) is True and a.prefill_units == 4
-    assert a.changes == 3
+    a.on_prompt(200_000)  # 3 units: large, but it reverses the change of 1 s ago: held
+    assert a.update(5 * SEC, 0) is False and a.prefill_units == 9
+    a.on_prompt(200_000)  # 2 s after the last change a large move goes at once
+    assert a.update(6 * SEC, 0) is True and a.prefill_units == 3
+    a.on_prompt(600_000)  # back up to 8 within 1 s: held ...
+    assert a.update(7 * SEC, 0) is False and a.prefill_units == 3
+    a.on_prompt(450_000)  # ... 2 s after the change the proposal (6) goes at once
+    assert a.update(8 * SEC, 0) is True and a.prefill_units == 6
+    assert a.changes == 4
 
 
-@pytest.mark.parametrize("kw,message", [
-    ({"units": 1}, "units must be >= 2"),
-    ({"prefill_tokens_per_s": 0}, "prefill_tokens_per_s must be a finite number > 0"),
-    ({"decode_sequences_per_unit": float("inf")}, "decode_sequences_per_unit"),
-    ({"target_utilization": 1.5}, r"target_utilization must be in \(0, 1\]"),
-    ({"tick_ns": 0}, "tick_ns must be > 0"),
-    ({"hold_ns": -1}, r"hold_ns must be >= 0 \(0: off\)"),
-    ({"backlog_drain_ns": -1}, "backlog_drain_ns must be >= 0"),
-    ({"initial_prefill_units": 10}, r"initial_prefill_units must be in \[0, units - 1\]"),
-])
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        ({"units": 1}, "units must be >= 2"),
+        ({"prefill_tokens_per_s": 0}, "prefill_tokens_per_s must be a finite number > 0"),
+        ({"decode_sequences_per_unit": float("inf")}, "decode_sequences_per_unit"),
+        ({"target_utilization": 1.5}, r"target_utilization must be in \(0, 1\]"),
+        ({"tick_ns": 0}, "tick_ns must be > 0"),
+        ({"hold_ns": -1}, r"hold_ns must be >= 0 \(0: off\)"),
+        ({"backlog_drain_ns": -1}, "backlog_drain_ns must be >= 0"),
+        ({"initial_prefill_units": 10}, r"initial_prefill_units must be in \[0, units - 1\]"),
+    ],
+)
 def test_bad_config_is_named(kw, message):
     with pytest.raises(ValueError, match="split advisor: " + message):
         RoleSplitAdvisor(**(TEN | kw))

@@ -7,8 +7,9 @@ as it is. Its rule is the placement core's (pjrt_flexnpu/placement/split.h) with
 - the prefill need counts the queued prompt backlog, not only the arrival rate: sized on
   arrivals alone, a backlog built at the overload edge never drains (the prefill units run at
   the arrival rate);
-- hysteresis: small moves and reversals wait until the proposals have agreed for `hold_ns`,
-  so a rate that hovers near a unit boundary does not flip the split every tick.
+- hysteresis: a small move, or a reversal within `hold_ns` of the last change, waits until the
+  proposals have asked for it for `hold_ns`, so a rate that hovers near a unit boundary does
+  not flip the split every tick, while a large shift (a phase change) moves it at once.
 
 With backlog_drain_ns=0 and hold_ns=0 it decides exactly as split.h.
 
@@ -21,9 +22,9 @@ Decision, once per tick_ns (the first update starts the clock):
                       (prefill need + decode need), rounded up while a backlog of more than a
                       unit's tick of prefill waits (rounded down it would sit at the arrival
                       rate again), else to nearest; clamped to [1, units - 1]
-    applied         = the proposal at once if it moves more than deadband_units the way the
-                      last change went (or is the first change); otherwise once every proposal
-                      for hold_ns asked for a move that way, the smallest of those moves
+    applied         = the proposal at once if it moves more than deadband_units and does not
+                      reverse a change made less than hold_ns ago; otherwise once every
+                      proposal for hold_ns asked for a move that way, the smallest of those
 
 Inputs, all of which a serving engine has:
     construction    units; one unit's prefill tokens per second at a full batch (production:
@@ -103,6 +104,7 @@ class RoleSplitAdvisor:
         self._started = False
         self._averaged = False
         self._last_direction = 0  # of the last change: +1 more prefill, -1 fewer
+        self._last_change_ns = 0
         self._ask_direction = 0  # of the proposals held back since _ask_since_ns
         self._ask_since_ns = 0
         self._ask_least = 0  # the smallest move they asked for
@@ -174,21 +176,25 @@ class RoleSplitAdvisor:
             self._ask_direction = 0
             return False
         direction = 1 if move > 0 else -1
-        at_once = abs(move) > self.deadband_units and direction != -self._last_direction
+        reverses_recent = (
+            direction == -self._last_direction and now_ns - self._last_change_ns < self.hold_ns
+        )
+        at_once = abs(move) > self.deadband_units and not reverses_recent
         if not self.hold_ns or at_once:
-            return self._change(proposal, direction)
+            return self._change(now_ns, proposal, direction)
         if direction != self._ask_direction:  # a new ask: hold it from now
             self._ask_direction, self._ask_since_ns = direction, now_ns
             self._ask_least = abs(move)
         else:
             self._ask_least = min(self._ask_least, abs(move))
         if now_ns - self._ask_since_ns >= self.hold_ns:
-            return self._change(self.prefill_units + direction * self._ask_least, direction)
+            return self._change(now_ns, self.prefill_units + direction * self._ask_least, direction)
         return False
 
-    def _change(self, prefill_units: int, direction: int) -> bool:
+    def _change(self, now_ns: int, prefill_units: int, direction: int) -> bool:
         self.prefill_units = prefill_units
         self._last_direction = direction
+        self._last_change_ns = now_ns
         self._ask_direction = 0
         self.changes += 1
         return True
