@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                     if "at_rate" in row:
                         have["at_rate"] = row["at_rate"]
         for workload, rows in merged.items():
+            head = head | {"seeds": max(len(r["per_seed"]) for r in rows.values())}
             for row in rows.values():
                 row["goodput_rps"], row["ci95"] = (
                     _mean_ci(row["per_seed"]) if row["per_seed"] else (0.0, 0.0)

@@ -70,9 +70,11 @@ def test_backlog_at_the_overload_edge_never_drains_when_the_need_ignores_it():
 def test_backlog_counted_in_the_prefill_need_drains_and_the_split_returns():
     splits, backlogs = _overload_edge()  # backlog drained over 2 s
     assert max(splits[:3]) >= 8  # the backlog takes units from decode at once
-    drained = next(t for t, b in enumerate(backlogs) if b == 0)
+    # Drained down to what one unit prefills in a tick (the share is rounded up above that;
+    # 1/6 s of the 6 prefill units' work here), then back to the arrivals' share.
+    drained = next(t for t, b in enumerate(backlogs) if b <= 100_000)
     assert drained < 10, backlogs
-    assert backlogs[-1] == 0 and splits[-1] == 6  # then back to the arrivals' share
+    assert backlogs[-1] <= 100_000 and splits[-1] == 6
 
 
 def test_backlog_below_the_edge_adds_its_drain_rate_to_the_need():
@@ -100,31 +102,32 @@ def _alternating(hold_ns: int) -> RoleSplitAdvisor:
 def test_hysteresis_keeps_a_hovering_rate_from_flipping_the_split_every_tick():
     flipping = _alternating(hold_ns=0)
     assert flipping.changes == 20  # 7, 6, 7, 6, ...
-    steady = _alternating(hold_ns=2 * SEC)
-    assert steady.decisions == 20 and steady.changes == 0
-    assert steady.prefill_units == 6 and steady.proposal == 6
+    steady = _alternating(hold_ns=2 * SEC)  # up to 7 once, never back: each ask lasts 1 s
+    assert steady.decisions == 20 and steady.changes == 1
+    assert steady.prefill_units == 7
 
 
-def test_hysteresis_lets_big_moves_through_and_holds_quick_reversals():
+def test_hysteresis_lets_trends_through_and_holds_reversals():
     a = RoleSplitAdvisor(**TEN, initial_prefill_units=3, average_ns=1)  # hold 2 s
     a.update(0, 0)
-    a.on_prompt(600_000)  # 8 units: +5 at once
+    a.on_prompt(600_000)  # 8 units: the first change goes at once
     assert a.update(SEC, 0) is True and a.prefill_units == 8
-    a.on_prompt(750_000)  # 10 -> 9 (clamped): +1 is within the dead band, held
-    assert a.update(2 * SEC, 0) is False and a.proposal == 9
-    a.on_prompt(750_000)
-    assert a.update(3 * SEC, 0) is False
-    a.on_prompt(750_000)
-    assert a.update(4 * SEC, 0) is True and a.prefill_units == 9  # asked for 2 s
-    a.on_prompt(200_000)  # 3 units: large, but it reverses the change of 1 s ago: held
-    assert a.update(5 * SEC, 0) is False and a.prefill_units == 9
-    a.on_prompt(200_000)  # 2 s after the last change a large move goes at once
-    assert a.update(6 * SEC, 0) is True and a.prefill_units == 3
+    a.on_prompt(750_000)  # 10 -> 9 (clamped): +1 the same way, at once
+    assert a.update(2 * SEC, 0) is True and a.prefill_units == 9
+    a.on_prompt(200_000)  # 3 units: a large reversal of the change of 1 s ago: held
+    assert a.update(3 * SEC, 0) is False and a.prefill_units == 9
+    a.on_prompt(200_000)  # the last change is 2 s old: a large reversal goes at once
+    assert a.update(4 * SEC, 0) is True and a.prefill_units == 3
     a.on_prompt(600_000)  # back up to 8 within 1 s: held ...
-    assert a.update(7 * SEC, 0) is False and a.prefill_units == 3
+    assert a.update(5 * SEC, 0) is False and a.prefill_units == 3
     a.on_prompt(450_000)  # ... 2 s after the change the proposal (6) goes at once
-    assert a.update(8 * SEC, 0) is True and a.prefill_units == 6
-    assert a.changes == 4
+    assert a.update(6 * SEC, 0) is True and a.prefill_units == 6
+    for t in (7, 8):  # a one-unit reversal (5) waits until asked for 2 s
+        a.on_prompt(330_000)
+        assert a.update(t * SEC, 0) is False and a.proposal == 5
+    a.on_prompt(330_000)
+    assert a.update(9 * SEC, 0) is True and a.prefill_units == 5
+    assert a.changes == 5
 
 
 @pytest.mark.parametrize(

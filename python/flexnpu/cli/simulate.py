@@ -188,7 +188,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--split-hold",
         type=float,
         default=2.0,
-        help="adaptive / elastic-pd advisor: a one-unit move or a reversal of the split "
+        help="adaptive / elastic-pd advisor: a reversal of the split's last change "
         "waits until asked for this many seconds (0: no hysteresis; default 2)",
     )
     r.add_argument(

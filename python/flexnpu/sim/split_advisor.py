@@ -7,9 +7,10 @@ as it is. Its rule is the placement core's (pjrt_flexnpu/placement/split.h) with
 - the prefill need counts the queued prompt backlog, not only the arrival rate: sized on
   arrivals alone, a backlog built at the overload edge never drains (the prefill units run at
   the arrival rate);
-- hysteresis: a small move, or a reversal within `hold_ns` of the last change, waits until the
-  proposals have asked for it for `hold_ns`, so a rate that hovers near a unit boundary does
-  not flip the split every tick, while a large shift (a phase change) moves it at once.
+- hysteresis: a reversal of the last change waits until the proposals have asked for it for
+  `hold_ns` (a large one only while the last change is younger than that), so a rate that
+  hovers near a unit boundary does not flip the split every tick, while a trend (the EWMA
+  walking to a new phase's level unit by unit) and a large shift move it at once.
 
 With backlog_drain_ns=0 and hold_ns=0 it decides exactly as split.h.
 
@@ -22,9 +23,10 @@ Decision, once per tick_ns (the first update starts the clock):
                       (prefill need + decode need), rounded up while a backlog of more than a
                       unit's tick of prefill waits (rounded down it would sit at the arrival
                       rate again), else to nearest; clamped to [1, units - 1]
-    applied         = the proposal at once if it moves more than deadband_units and does not
-                      reverse a change made less than hold_ns ago; otherwise once every
-                      proposal for hold_ns asked for a move that way, the smallest of those
+    applied         = the proposal at once if it moves the way the last change went (or is
+                      the first change), or moves more than deadband_units and the last change
+                      is hold_ns old; otherwise (a reversal) once every proposal for hold_ns
+                      asked for a move that way, the smallest of those moves
 
 Inputs, all of which a serving engine has:
     construction    units; one unit's prefill tokens per second at a full batch (production:
@@ -176,10 +178,9 @@ class RoleSplitAdvisor:
             self._ask_direction = 0
             return False
         direction = 1 if move > 0 else -1
-        reverses_recent = (
-            direction == -self._last_direction and now_ns - self._last_change_ns < self.hold_ns
+        at_once = direction != -self._last_direction or (
+            abs(move) > self.deadband_units and now_ns - self._last_change_ns >= self.hold_ns
         )
-        at_once = abs(move) > self.deadband_units and not reverses_recent
         if not self.hold_ns or at_once:
             return self._change(now_ns, proposal, direction)
         if direction != self._ask_direction:  # a new ask: hold it from now
