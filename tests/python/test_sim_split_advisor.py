@@ -25,7 +25,7 @@ def test_without_backlog_and_hold_it_decides_exactly_as_the_placement_core():
         initial_prefill_units=5,
     )
     ours = RoleSplitAdvisor(**args, backlog_drain_ns=0, hold_ns=0)
-    core = fp.SplitAdvisor(**args)
+    core = fp.SplitAdvisor(**args, backlog_drain_ns=0, hold_ns=0)
     now = 0
     for _ in range(400):
         for _ in range(rng.randrange(4)):
