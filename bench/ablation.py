@@ -11,7 +11,8 @@ one common rate (a fraction of static PD's goodput), where static PD still meets
 Policies: static-pd with its split tuned for goodput and for throughput (tuned again at every
 rate the search tries), elastic-pd (the split advisor re-splits whole units, no per-step
 lending), chunked-colocate, dynamic (placer over the colocated layout), adaptive (advisor and
-placer), and adaptive with split.h's rule (the advisor without the backlog and hysteresis).
+placer), and adaptive with split.h's plain rule (the advisor with its backlog and hysteresis
+off).
 Prints a markdown table per workload.
 """
 
@@ -36,7 +37,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "chunked-colocate": {"policies": ("chunked-colocate",)},
     "dynamic": {"policies": ("dynamic",)},
     "adaptive": {"policies": ("adaptive",)},
-    # The advisor without its fixes (no backlog in the prefill need, no hysteresis).
+    # The advisor's plain rule: its fixes off (no backlog in the prefill need, no hysteresis).
+    # The name is kept so that --merge joins runs recorded under it.
     "adaptive (split.h rule)": {
         "policies": ("adaptive",),
         "split_backlog_drain_s": 0.0,

@@ -1,21 +1,63 @@
-"""The role split advisor (flexnpu.sim.split_advisor) on an injected clock: split.h's rule when
-its fixes are off, the prompt backlog in the prefill need, and hysteresis."""
+"""The placement core's role split advisor (split.h, flexnpu.placement.SplitAdvisor) as the
+simulator uses it, on an injected clock: the plain rule when its fixes are off, the prompt
+backlog in the prefill need, and hysteresis."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from flexnpu import placement as fp
-from flexnpu.sim.split_advisor import RoleSplitAdvisor
+from flexnpu.placement import SplitAdvisor
 
 SEC = 1_000_000_000
 # 10 units; a unit prefills 100k tokens/s and decodes 1000 sequences.
 TEN = dict(units=10, prefill_tokens_per_s=100_000, decode_sequences_per_unit=1000)
 
 
-def test_without_backlog_and_hold_it_decides_exactly_as_the_placement_core():
+class PlainRule:
+    """The rule without backlog and hysteresis, as split.h states it (EWMA of the prompt
+    rate, the first measurement starting it; ceil of the prefill need over the target, or
+    the units shared by need when overloaded, rounded to nearest): the reference the advisor
+    with both fixes off must match decision for decision."""
+
+    def __init__(
+        self,
+        units,
+        prefill_tokens_per_s,
+        decode_sequences_per_unit,
+        target_utilization,
+        initial_prefill_units,
+    ):
+        self.units, self.target = units, target_utilization
+        self.prefill, self.decode = prefill_tokens_per_s, decode_sequences_per_unit
+        self.prefill_units = initial_prefill_units
+        self.rate = self.pending = 0.0
+        self.last_ns: int | None = None  # the clock starts at the first update
+        self.averaged = False
+
+    def update(self, now_ns: int, decode_sequences: int) -> bool:
+        if self.last_ns is None:
+            self.last_ns = now_ns
+        if now_ns - self.last_ns < SEC:  # one decision per tick (1 s)
+            return False
+        dt_ns, self.last_ns = now_ns - self.last_ns, now_ns
+        a = 1.0 - math.exp(-dt_ns / (2 * SEC)) if self.averaged else 1.0  # average over 2 s
+        self.rate += a * (self.pending / (dt_ns * 1e-9) - self.rate)
+        self.averaged, self.pending = True, 0.0
+        prefill_need = self.rate / self.prefill
+        decode_need = decode_sequences / self.decode
+        if prefill_need / self.target + decode_need <= self.units:
+            want = math.ceil(prefill_need / self.target)
+        else:
+            want = math.floor(self.units * prefill_need / (prefill_need + decode_need) + 0.5)
+        want = min(max(want, 1), self.units - 1)
+        changed, self.prefill_units = want != self.prefill_units, want
+        return changed
+
+
+def test_without_backlog_and_hold_it_decides_as_the_plain_rule():
     rng = random.Random(3)
     args = dict(
         units=24,
@@ -24,22 +66,24 @@ def test_without_backlog_and_hold_it_decides_exactly_as_the_placement_core():
         target_utilization=0.8,
         initial_prefill_units=5,
     )
-    ours = RoleSplitAdvisor(**args, backlog_drain_ns=0, hold_ns=0)
-    core = fp.SplitAdvisor(**args, backlog_drain_ns=0, hold_ns=0)
-    now = 0
+    advisor = SplitAdvisor(**args, backlog_drain_ns=0, hold_ns=0)
+    plain = PlainRule(**args)
+    now = changes = 0
     for _ in range(400):
         for _ in range(rng.randrange(4)):
             tokens = rng.randrange(600_000)
-            ours.on_prompt(tokens)
-            core.on_prompt(tokens)
+            advisor.on_prompt(tokens)
+            plain.pending += tokens
         now += rng.randrange(SEC // 3, 2 * SEC)
         held = rng.randrange(30_000)
-        assert ours.due(now) == core.due(now)
-        assert ours.update(now, held, rng.randrange(10**6)) == core.update(now, held)
-        assert ours.prefill_units == core.prefill_units
-        assert ours.prompt_tokens_per_s == pytest.approx(core.prompt_tokens_per_s, rel=1e-12)
-    assert ours.decisions == core.decisions > 100
-    assert ours.changes == core.changes > 20
+        changed = plain.update(now, held)
+        changes += changed
+        # The queue is not counted with backlog_drain_ns 0.
+        assert advisor.update(now, held, rng.randrange(10**6)) == changed
+        assert advisor.prefill_units == plain.prefill_units
+        assert advisor.prompt_tokens_per_s == pytest.approx(plain.rate, rel=1e-12)
+    assert advisor.changes == changes > 20
+    assert advisor.decisions > 100
 
 
 def _overload_edge(**kw) -> tuple[list[int], list[float]]:
@@ -48,7 +92,7 @@ def _overload_edge(**kw) -> tuple[list[int], list[float]]:
     need, 6 prefill -- exactly the arrival rate. A 1.2M-token backlog waits at the start.
     Each tick the advisor sees what the last tick left queued, then the prefill units compute
     what they can of it and of the tick's arrivals."""
-    a = RoleSplitAdvisor(**TEN, initial_prefill_units=6, **kw)
+    a = SplitAdvisor(**TEN, initial_prefill_units=6, **kw)
     backlog = 1_200_000.0
     splits, backlogs = [], []
     a.update(0, 4000, int(backlog))
@@ -78,7 +122,7 @@ def test_backlog_counted_in_the_prefill_need_drains_and_the_split_returns():
 
 
 def test_backlog_below_the_edge_adds_its_drain_rate_to_the_need():
-    a = RoleSplitAdvisor(**TEN, hold_ns=0)
+    a = SplitAdvisor(**TEN, hold_ns=0)
     a.update(0, 0)
     a.on_prompt(300_000)  # 3 units / 0.75 -> 4
     a.update(SEC, 0, 0)
@@ -88,10 +132,10 @@ def test_backlog_below_the_edge_adds_its_drain_rate_to_the_need():
     assert a.prefill_units == 8
 
 
-def _alternating(hold_ns: int) -> RoleSplitAdvisor:
+def _alternating(hold_ns: int) -> SplitAdvisor:
     """A prompt rate that hovers across a unit boundary: 440k/s (6 units at 0.75) and 520k/s
     (7 units) on alternate ticks; the average follows each tick (average_ns 1)."""
-    a = RoleSplitAdvisor(**TEN, initial_prefill_units=6, average_ns=1, hold_ns=hold_ns)
+    a = SplitAdvisor(**TEN, initial_prefill_units=6, average_ns=1, hold_ns=hold_ns)
     a.update(0, 0)
     for t in range(1, 21):
         a.on_prompt(520_000 if t % 2 else 440_000)
@@ -108,7 +152,7 @@ def test_hysteresis_keeps_a_hovering_rate_from_flipping_the_split_every_tick():
 
 
 def test_hysteresis_lets_trends_through_and_holds_reversals():
-    a = RoleSplitAdvisor(**TEN, initial_prefill_units=3, average_ns=1)  # hold 2 s
+    a = SplitAdvisor(**TEN, initial_prefill_units=3, average_ns=1)  # hold 2 s
     a.update(0, 0)
     a.on_prompt(600_000)  # 8 units: the first change goes at once
     assert a.update(SEC, 0) is True and a.prefill_units == 8
@@ -145,12 +189,12 @@ def test_hysteresis_lets_trends_through_and_holds_reversals():
 )
 def test_bad_config_is_named(kw, message):
     with pytest.raises(ValueError, match="split advisor: " + message):
-        RoleSplitAdvisor(**(TEN | kw))
+        SplitAdvisor(**(TEN | kw))
 
 
 def test_bad_calls_are_named_and_keep_the_state():
-    a = RoleSplitAdvisor(**TEN)
-    with pytest.raises(ValueError, match="on_prompt tokens must be >= 0"):
+    a = SplitAdvisor(**TEN)
+    with pytest.raises(ValueError, match="OnPrompt tokens must be >= 0"):
         a.on_prompt(-1)
     a.update(5 * SEC, 0)
     with pytest.raises(ValueError, match="clock went back"):

@@ -1,22 +1,22 @@
 """FlexNPU dynamic with an adaptive prefill:decode split (`--dynamic-layout adaptive`).
 
 Every unit hosts a prefill and a decode instance (virtual devices v and units + v, home unit
-v, as in the colocated layout); the role split advisor (sim/split_advisor.py: the placement
-core's split.h rule with the prompt backlog and hysteresis) decides how many units take new
-prompts: arrivals
-are routed to the prefill instances of units [0, n), handoffs to the decode instances of units
-[n, units). An instance outside its side's range only drains what it holds; its unit is then
-free for the other role, and the dynamic placer still lends units across roles step by step.
-The advisor sees what a serving engine sees: each prompt's length at arrival, the decode
-sequences its decode instances hold and the prompt tokens queued on its prefill instances.
+v, as in the colocated layout); the placement core's role split advisor (split.h through
+flexnpu.placement.SplitAdvisor: the same code as in production, prompt backlog and hysteresis
+included) decides how many units take new prompts: arrivals are routed to the prefill
+instances of units [0, n), handoffs to the decode instances of units [n, units). An instance
+outside its side's range only drains what it holds; its unit is then free for the other role,
+and the dynamic placer still lends units across roles step by step. The advisor sees what a
+serving engine sees: each prompt's length at arrival, the decode sequences its decode
+instances hold and the prompt tokens queued on its prefill instances.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from flexnpu import placement as fp
 from flexnpu.sim.simulation import ADVISED_CORE_POLICY, Instance, Request, Router, Simulation
-from flexnpu.sim.split_advisor import RoleSplitAdvisor
 
 # Defaults of the advisor here (split.h explains them): prefill units sized for 75% load,
 # prompt rate averaged over 2 s, one decision per simulated second.
@@ -27,7 +27,7 @@ SPLIT_TICK_NS = 1_000_000_000
 # advisor leaves prompt-heavy overload with too few decode units; at 1/2 it starves prefill
 # (chosen on the phase-shift workload over 384 x 910C, `python -m bench.paper`).
 SPLIT_DECODE_BATCH_FRACTION = 0.75
-# The backlog's drain time and the hysteresis hold (split_advisor.py; 0 turns either off).
+# The backlog's drain time and the hysteresis hold (split.h; 0 turns either off).
 SPLIT_BACKLOG_DRAIN_S = 2.0
 SPLIT_HOLD_S = 2.0
 
@@ -62,7 +62,7 @@ class AdaptiveSimulation(Simulation):
         self.split_backlog_drain_ns = round(split_backlog_drain_s * 1e9)
         self.split_hold_ns = round(split_hold_s * 1e9)
 
-    def _make_advisor(self) -> RoleSplitAdvisor:
+    def _make_advisor(self) -> fp.SplitAdvisor:
         # One unit's prefill capacity: tokens per second of a full prefill batch (prompts of
         # up to 1024 tokens filling max_num_batched_tokens), from the step-time model the
         # placer's roofline also uses; decode: a fraction of the sequences a decode instance
@@ -72,7 +72,7 @@ class AdaptiveSimulation(Simulation):
         prompt = min(1024, budget)
         n = max(1, budget // prompt)
         seconds = t.seconds(*t.flops_bytes(t.features([(0, prompt, True)] * n)))
-        return RoleSplitAdvisor(
+        return fp.SplitAdvisor(
             self.units,
             n * prompt / seconds,
             self.back[0].sched.config.max_num_seqs * SPLIT_DECODE_BATCH_FRACTION,
