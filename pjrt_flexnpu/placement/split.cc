@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 namespace flexnpu::placement {
@@ -22,6 +23,18 @@ StatusOr<SplitAdvisor> SplitAdvisor::Create(const SplitConfig& c) {
   }
   if (c.average_ns <= 0) return InvalidArgument(where + "average_ns must be > 0");
   if (c.tick_ns <= 0) return InvalidArgument(where + "tick_ns must be > 0");
+  if (c.backlog_drain_ns < 0) {
+    return InvalidArgument(where + "backlog_drain_ns must be >= 0 (0: off), got " +
+                           std::to_string(c.backlog_drain_ns));
+  }
+  if (c.hold_ns < 0) {
+    return InvalidArgument(where + "hold_ns must be >= 0 (0: off), got " +
+                           std::to_string(c.hold_ns));
+  }
+  if (c.deadband_units < 0) {
+    return InvalidArgument(where + "deadband_units must be >= 0, got " +
+                           std::to_string(c.deadband_units));
+  }
   if (c.initial_prefill_units < 0 || c.initial_prefill_units >= c.units) {
     return InvalidArgument(where + "initial_prefill_units must be in [0, units - 1] (0: units "
                            "/ 2), got " + std::to_string(c.initial_prefill_units));
@@ -30,8 +43,10 @@ StatusOr<SplitAdvisor> SplitAdvisor::Create(const SplitConfig& c) {
 }
 
 SplitAdvisor::SplitAdvisor(const SplitConfig& c)
-    : config_(c), prefill_units_(c.initial_prefill_units ? c.initial_prefill_units
-                                                         : std::max(1, c.units / 2)) {}
+    : config_(c),
+      prefill_units_(c.initial_prefill_units ? c.initial_prefill_units
+                                             : std::max(1, c.units / 2)),
+      proposal_(prefill_units_) {}
 
 Status SplitAdvisor::OnPrompt(int64_t tokens) {
   if (tokens < 0) {
@@ -42,11 +57,16 @@ Status SplitAdvisor::OnPrompt(int64_t tokens) {
   return Status::Ok();
 }
 
-Status SplitAdvisor::Update(int64_t now_ns, int64_t decode_sequences, bool* changed) {
+Status SplitAdvisor::Update(int64_t now_ns, int64_t decode_sequences,
+                            int64_t queued_prompt_tokens, bool* changed) {
   if (changed) *changed = false;
   if (decode_sequences < 0) {
     return InvalidArgument("split advisor: Update decode_sequences must be >= 0, got " +
                            std::to_string(decode_sequences));
+  }
+  if (queued_prompt_tokens < 0) {
+    return InvalidArgument("split advisor: Update queued_prompt_tokens must be >= 0, got " +
+                           std::to_string(queued_prompt_tokens));
   }
   if (started_ && now_ns < last_ns_) {
     return InvalidArgument("split advisor: Update clock went back (" + std::to_string(now_ns) +
@@ -70,9 +90,20 @@ Status SplitAdvisor::Update(int64_t now_ns, int64_t decode_sequences, bool* chan
   pending_ = 0;
   last_ns_ = now_ns;
   ++decisions_;
+  proposal_ = Propose(decode_sequences, queued_prompt_tokens);
+  const bool moved = Apply(now_ns, proposal_);
+  if (changed) *changed = moved;
+  return Status::Ok();
+}
 
+int SplitAdvisor::Propose(int64_t decode_sequences, int64_t queued_prompt_tokens) const {
   const int units = config_.units;
-  const double prefill_need = rate_ / config_.prefill_tokens_per_s;
+  const double queued = static_cast<double>(queued_prompt_tokens);
+  double demand = rate_;  // prompt tokens per second to prefill
+  if (config_.backlog_drain_ns) {
+    demand += queued / (static_cast<double>(config_.backlog_drain_ns) * 1e-9);
+  }
+  const double prefill_need = demand / config_.prefill_tokens_per_s;
   const double decode_need =
       static_cast<double>(decode_sequences) / config_.decode_sequences_per_unit;
   const double prefill_want = prefill_need / config_.target_utilization;
@@ -80,15 +111,48 @@ Status SplitAdvisor::Update(int64_t now_ns, int64_t decode_sequences, bool* chan
   if (prefill_want + decode_need <= units) {
     want = static_cast<int>(std::ceil(prefill_want));
   } else {  // overloaded: share the units in proportion to the needs
-    want = static_cast<int>(std::lround(units * prefill_need / (prefill_need + decode_need)));
+    const double share = units * prefill_need / (prefill_need + decode_need);
+    const bool backlog =
+        config_.backlog_drain_ns &&
+        queued > config_.prefill_tokens_per_s * static_cast<double>(config_.tick_ns) * 1e-9;
+    want = static_cast<int>(backlog ? std::ceil(share) : std::lround(share));
   }
-  want = std::clamp(want, 1, units - 1);
-  if (want != prefill_units_) {
-    prefill_units_ = want;
-    ++changes_;
-    if (changed) *changed = true;
+  return std::clamp(want, 1, units - 1);
+}
+
+bool SplitAdvisor::Apply(int64_t now_ns, int proposal) {
+  const int move = proposal - prefill_units_;
+  if (move == 0) {
+    ask_direction_ = 0;
+    return false;
   }
-  return Status::Ok();
+  const int direction = move > 0 ? 1 : -1;
+  const int size = std::abs(move);
+  const bool at_once = direction != -last_direction_ ||
+                       (size > config_.deadband_units &&
+                        now_ns - last_change_ns_ >= config_.hold_ns);
+  if (!config_.hold_ns || at_once) {
+    Change(now_ns, proposal, direction);
+    return true;
+  }
+  if (direction != ask_direction_) {  // a new ask: held from now
+    ask_direction_ = direction;
+    ask_since_ns_ = now_ns;
+    ask_least_ = size;
+  } else {
+    ask_least_ = std::min(ask_least_, size);
+  }
+  if (now_ns - ask_since_ns_ < config_.hold_ns) return false;
+  Change(now_ns, prefill_units_ + direction * ask_least_, direction);
+  return true;
+}
+
+void SplitAdvisor::Change(int64_t now_ns, int prefill_units, int direction) {
+  prefill_units_ = prefill_units;
+  last_direction_ = direction;
+  last_change_ns_ = now_ns;
+  ask_direction_ = 0;
+  ++changes_;
 }
 
 }  // namespace flexnpu::placement

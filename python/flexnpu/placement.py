@@ -224,9 +224,12 @@ class Core:
 class SplitAdvisor:
     """How many units of a prefill/decode deployment should take new prompts now (the C++
     advisor in pjrt_flexnpu/placement/split.h; see there for the rule). The serving layer
-    reports each prompt (`on_prompt`) and, when `due`, the decode sequences it holds
-    (`update`); it routes new prompts to the prefill instances of the first `prefill_units`
-    units and handoffs to the decode instances of the others. ValueError names a bad value."""
+    reports each prompt (`on_prompt`) and, when `due`, the decode sequences it holds and the
+    prompt tokens queued on its prefill instances (`update`); it routes new prompts to the
+    prefill instances of the first `prefill_units` units and handoffs to the decode instances
+    of the others. `backlog_drain_ns`: the queued prompt tokens count in the prefill need,
+    drained over this; `hold_ns`: hysteresis, a reversal of the last change waits this long
+    (both 0: neither fix). ValueError names a bad value; a rejected call keeps the state."""
 
     def __init__(
         self,
@@ -238,20 +241,36 @@ class SplitAdvisor:
         average_ns: int = 2_000_000_000,
         tick_ns: int = 1_000_000_000,
         initial_prefill_units: int = 0,
+        backlog_drain_ns: int = 2_000_000_000,
+        hold_ns: int = 2_000_000_000,
+        deadband_units: int = 1,
     ) -> None:
         self._advisor = native("SplitAdvisor", "the placement core").SplitAdvisor(
-            int(units), float(prefill_tokens_per_s), float(decode_sequences_per_unit),
-            float(target_utilization), int(average_ns), int(tick_ns),
-            int(initial_prefill_units))
+            int(units),
+            float(prefill_tokens_per_s),
+            float(decode_sequences_per_unit),
+            float(target_utilization),
+            int(average_ns),
+            int(tick_ns),
+            int(initial_prefill_units),
+            int(backlog_drain_ns),
+            int(hold_ns),
+            int(deadband_units),
+        )
         # The bound methods: the simulator calls them per arrival.
         self.on_prompt: Callable[[int], None] = self._advisor.on_prompt  # (tokens)
         self.due: Callable[[int], bool] = self._advisor.due  # (now_ns)
-        # (now_ns, decode_sequences) -> whether prefill_units changed
-        self.update: Callable[[int, int], bool] = self._advisor.update
+        # (now_ns, decode_sequences, queued_prompt_tokens=0) -> whether prefill_units changed
+        self.update: Callable[..., bool] = self._advisor.update
 
     @property
     def prefill_units(self) -> int:
         return self._advisor.prefill_units
+
+    @property
+    def proposal(self) -> int:
+        """The last decision's rule output, before the hysteresis held it back or not."""
+        return self._advisor.proposal
 
     @property
     def units(self) -> int:

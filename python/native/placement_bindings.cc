@@ -260,7 +260,8 @@ void RegisterPlacement(nb::module_& m) {
       .def("__init__",
            [](placement::SplitAdvisor* self, int units, double prefill_tokens_per_s,
               double decode_sequences_per_unit, double target_utilization, int64_t average_ns,
-              int64_t tick_ns, int initial_prefill_units) {
+              int64_t tick_ns, int initial_prefill_units, int64_t backlog_drain_ns,
+              int64_t hold_ns, int deadband_units) {
              placement::SplitConfig c;
              c.units = units;
              c.prefill_tokens_per_s = prefill_tokens_per_s;
@@ -269,6 +270,9 @@ void RegisterPlacement(nb::module_& m) {
              c.average_ns = average_ns;
              c.tick_ns = tick_ns;
              c.initial_prefill_units = initial_prefill_units;
+             c.backlog_drain_ns = backlog_drain_ns;
+             c.hold_ns = hold_ns;
+             c.deadband_units = deadband_units;
              auto a = placement::SplitAdvisor::Create(c);
              Check(a.status());
              new (self) placement::SplitAdvisor(std::move(*a));
@@ -276,19 +280,25 @@ void RegisterPlacement(nb::module_& m) {
            nb::arg("units"), nb::arg("prefill_tokens_per_s"),
            nb::arg("decode_sequences_per_unit"), nb::arg("target_utilization") = 0.75,
            nb::arg("average_ns") = 2'000'000'000, nb::arg("tick_ns") = 1'000'000'000,
-           nb::arg("initial_prefill_units") = 0)
+           nb::arg("initial_prefill_units") = 0,
+           nb::arg("backlog_drain_ns") = placement::SplitConfig{}.backlog_drain_ns,
+           nb::arg("hold_ns") = placement::SplitConfig{}.hold_ns,
+           nb::arg("deadband_units") = placement::SplitConfig{}.deadband_units)
       .def("on_prompt",
            [](placement::SplitAdvisor& a, int64_t tokens) { Check(a.OnPrompt(tokens)); },
            nb::arg("tokens"))
       .def("due", &placement::SplitAdvisor::Due, nb::arg("now_ns"))
       .def("update",
-           [](placement::SplitAdvisor& a, int64_t now_ns, int64_t decode_sequences) {
+           [](placement::SplitAdvisor& a, int64_t now_ns, int64_t decode_sequences,
+              int64_t queued_prompt_tokens) {
              bool changed = false;
-             Check(a.Update(now_ns, decode_sequences, &changed));
+             Check(a.Update(now_ns, decode_sequences, queued_prompt_tokens, &changed));
              return changed;
            },
-           nb::arg("now_ns"), nb::arg("decode_sequences"), "-> whether the split changed")
+           nb::arg("now_ns"), nb::arg("decode_sequences"), nb::arg("queued_prompt_tokens") = 0,
+           "-> whether the split changed")
       .def_prop_ro("prefill_units", &placement::SplitAdvisor::prefill_units)
+      .def_prop_ro("proposal", &placement::SplitAdvisor::proposal)
       .def_prop_ro("units", &placement::SplitAdvisor::units)
       .def_prop_ro("prompt_tokens_per_s", &placement::SplitAdvisor::prompt_tokens_per_s)
       .def_prop_ro("decisions", &placement::SplitAdvisor::decisions)

@@ -140,7 +140,8 @@ def test_cli_help_documents_every_knob(capsys):
     out = capsys.readouterr().out
     for flag in ("--devices", "--device", "--model", "--workload", "--rate", "--duration",
                  "--policies", "--seeds", "--json", "--plot", "--trace", "--goodput-search",
-                 "--parallel", "--co-run", "--slo", "--prefill-units", "--dynamic-layout"):
+                 "--parallel", "--co-run", "--slo", "--prefill-units", "--dynamic-layout",
+                 "--split-objective"):
         assert flag in out
 
 

@@ -136,3 +136,48 @@ def test_cli_adaptive_layout_and_bad_split_target(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["config"]["dynamic_layout"] == "adaptive"
     assert doc["policies"]["dynamic"]["prefill_units_range"][0] >= 1
+
+
+def test_elastic_pd_resplits_whole_units_without_lending_and_is_deterministic():
+    spec = dict(PHASES, policies=("elastic-pd", "adaptive"), dynamic_layout="colocated")
+    a = run_all(SimSpec(**spec))
+    b = run_all(SimSpec(**spec))
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    elastic, adaptive = a["policies"]["elastic-pd"], a["policies"]["adaptive"]
+    # The advisor moves whole units between the roles (4 at first, fewer in phase 2) ...
+    lo, hi = elastic["prefill_units_range"]
+    assert 1 <= lo < hi <= 7
+    assert elastic["per_seed"][0]["split_timeline"][0][1] == 4
+    # ... and every step runs on its home unit: no lending, no KV migrated with a step.
+    assert elastic["core_policy"] == "passthrough"
+    assert elastic["decisions_total"] == elastic["decisions_by_reason"]["passthrough"] > 0
+    assert elastic["kv_bytes_migrated"] == 0
+    # adaptive is the same routing with the dynamic placer, which does lend.
+    assert adaptive["core_policy"] == "dynamic"
+    assert adaptive["decisions_by_reason"]["passthrough"] == 0
+    assert elastic["requests_finished"] > 0.9 * elastic["requests_total"]
+
+
+def test_adaptive_policy_is_dynamic_with_the_adaptive_layout():
+    a = run_all(SimSpec(**dict(PHASES, policies=("adaptive",), dynamic_layout="colocated")))
+    d = run_all(SimSpec(**PHASES))
+    assert json.dumps(a["policies"]["adaptive"], sort_keys=True) == json.dumps(
+        d["policies"]["dynamic"], sort_keys=True)
+
+
+def test_advised_policies_need_the_advisors_simulation():
+    with pytest.raises(ValueError, match="routes by the split advisor"):
+        _plain_simulation("elastic-pd")
+    with pytest.raises(ValueError, match="elastic-pd needs at least 2 units"):
+        SimSpec(devices=1, device="h100", model="qwen2.5-7b", policies=("elastic-pd",)).resolved()
+
+
+def _plain_simulation(policy: str):
+    from flexnpu.sim.hardware import get_preset
+    from flexnpu.sim.models import get_model
+    from flexnpu.sim.simulation import InstanceConfig, Simulation
+
+    ic = InstanceConfig(max_num_seqs=64, max_num_batched_tokens=2048, block_size=16,
+                        max_model_len=4096)
+    return Simulation(model=get_model("qwen2.5-7b"), preset=get_preset("h100"), devices=4,
+                      parallel=1, policy=policy, instance=ic)

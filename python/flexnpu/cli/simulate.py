@@ -18,7 +18,10 @@ Policies: passthrough (monolithic continuous batching per unit), static-pd (pref
 instances on fixed units, P:D split tuned by search unless --prefill-units), static-colocate
 (a prefill and a decode instance on every unit, FIFO), chunked-colocate (Sarathi-style chunked
 prefill in mixed batches), dynamic (FlexNPU: the PD layout on virtual devices, every step placed
-by the C++ placement core). A unit is --parallel devices serving one instance.
+by the C++ placement core), elastic-pd (the split advisor moves whole units between prefill and
+decode, every step on its home unit: Dynamo's planner), adaptive (elastic-pd's routing with
+dynamic's placer; = dynamic --dynamic-layout adaptive). A unit is --parallel devices serving one
+instance.
 
 Output: a markdown table on stdout, --json with {"config", "policies": {NAME: {throughput_tok_s,
 goodput_rps, ttft_s, tpot_s, requests_finished, requests_dropped, decisions_by_reason,
@@ -98,8 +101,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--rate",
         type=float,
         default=10.0,
-        help="mean arrival rate, requests/s (with --trace: rescale to it; 0 keeps "
-        "the trace's times)",
+        help="mean arrival rate, requests/s (with --trace: rescale to it and repeat "
+        "the trace to fill --duration; 0 keeps the trace's times)",
     )
     w.add_argument(
         "--duration",
@@ -142,7 +145,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--prefill-units",
         type=int,
         default=0,
-        help="static-pd prefill units (0: tuned by search at --rate)",
+        help="static-pd prefill units (0: tuned by search at --rate, and again at "
+        "every rate --goodput-search tries)",
+    )
+    r.add_argument(
+        "--split-objective",
+        default="goodput",
+        choices=("goodput", "throughput"),
+        help="what the static-pd split search maximises first (default goodput; "
+        "throughput: the split with the most tok/s)",
     )
     r.add_argument(
         "--search-duration",
@@ -165,6 +176,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default=0.75,
         help="adaptive layout: the load the advisor sizes the prefill units for, in "
         "(0, 1] (default 0.75)",
+    )
+    r.add_argument(
+        "--split-backlog-drain",
+        type=float,
+        default=2.0,
+        help="adaptive / elastic-pd advisor: seconds its prefill units are sized to drain "
+        "the queued prompt backlog in (0: backlog not counted; default 2)",
+    )
+    r.add_argument(
+        "--split-hold",
+        type=float,
+        default=2.0,
+        help="adaptive / elastic-pd advisor: a reversal of the split's last change "
+        "waits until asked for this many seconds (0: no hysteresis; default 2)",
     )
     r.add_argument(
         "--drain",
@@ -242,9 +267,12 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             slos=tuple(parse_slos(args.slo)),
             prefill_units=args.prefill_units,
+            split_objective=args.split_objective,
             search_duration=args.search_duration,
             dynamic_layout=args.dynamic_layout,
             split_target_utilization=args.split_target,
+            split_backlog_drain_s=args.split_backlog_drain,
+            split_hold_s=args.split_hold,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size,

@@ -1,13 +1,14 @@
 """FlexNPU dynamic with an adaptive prefill:decode split (`--dynamic-layout adaptive`).
 
 Every unit hosts a prefill and a decode instance (virtual devices v and units + v, home unit
-v, as in the colocated layout); the role split advisor of the placement core
-(flexnpu.placement.SplitAdvisor, C++ split.h) decides how many units take new prompts: arrivals
-are routed to the prefill instances of units [0, n), handoffs to the decode instances of units
-[n, units). An instance outside its side's range only drains what it holds; its unit is then
-free for the other role, and the dynamic placer still lends units across roles step by step.
-The advisor sees what a serving engine sees: each prompt's length at arrival and the decode
-sequences its decode instances hold.
+v, as in the colocated layout); the placement core's role split advisor (split.h through
+flexnpu.placement.SplitAdvisor: the same code as in production, prompt backlog and hysteresis
+included) decides how many units take new prompts: arrivals are routed to the prefill
+instances of units [0, n), handoffs to the decode instances of units [n, units). An instance
+outside its side's range only drains what it holds; its unit is then free for the other role,
+and the dynamic placer still lends units across roles step by step. The advisor sees what a
+serving engine sees: each prompt's length at arrival, the decode sequences its decode
+instances hold and the prompt tokens queued on its prefill instances.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from flexnpu import placement as fp
-from flexnpu.sim.simulation import Instance, Request, Router, Simulation
+from flexnpu.sim.simulation import ADVISED_CORE_POLICY, Instance, Request, Router, Simulation
 
 # Defaults of the advisor here (split.h explains them): prefill units sized for 75% load,
 # prompt rate averaged over 2 s, one decision per simulated second.
@@ -26,25 +27,40 @@ SPLIT_TICK_NS = 1_000_000_000
 # advisor leaves prompt-heavy overload with too few decode units; at 1/2 it starves prefill
 # (chosen on the phase-shift workload over 384 x 910C, `python -m bench.paper`).
 SPLIT_DECODE_BATCH_FRACTION = 0.75
+# The backlog's drain time and the hysteresis hold (split.h; 0 turns either off).
+SPLIT_BACKLOG_DRAIN_S = 2.0
+SPLIT_HOLD_S = 2.0
 
 
 class AdaptiveSimulation(Simulation):
-    """Simulation of policy "dynamic" over the colocated virtual layout, its routers limited to
-    the advisor's split. `num_prefill`: the split before the first decision (0: half)."""
+    """Simulation over the colocated virtual layout, its routers limited to the advisor's split:
+    policy "adaptive" (or "dynamic", the adaptive layout) with the dynamic placer, "elastic-pd"
+    with every step on its home unit. `num_prefill`: the split before the first decision (0:
+    half)."""
+
+    advised = True
 
     def __init__(
         self,
         *,
         num_prefill: int = 0,
         split_target_utilization: float = SPLIT_TARGET_UTILIZATION,
+        split_backlog_drain_s: float = SPLIT_BACKLOG_DRAIN_S,
+        split_hold_s: float = SPLIT_HOLD_S,
         **kw: Any,
     ) -> None:
         kw.pop("dynamic_layout", None)
-        if kw.get("policy", "dynamic") != "dynamic":
-            raise ValueError("the adaptive layout is dynamic's: policy must be 'dynamic'")
+        policy = kw.setdefault("policy", "dynamic")
+        if policy != "dynamic" and policy not in ADVISED_CORE_POLICY:
+            raise ValueError(
+                f"the split advisor's routing serves policies dynamic, "
+                f"{', '.join(ADVISED_CORE_POLICY)}; got {policy!r}"
+            )
         super().__init__(num_prefill=num_prefill, dynamic_layout="colocated", **kw)
         self.initial_prefill = num_prefill
         self.split_target = split_target_utilization
+        self.split_backlog_drain_ns = round(split_backlog_drain_s * 1e9)
+        self.split_hold_ns = round(split_hold_s * 1e9)
 
     def _make_advisor(self) -> fp.SplitAdvisor:
         # One unit's prefill capacity: tokens per second of a full prefill batch (prompts of
@@ -64,6 +80,8 @@ class AdaptiveSimulation(Simulation):
             average_ns=SPLIT_AVERAGE_NS,
             tick_ns=SPLIT_TICK_NS,
             initial_prefill_units=self.initial_prefill,
+            backlog_drain_ns=self.split_backlog_drain_ns,
+            hold_ns=self.split_hold_ns,
         )
 
     def _run(self, wl: Any) -> Any:
@@ -89,7 +107,8 @@ class AdaptiveSimulation(Simulation):
         now_ns = int(now * 1e9)
         if adv.due(now_ns):
             held = sum(x.sched.num_running + x.sched.num_waiting for x in self.back)
-            if adv.update(now_ns, held) or not self._routed:
+            queued = sum(x.sched.waiting_tokens for x in self.front)
+            if adv.update(now_ns, held, queued) or not self._routed:
                 self._routed = True
                 self._reroute(now)
         self._outside.clear()

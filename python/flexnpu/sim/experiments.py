@@ -10,10 +10,22 @@ from typing import Any
 import numpy as np
 
 from flexnpu.serving.scheduler import Scheduler
-from flexnpu.sim.adaptive import SPLIT_TARGET_UTILIZATION, AdaptiveSimulation
+from flexnpu.sim.adaptive import (
+    SPLIT_BACKLOG_DRAIN_S,
+    SPLIT_HOLD_S,
+    SPLIT_TARGET_UTILIZATION,
+    AdaptiveSimulation,
+)
 from flexnpu.sim.hardware import LINKS, get_preset
 from flexnpu.sim.models import get_model
-from flexnpu.sim.simulation import POLICIES, InstanceConfig, RunResult, Simulation, percentiles
+from flexnpu.sim.simulation import (
+    ADVISED_CORE_POLICY,
+    POLICIES,
+    InstanceConfig,
+    RunResult,
+    Simulation,
+    percentiles,
+)
 from flexnpu.sim.workload import Workload, make_workload
 
 # dynamic's virtual layouts: a prefill + a decode instance per unit; static-pd's split; the
@@ -91,6 +103,8 @@ class SimSpec:
     search_duration: float = 60.0
     dynamic_layout: str = "colocated"
     split_target_utilization: float = SPLIT_TARGET_UTILIZATION  # adaptive layout's advisor
+    split_backlog_drain_s: float = SPLIT_BACKLOG_DRAIN_S  # 0: prompt backlog not counted
+    split_hold_s: float = SPLIT_HOLD_S  # 0: no hysteresis
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
     block_size: int = 0
@@ -99,6 +113,7 @@ class SimSpec:
     request_weights: bool = True  # steps tell the placer the sequences they serve
     drain_s: float = 600.0
     goodput_search: bool = False
+    split_objective: str = "goodput"  # the static-PD split tuner's: goodput or throughput
     timeline_window: tuple[float, float] | None = None
     core_tuning: dict[str, float] = field(default_factory=dict)
 
@@ -123,6 +138,14 @@ class SimSpec:
         for p in self.policies:
             if p not in POLICIES:
                 raise ValueError(f"unknown policy {p!r} (known: {', '.join(POLICIES)})")
+        if self.split_objective not in SPLIT_OBJECTIVES:
+            raise ValueError("--split-objective must be one of " + ", ".join(SPLIT_OBJECTIVES))
+        for name, value in (
+            ("--split-backlog-drain", self.split_backlog_drain_s),
+            ("--split-hold", self.split_hold_s),
+        ):
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be >= 0 seconds (0: off), got {value}")
         if self.dynamic_layout not in DYNAMIC_LAYOUTS:
             raise ValueError("--dynamic-layout must be one of " + ", ".join(DYNAMIC_LAYOUTS))
         if not 0 < self.split_target_utilization <= 1:
@@ -140,6 +163,7 @@ class SimSpec:
             for p in self.policies
             if p == "static-pd" or (p == "dynamic" and self.dynamic_layout == "disaggregated")
         ]
+        pd += [p for p in self.policies if p in ADVISED_CORE_POLICY]
         if pd and units < 2:
             raise ValueError(
                 f"{pd[0]} needs at least 2 units; {self.devices} devices / "
@@ -228,9 +252,12 @@ def build_simulation(
         request_weights=s.request_weights,
         scheduler_class=scheduler_class,
     )
-    if policy == "dynamic" and s.dynamic_layout == "adaptive":
+    if policy in ADVISED_CORE_POLICY or (policy == "dynamic" and s.dynamic_layout == "adaptive"):
         sim: Simulation = AdaptiveSimulation(
-            split_target_utilization=s.split_target_utilization, **kw
+            split_target_utilization=s.split_target_utilization,
+            split_backlog_drain_s=s.split_backlog_drain_s,
+            split_hold_s=s.split_hold_s,
+            **kw,
         )
     else:
         sim = Simulation(dynamic_layout=s.dynamic_layout, **kw)
@@ -355,26 +382,45 @@ def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _objective(m: dict[str, Any]) -> tuple[float, float]:
+SPLIT_OBJECTIVES = ("goodput", "throughput")
+
+
+def _objective(m: dict[str, Any], objective: str = "goodput") -> tuple[float, float]:
+    if objective == "throughput":
+        return (m["throughput_tok_s"], m["goodput_rps"])
     return (m["goodput_rps"], m["throughput_tok_s"])
 
 
-def tune_prefill_units(spec: SimSpec, policy: str, log: Callable[[str], None]) -> tuple[int, list]:
-    """The P:D split with the best goodput (then throughput) at the spec's rate, seed 0, over a
-    shorter run: all splits for <= 12 units, else a coarse grid refined around its best."""
+def tune_prefill_units(
+    spec: SimSpec,
+    policy: str,
+    log: Callable[[str], None],
+    *,
+    rate: float | None = None,
+    objective: str | None = None,
+    cache: dict[tuple, dict[str, Any]] | None = None,
+) -> tuple[int, list]:
+    """The P:D split with the best goodput (then throughput; objective "throughput": the other
+    way round) at `rate` (None: the spec's), seed 0, over a shorter run: all splits for <= 12
+    units, else a coarse grid refined around its best. cache: the candidates' metrics by
+    (policy, rate, split), for calls whose specs differ at most in split_objective."""
     units = spec.devices // spec.parallel
     dur = min(spec.duration, spec.search_duration)
+    objective = objective or spec.split_objective
     tried: dict[int, dict[str, Any]] = {}
+    cache = {} if cache is None else cache
 
     def evaluate(n: int) -> tuple[float, float]:
+        if n not in tried and (policy, rate, n) in cache:
+            tried[n] = cache[policy, rate, n]
         if n not in tried:
-            r = simulate_once(spec, policy, spec.seed, duration=dur, prefill_units=n)
-            tried[n] = run_metrics(r, spec, dur)
+            r = simulate_once(spec, policy, spec.seed, rate=rate, duration=dur, prefill_units=n)
+            tried[n] = cache[policy, rate, n] = run_metrics(r, spec, dur)
             log(
                 f"  {policy} P:D {n}:{units - n}: goodput {tried[n]['goodput_rps']:.2f} req/s, "
                 f"{tried[n]['throughput_tok_s']:.0f} tok/s"
             )
-        return _objective(tried[n])
+        return _objective(tried[n], objective)
 
     if units <= 12:
         cands = list(range(1, units))
@@ -391,7 +437,7 @@ def tune_prefill_units(spec: SimSpec, policy: str, log: Callable[[str], None]) -
         for n in (best - step, best + step):
             if 1 <= n < units:
                 evaluate(n)
-        new = max(tried, key=lambda k: _objective(tried[k]))
+        new = max(tried, key=lambda k: _objective(tried[k], objective))
         if new == best:
             step //= 2
         best = new
@@ -408,21 +454,39 @@ def tune_prefill_units(spec: SimSpec, policy: str, log: Callable[[str], None]) -
 
 
 def search_goodput(
-    spec: SimSpec, policy: str, prefill_units: int, log: Callable[[str], None]
+    spec: SimSpec,
+    policy: str,
+    prefill_units: int,
+    log: Callable[[str], None],
+    *,
+    tune_split: bool = False,
+    tune_cache: dict[tuple, dict[str, Any]] | None = None,
 ) -> tuple[float, list]:
     """DistServe goodput: the largest rate with >= 90% of requests meeting the first SLO tier
-    (mean attainment over the seeds); bisection between 0 and the first failing doubling."""
+    (mean attainment over the seeds); bisection between 0 and the first failing doubling.
+    tune_split: static-PD's P:D split is tuned again at every rate tried (tune_prefill_units),
+    as an operator would size a static deployment for its load; prefill_units is then ignored
+    (tune_cache: tune_prefill_units' cache)."""
     tier = spec.slos[0].name
-    curve: list[dict[str, float]] = []
+    curve: list[dict[str, Any]] = []
 
     def attained(rate: float) -> bool:
+        split = prefill_units
+        if tune_split:
+            split, _ = tune_prefill_units(
+                spec, "static-pd", lambda s: None, rate=rate, cache=tune_cache
+            )
         vals = []
         for k in range(spec.seeds):
-            r = simulate_once(spec, policy, spec.seed + k, rate=rate, prefill_units=prefill_units)
+            r = simulate_once(spec, policy, spec.seed + k, rate=rate, prefill_units=split)
             vals.append(run_metrics(r, spec, spec.duration)["slo"][tier]["attainment"])
         a = float(np.mean(vals))
-        curve.append({"rate": rate, "attainment": a})
-        log(f"  {policy} rate {rate:.3g}: SLO attainment {a:.3f}")
+        point: dict[str, Any] = {"rate": rate, "attainment": a}
+        if tune_split:
+            point["prefill_units"] = split
+        curve.append(point)
+        where = f" at P:D {split}:{spec.devices // spec.parallel - split}" if tune_split else ""
+        log(f"  {policy} rate {rate:.3g}{where}: SLO attainment {a:.3f}")
         return a >= 0.9
 
     lo, hi = 0.0, spec.rate
@@ -438,6 +502,11 @@ def search_goodput(
             hi = mid
     curve.sort(key=lambda c: c["rate"])
     return lo, curve
+
+
+def _has_split(spec: SimSpec, policy: str) -> bool:
+    """Whether `policy` runs on a fixed P:D split of units (static-pd's)."""
+    return policy == "static-pd" or (policy == "dynamic" and spec.dynamic_layout == "disaggregated")
 
 
 def request_samples(r: RunResult) -> dict[str, list[float]]:
@@ -460,10 +529,9 @@ def run_all(
     units = spec.devices // spec.parallel
     result: dict[str, Any] = {"config": spec.to_json() | {"units": units}, "policies": {}}
     tuned: dict[str, Any] = {}
-    needs_split = "static-pd" in spec.policies or (
-        "dynamic" in spec.policies
-        and spec.dynamic_layout == "disaggregated"
-        and not spec.dynamic_prefill_units
+    needs_split = any(
+        _has_split(spec, p) and not (p == "dynamic" and spec.dynamic_prefill_units)
+        for p in spec.policies
     )
     split = spec.prefill_units
     if needs_split and not split:
@@ -494,9 +562,7 @@ def run_all(
         agg = aggregate(per_seed)
         if "timeline" in per_seed[0]:
             agg["timeline"] = per_seed[0].pop("timeline")
-        if policy == "static-pd" or (
-            policy == "dynamic" and spec.dynamic_layout == "disaggregated"
-        ):
+        if _has_split(spec, policy):
             agg["prefill_units"], agg["decode_units"] = units_p, units - units_p
         if "prefill_units_range" in per_seed[0]:
             ranges = [m["prefill_units_range"] for m in per_seed if m["prefill_units_range"]]
@@ -505,7 +571,13 @@ def run_all(
             )
         if spec.goodput_search:
             log(f"goodput search for {policy}")
-            agg["goodput_rps"], agg["goodput_curve"] = search_goodput(spec, policy, units_p, log)
+            # A split the user fixed stays; a tuned one is tuned again at every rate tried.
+            retune = _has_split(spec, policy) and not (
+                spec.prefill_units or (policy == "dynamic" and spec.dynamic_prefill_units)
+            )
+            agg["goodput_rps"], agg["goodput_curve"] = search_goodput(
+                spec, policy, units_p, log, tune_split=retune
+            )
             agg["goodput_definition"] = "largest rate with >= 90% meeting " + spec.slos[0].name
         else:
             agg["goodput_definition"] = (

