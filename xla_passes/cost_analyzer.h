@@ -69,6 +69,8 @@ class Analyzer {
   bool FusionCost(const Computation& c, const Instruction& in, int depth, Cost* cost);
   void AddConvertOverhead(const Computation& c, int32_t idx, Cost* own) const;
   bool IsPureConvertFusion(const Instruction& in) const;
+  // The parameter a fusion rooted at a scatter updates in place (-1: none, or xla_compatible).
+  int64_t InPlaceScatterState(const Instruction& in) const;
   // HloCostAnalysis::FusionParameterReadBytes for instruction `idx` of fused computation `ci`.
   bool ReadBytes(int32_t ci, int32_t idx, int depth, double* out);
   bool ParamReadBytes(int32_t ci, int64_t param, int depth, double* out);

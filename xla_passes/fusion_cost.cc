@@ -153,6 +153,19 @@ bool Analyzer::ReadBytes(int32_t ci, int32_t idx, int depth, double* out) {
   return true;
 }
 
+int64_t Analyzer::InPlaceScatterState(const Instruction& in) const {
+  if (o_.xla_compatible || in.opcode != Opcode::kFusion || in.called.empty() ||
+      !in.shape.IsArray()) {
+    return -1;
+  }
+  const Computation& f = m_.computations[in.called[0]];
+  if (f.root < 0 || static_cast<size_t>(f.root) >= f.instructions.size()) return -1;
+  const Instruction& root = f.instructions[f.root];
+  if (root.opcode != Opcode::kScatter || root.operands.size() != 3) return -1;
+  const Instruction& state = f.instructions[root.operands[0]];
+  return state.opcode == Opcode::kParameter ? state.parameter_number : -1;
+}
+
 bool Analyzer::FusionCost(const Computation& c, const Instruction& in, int depth, Cost* cost) {
   if (!NeedCalled(in, 1)) return false;
   const int32_t fi = in.called[0];
@@ -182,6 +195,7 @@ bool Analyzer::FusionCost(const Computation& c, const Instruction& in, int depth
     *size = ShapeSize(fused.instructions[x.operands[1]].shape);
     return true;
   };
+  const int64_t scatter_state = InPlaceScatterState(in);
   // Outputs: every array subshape, except that a dynamic-update-slice root writes its update.
   if (in.shape.IsTuple()) {
     struct Item {
@@ -217,6 +231,9 @@ bool Analyzer::FusionCost(const Computation& c, const Instruction& in, int depth
     double size = ShapeSize(in.shape);
     double update = 0;
     if (dus_update_size(root, &update)) size = update;
+    // Deviation: a scatter root updates its state parameter in place (as an unfused scatter
+    // is costed): it writes its updates and does not read the rest of the state.
+    if (scatter_state >= 0) size = ShapeSize(fused.instructions[root.operands[2]].shape);
     cost->bytes += size;
     cost->out_bytes += size;
   }
@@ -253,6 +270,7 @@ bool Analyzer::FusionCost(const Computation& c, const Instruction& in, int depth
       const int32_t param = fused.parameters[p];
       read = std::min(read, ShapeSize(fused.instructions[param].shape) * (*utilization)[param]);
     }
+    if (scatter_state == static_cast<int64_t>(p)) read = 0;  // updated in place
     cost->bytes += read;
     if (state != nullptr && state->parameter_number == static_cast<int64_t>(p)) {
       const Shape& update = fused.instructions[update_root->operands[1]].shape;
@@ -312,10 +330,19 @@ void Analyzer::AddConvertOverhead(const Computation& c, int32_t idx, Cost* own) 
     double readers = 0;
     for (int32_t u : c.users[idx]) {
       if (u == c.root) continue;  // an output of the computation, not a reader
-      if (c.instructions[u].opcode != Opcode::kGetTupleElement) readers += 1;
+      const Instruction& user = c.instructions[u];
+      if (user.opcode == Opcode::kGetTupleElement) continue;
+      // A scatter updating the converted value in place does not read it.
+      const int64_t state = InPlaceScatterState(user);
+      if (state >= 0 && static_cast<size_t>(state) < user.operands.size() &&
+          user.operands[state] == idx) {
+        continue;
+      }
+      readers += 1;
     }
     overhead += readers * elements * (out_width - in_width);
-  } else if (out_width < in_width) {
+  } else if (out_width < in_width && InPlaceScatterState(*data) < 0) {
+    // The producer wrote the wide value (an in-place scatter wrote only its updates).
     overhead += elements * (in_width - out_width);
   }
   own->convert_overhead += overhead;
