@@ -362,6 +362,21 @@ class Simulation:
         if blocks < 1:
             raise ValueError(f"no memory left for the KV cache on a {self.preset.name} unit")
         prefill = role is Role.PREFILL
+        if self.preset.runtime.padded_programs:
+            # FlexNPU's engine: every instance, whatever its role, has the same scheduler
+            # (serving.engine: chunked prefill at the token budget, mixed batches, the
+            # max_num_seqs batch, a pool of max_num_seqs full-length sequences), so a prefill
+            # instance of the split layout prefills long prompts in chunks, one per step.
+            return SchedulerConfig(
+                max_num_seqs=ic.max_num_seqs,
+                max_num_batched_tokens=ic.max_num_batched_tokens,
+                block_size=ic.block_size,
+                num_blocks=ic.max_num_seqs * math.ceil(ic.max_model_len / ic.block_size),
+                max_model_len=ic.max_model_len,
+                max_waiting=ic.max_waiting,
+                max_prefill_seqs=self.preset.runtime.max_prefill_seqs,
+                role=role,
+            )
         return SchedulerConfig(
             max_num_seqs=ic.prefill_max_num_seqs if prefill else ic.max_num_seqs,
             max_num_batched_tokens=ic.max_num_batched_tokens,
