@@ -90,7 +90,9 @@ class Sent:
     times: list[float] = field(default_factory=list)
 
 
-def make_trace(cfg: Config, duration: float, seed: int) -> list[Sent]:
+def make_trace(
+    cfg: Config, duration: float, seed: int, max_model_len: int = ENGINE["max_model_len"]
+) -> list[Sent]:
     rng = np.random.default_rng(seed)
     n = rng.poisson(cfg.rate * duration)
     t = np.sort(rng.uniform(0.0, duration, n))
@@ -103,7 +105,7 @@ def make_trace(cfg: Config, duration: float, seed: int) -> list[Sent]:
         lengths(cfg.prompt_median, cfg.prompt_range),
         lengths(cfg.output_median, cfg.output_range),
     )
-    o = np.minimum(o, ENGINE["max_model_len"] - p)
+    o = np.minimum(o, max_model_len - p)
     return [Sent(i, int(p[i]), int(o[i]), float(t[i])) for i in range(n)]
 
 
@@ -139,7 +141,14 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}
 
 
-def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
+def start_server(
+    args: argparse.Namespace,
+    port: int,
+    log: Path,
+    engine: dict[str, int] = ENGINE,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
@@ -149,21 +158,16 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
         str(port),
         "--devices",
         str(args.devices),
-        "--max-num-seqs",
-        str(ENGINE["max_num_seqs"]),
-        "--max-model-len",
-        str(ENGINE["max_model_len"]),
-        "--max-num-batched-tokens",
-        str(ENGINE["max_num_batched_tokens"]),
-        "--block-size",
-        str(ENGINE["block_size"]),
+        *extra_args,
     ]
+    for k, v in engine.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
     if args.model:
         cmd += ["--model", args.model]
     if args.compilation_cache:
         cmd += ["--compilation-cache", str(args.compilation_cache)]
-    env = _env(JAX_PLATFORMS=args.platform)
-    if args.devices > 1:  # jaxlib's cpu client: N devices sharing the machine's cores
+    env = _env(JAX_PLATFORMS=args.platform) | (extra_env or {})
+    if args.devices > 1 and "FLEXNPU_BACKEND" not in env:  # jaxlib's cpu: N devices, shared cores
         env["XLA_FLAGS"] = (
             env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
         ).strip()
@@ -199,6 +203,7 @@ async def _one(client, r: Sent, t0: float, vocab_ids: np.ndarray) -> None:
     }
     start = time.perf_counter()
     r.sent = start - t0
+    finish = None
     try:
         async with client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -213,13 +218,14 @@ async def _one(client, r: Sent, t0: float, vocab_ids: np.ndarray) -> None:
                     return
                 if d.get("choices"):
                     r.times.append(time.perf_counter())
+                    finish = d["choices"][0].get("finish_reason") or finish
                 if d.get("usage"):
                     r.tokens = d["usage"]["completion_tokens"]
     except Exception as e:  # noqa: BLE001 - a failed request is reported, not hidden
         r.error = f"{type(e).__name__}: {e}"
         return
     if not r.times or r.tokens != r.output:
-        r.error = f"{r.tokens} tokens of {r.output}"
+        r.error = f"{r.tokens} tokens of {r.output} (finish_reason {finish})"
         return
     r.ttft = r.times[0] - start
     if r.tokens > 1:
@@ -684,7 +690,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--duration", type=float, default=100.0, help="arrival window, seconds")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--platform", default="flexnpu", help="JAX_PLATFORMS of the server")
+    p.add_argument(
+        "--platform",
+        default="flexnpu",
+        help="JAX_PLATFORMS of the server, or emulate:<preset> (the flexnpu platform over "
+        "emulated devices; bench/sim_validate_emulated.py)",
+    )
+    e = p.add_argument_group("emulated devices (--platform emulate:<preset>)")
+    e.add_argument(
+        "--time-scale",
+        type=float,
+        default=20.0,
+        help="the backend's time_scale K: requests are sent at K x their trace times and "
+        "latencies divided by K (device time; the host's time counts 1/K)",
+    )
+    e.add_argument("--layout", default="colocated", choices=("colocated", "split"))
+    e.add_argument(
+        "--prefill-devices", type=int, default=1, help="split layout: prefill devices of --devices"
+    )
     p.add_argument("--model", default=None, help="serve --model (default: SmolLM2 GGUF)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument(
@@ -736,6 +759,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     names = [x.strip() for x in args.configs.split(",") if x.strip()]
+    if args.platform.startswith("emulate:"):
+        from bench import sim_validate_emulated
+
+        if not args.time_scale > 0:
+            p.error("--time-scale must be > 0")
+        work = args.keep or Path(tempfile.mkdtemp(prefix="sim_validate_"))
+        work.mkdir(parents=True, exist_ok=True)
+        return sim_validate_emulated.run(args, names, work)
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or not names:
         p.error(f"--configs: unknown {unknown} (known: {', '.join(CONFIGS)})")
