@@ -116,6 +116,23 @@ def test_cpu_preset_schedules_like_the_engine():
     assert h100.instances[0].max_inflight == 1
 
 
+def test_engine_runtime_split_layout_has_the_engines_scheduler():
+    # The engine gives every instance one scheduler config, its prefill instances included:
+    # chunked prefill at the token budget, its batch and a pool of full-length sequences.
+    sim = Simulation(model=get_model("smollm2-135m"), preset=get_preset("cpu"), devices=2,
+                     parallel=1, policy="static-pd", instance=InstanceConfig(**ENGINE),
+                     num_prefill=1)
+    pre, dec = (x.sched.config for x in sim.instances)
+    for c in (pre, dec):
+        assert c.chunked_prefill and c.mixed_batches and c.max_prefill_seqs == 1
+        assert c.max_num_seqs == ENGINE["max_num_seqs"]
+        assert c.num_blocks == ENGINE["max_num_seqs"] * ENGINE["max_model_len"] // 16
+    h100 = Simulation(model=get_model("smollm2-135m"), preset=get_preset("h100"), devices=2,
+                      parallel=1, policy="static-pd", instance=InstanceConfig(**ENGINE),
+                      num_prefill=1)
+    assert not h100.instances[0].sched.config.chunked_prefill  # whole-prompt prefill there
+
+
 def test_cpu_calibration_file_override(tmp_path, monkeypatch):
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"eff_compute": 0.5, "eff_memory": 0.25, "launch_s": 0.125,

@@ -682,6 +682,10 @@ class Simulation:
         u = src.kv_unit
         link_free = self._link_free[u]
         start = now if now > link_free else link_free
+        if self.preset.runtime.padded_programs and not self.co_run:
+            # FlexNPU's engine extracts the KV with a program on the source device, queued
+            # behind the step it already dispatched there (two in flight).
+            start = max(start, self._free_at[u])
         link_free = self._link_free[u] = start + nbytes / self.link_bw
         self._kv_handoff += nbytes
         heapq.heappush(self._heap, (link_free + self.link.latency_s, self._order, _KV, dst, seq))
