@@ -239,7 +239,7 @@ def run(args: argparse.Namespace, names: list[str], work: Path) -> int:
     if not args.model or not args.model.startswith("random:"):
         raise SystemExit("--platform emulate:<preset> needs --model random:<name>")
     unknown = [n for n in names if n not in CONFIGS]
-    if unknown:
+    if unknown and not args.from_measured:
         raise SystemExit(f"--configs: unknown {unknown} (emulated: {', '.join(CONFIGS)})")
     if args.layout == "split" and not 1 <= args.prefill_devices < args.devices:
         raise SystemExit("--layout split needs 1 <= --prefill-devices < --devices")
