@@ -118,6 +118,16 @@ def write_trace(reqs: list[Sent], path: Path) -> None:
             w.writerow([f"{r.sent:.6f}", r.prompt, r.output])
 
 
+def write_measured_trace(per_request: list[dict], path: Path) -> list[Sent]:
+    """The trace CSV of measured requests (as they were sent); the requests."""
+    reqs = [
+        Sent(i, r["prompt"], r["output"], r["sent_s"], sent=r["sent_s"])
+        for i, r in enumerate(per_request)
+    ]
+    write_trace(reqs, path)
+    return reqs
+
+
 def raise_priority(nice: int) -> str:
     """This process's nice and its autogroup's nice (the server inherits both). With
     sched_autogroup_enabled=1 a nice only orders processes of one session; against other
@@ -188,6 +198,33 @@ def start_server(
         time.sleep(1.0)
     proc.kill()
     raise RuntimeError(f"the server did not come up within {args.startup_timeout} s; log: {log}")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def measured_requests(reqs: list[Sent], time_scale: float = 1.0) -> list[dict]:
+    """The requests as measured (times in seconds / time_scale); an error if any failed."""
+    bad = [r for r in reqs if r.error]
+    if bad:
+        raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error}")
+    k = time_scale
+    return [
+        {
+            "prompt": r.prompt,
+            "output": r.output,
+            "sent_s": r.sent / k,
+            "ttft_s": r.ttft / k,
+            "tpot_s": r.tpot / k,
+            "token_times_s": [(r.sent + t - r.times[0] + r.ttft) / k for t in r.times],
+        }
+        for r in reqs
+    ]
 
 
 async def _one(client, r: Sent, t0: float, vocab_ids: np.ndarray) -> None:
@@ -387,8 +424,21 @@ def preset_calibration(results: list[dict], platform: str, nice: int | None) -> 
     }
 
 
-def simulate(trace: Path, duration: float, calibration: Path, out: Path, devices: int = 1) -> dict:
-    """devices: independent cpu devices (each with the calibrated step times)."""
+def run_simulate(
+    trace: Path,
+    duration: float,
+    out: Path,
+    *,
+    devices: int,
+    device: str,
+    model: str,
+    policy: str,
+    engine: dict[str, int],
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> dict:
+    """`flexnpu simulate` of a trace CSV with the server's engine settings; the policy's
+    metrics."""
     cmd = [
         sys.executable,
         "-m",
@@ -397,32 +447,47 @@ def simulate(trace: Path, duration: float, calibration: Path, out: Path, devices
         "--devices",
         str(devices),
         "--device",
-        "cpu",
+        device,
         "--model",
-        "smollm2-135m",
+        model,
         "--policies",
-        "chunked-colocate",
+        policy,
         "--trace",
         str(trace),
         "--rate",
         "0",
         "--duration",
-        f"{duration:.3f}",
+        f"{duration:.6f}",
         "--seeds",
         "1",
         "--max-prompt",
-        str(ENGINE["max_model_len"]),
+        str(engine["max_model_len"]),
         "--max-output",
-        str(ENGINE["max_model_len"]),
+        str(engine["max_model_len"]),
         "--json",
         str(out),
         "--no-progress",
+        *extra,
     ]
-    for k, v in ENGINE.items():
+    for k, v in engine.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
-    env = _env(FLEXNPU_SIM_CPU_CALIBRATION=str(calibration))
-    subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())["policies"]["chunked-colocate"]
+    subprocess.run(cmd, check=True, env=_env(**(env or {})), cwd=ROOT, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["policies"][policy]
+
+
+def simulate(trace: Path, duration: float, calibration: Path, out: Path, devices: int = 1) -> dict:
+    """devices: independent cpu devices (each with the calibrated step times)."""
+    return run_simulate(
+        trace,
+        duration,
+        out,
+        devices=devices,
+        device="cpu",
+        model="smollm2-135m",
+        policy="chunked-colocate",
+        engine=ENGINE,
+        env={"FLEXNPU_SIM_CPU_CALIBRATION": str(calibration)},
+    )
 
 
 def _pct(xs: list[float]) -> dict[str, float]:
@@ -459,25 +524,8 @@ def measure_config(cfg: Config, args: argparse.Namespace, work: Path) -> dict:
         loads["probe_after"] = _load()
         rows_tpot = asyncio.run(probe_rows(port, (1, 4, 8, 1), args.seed))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    bad = [r for r in reqs if r.error]
-    if bad:
-        raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error}")
-    per_request = [
-        {
-            "prompt": r.prompt,
-            "output": r.output,
-            "sent_s": r.sent,
-            "ttft_s": r.ttft,
-            "tpot_s": r.tpot,
-            "token_times_s": [r.sent + t - r.times[0] + r.ttft for t in r.times],
-        }
-        for r in reqs
-    ]
+        stop_server(proc)
+    per_request = measured_requests(reqs)
     doc = {
         "config": cfg.__dict__,
         "devices": args.devices,
@@ -514,12 +562,8 @@ def analyse_config(m: dict, work: Path, fixed: dict[str, Path]) -> dict:
             + ", ".join(f"k={x['rows']} {x['step_s'] * 1e3:.0f} ms" for x in m["tpot_by_rows"])
         )
     per_request = m["per_request"]
-    reqs = [
-        Sent(i, r["prompt"], r["output"], r["sent_s"], sent=r["sent_s"])
-        for i, r in enumerate(per_request)
-    ]
     trace = work / f"trace_{name}.csv"
-    write_trace(reqs, trace)
+    reqs = write_measured_trace(per_request, trace)
     cals = {
         "before": calibration_doc(before, f"in-server probes before the {name} load"),
         "after": calibration_doc(after, f"in-server probes after the {name} load"),

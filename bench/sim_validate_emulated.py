@@ -24,25 +24,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
-import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
-from bench.common import REPO as ROOT
 from bench.common import free_port
 from bench.sim_validate import (
     Config,
-    Sent,
-    _env,
     _load,
     _pct,
     drive,
     make_trace,
+    measured_requests,
+    run_simulate,
     start_server,
-    write_trace,
+    stop_server,
+    write_measured_trace,
 )
 
 # One engine instance per device; the programs: decode widths 32 and 128 blocks, chunk buckets
@@ -54,25 +51,16 @@ ENGINE = {
     "block_size": 16,
 }
 
-CONFIGS = {
-    # rates in requests per device second
-    "emu": Config(
-        "emu",
-        rate=8.0,
-        prompt_median=256,
-        output_median=64,
-        prompt_range=(16, 1024),
-        output_range=(16, 128),
-    ),
-    "emu-heavy": Config(
-        "emu-heavy",
-        rate=20.0,
-        prompt_median=256,
-        output_median=64,
-        prompt_range=(16, 1024),
-        output_range=(16, 128),
-    ),
-}
+# Rates in requests per device second.
+EMU = Config(
+    "emu",
+    rate=8.0,
+    prompt_median=256,
+    output_median=64,
+    prompt_range=(16, 1024),
+    output_range=(16, 128),
+)
+CONFIGS = {"emu": EMU, "emu-heavy": replace(EMU, name="emu-heavy", rate=20.0)}
 
 
 def preset_of(platform: str) -> str:
@@ -117,25 +105,8 @@ def measure(cfg: Config, args: argparse.Namespace, work: Path) -> dict:
         loads["load_end"] = _load()
         print(f"load done in {time.time() - t:.0f} s; load average {_load():.1f}", flush=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    bad = [r for r in reqs if r.error]
-    if bad:
-        raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error}")
-    per_request = [
-        {
-            "prompt": r.prompt,
-            "output": r.output,
-            "sent_s": r.sent / k,
-            "ttft_s": r.ttft / k,
-            "tpot_s": r.tpot / k,
-            "token_times_s": [(r.sent + t - r.times[0] + r.ttft) / k for t in r.times],
-        }
-        for r in reqs
-    ]
+        stop_server(proc)
+    per_request = measured_requests(reqs, k)
     doc = {
         "name": name,
         "config": cfg.__dict__,
@@ -158,53 +129,26 @@ def simulate(m: dict, model: str, trace: Path, out: Path) -> dict:
     split = m["layout"] == "split"
     policy = "static-pd" if split else "chunked-colocate"
     sent = [r["sent_s"] for r in m["per_request"]]
-    cmd = [
-        sys.executable,
-        "-m",
-        "flexnpu",
-        "simulate",
-        "--devices",
-        str(m["devices"]),
-        "--device",
-        preset_of(m["platform"]),
-        "--runtime",
-        "flexnpu",
-        "--model",
-        model,
-        "--policies",
-        policy,
-        "--trace",
-        str(trace),
-        "--rate",
-        "0",
-        "--duration",
-        f"{max(sent) - min(sent) + 1e-3:.6f}",
-        "--seeds",
-        "1",
-        "--max-prompt",
-        str(ENGINE["max_model_len"]),
-        "--max-output",
-        str(ENGINE["max_model_len"]),
-        "--json",
-        str(out),
-        "--no-progress",
-    ]
+    extra = ("--runtime", "flexnpu")
     if split:
-        cmd += ["--prefill-units", str(m["prefill_devices"])]
-    for k, v in ENGINE.items():
-        cmd += [f"--{k.replace('_', '-')}", str(v)]
-    subprocess.run(cmd, check=True, env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())["policies"][policy]
+        extra += ("--prefill-units", str(m["prefill_devices"]))
+    return run_simulate(
+        trace,
+        max(sent) - min(sent) + 1e-3,
+        out,
+        devices=m["devices"],
+        device=preset_of(m["platform"]),
+        model=model,
+        policy=policy,
+        engine=ENGINE,
+        extra=extra,
+    )
 
 
 def analyse(m: dict, model: str, work: Path) -> dict:
     per_request = m["per_request"]
-    reqs = [
-        Sent(i, r["prompt"], r["output"], r["sent_s"], sent=r["sent_s"])
-        for i, r in enumerate(per_request)
-    ]
     trace = work / f"trace_{m['name']}.csv"
-    write_trace(reqs, trace)
+    write_measured_trace(per_request, trace)
     sim = simulate(m, model, trace, work / f"sim_{m['name']}.json")
     real = {
         "ttft_s": _pct([r["ttft_s"] for r in per_request]),
@@ -251,11 +195,9 @@ def run(args: argparse.Namespace, names: list[str], work: Path) -> int:
     results = [analyse(m, model, work) for m in measured]
     print_table(results)
     for res in results:
-        steps = np.diff(sorted(t for r in res["per_request"] for t in r["token_times_s"]))
         print(
             f"{res['name']}: load average {res['load_average']}; simulated requests finished "
-            f"{res['sim_requests_finished']} of {res['requests']}; token gaps p50 "
-            f"{np.median(steps) * 1e3:.2f} device ms"
+            f"{res['sim_requests_finished']} of {res['requests']}"
         )
     if args.json:
         args.json.write_text(json.dumps({"results": results}, indent=1) + "\n")
