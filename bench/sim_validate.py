@@ -90,7 +90,9 @@ class Sent:
     times: list[float] = field(default_factory=list)
 
 
-def make_trace(cfg: Config, duration: float, seed: int) -> list[Sent]:
+def make_trace(
+    cfg: Config, duration: float, seed: int, max_model_len: int = ENGINE["max_model_len"]
+) -> list[Sent]:
     rng = np.random.default_rng(seed)
     n = rng.poisson(cfg.rate * duration)
     t = np.sort(rng.uniform(0.0, duration, n))
@@ -103,7 +105,7 @@ def make_trace(cfg: Config, duration: float, seed: int) -> list[Sent]:
         lengths(cfg.prompt_median, cfg.prompt_range),
         lengths(cfg.output_median, cfg.output_range),
     )
-    o = np.minimum(o, ENGINE["max_model_len"] - p)
+    o = np.minimum(o, max_model_len - p)
     return [Sent(i, int(p[i]), int(o[i]), float(t[i])) for i in range(n)]
 
 
@@ -114,6 +116,16 @@ def write_trace(reqs: list[Sent], path: Path) -> None:
         w.writerow(["timestamp", "input_tokens", "output_tokens"])
         for r in sorted(reqs, key=lambda r: r.sent):
             w.writerow([f"{r.sent:.6f}", r.prompt, r.output])
+
+
+def write_measured_trace(per_request: list[dict], path: Path) -> list[Sent]:
+    """The trace CSV of measured requests (as they were sent); the requests."""
+    reqs = [
+        Sent(i, r["prompt"], r["output"], r["sent_s"], sent=r["sent_s"])
+        for i, r in enumerate(per_request)
+    ]
+    write_trace(reqs, path)
+    return reqs
 
 
 def raise_priority(nice: int) -> str:
@@ -139,7 +151,14 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, **extra}
 
 
-def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen:
+def start_server(
+    args: argparse.Namespace,
+    port: int,
+    log: Path,
+    engine: dict[str, int] = ENGINE,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
@@ -149,21 +168,16 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
         str(port),
         "--devices",
         str(args.devices),
-        "--max-num-seqs",
-        str(ENGINE["max_num_seqs"]),
-        "--max-model-len",
-        str(ENGINE["max_model_len"]),
-        "--max-num-batched-tokens",
-        str(ENGINE["max_num_batched_tokens"]),
-        "--block-size",
-        str(ENGINE["block_size"]),
+        *extra_args,
     ]
+    for k, v in engine.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
     if args.model:
         cmd += ["--model", args.model]
     if args.compilation_cache:
         cmd += ["--compilation-cache", str(args.compilation_cache)]
-    env = _env(JAX_PLATFORMS=args.platform)
-    if args.devices > 1:  # jaxlib's cpu client: N devices sharing the machine's cores
+    env = _env(JAX_PLATFORMS=args.platform) | (extra_env or {})
+    if args.devices > 1 and "FLEXNPU_BACKEND" not in env:  # jaxlib's cpu: N devices, shared cores
         env["XLA_FLAGS"] = (
             env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
         ).strip()
@@ -186,6 +200,33 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
     raise RuntimeError(f"the server did not come up within {args.startup_timeout} s; log: {log}")
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def measured_requests(reqs: list[Sent], time_scale: float = 1.0) -> list[dict]:
+    """The requests as measured (times in seconds / time_scale); an error if any failed."""
+    bad = [r for r in reqs if r.error]
+    if bad:
+        raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error}")
+    k = time_scale
+    return [
+        {
+            "prompt": r.prompt,
+            "output": r.output,
+            "sent_s": r.sent / k,
+            "ttft_s": r.ttft / k,
+            "tpot_s": r.tpot / k,
+            "token_times_s": [(r.sent + t - r.times[0] + r.ttft) / k for t in r.times],
+        }
+        for r in reqs
+    ]
+
+
 async def _one(client, r: Sent, t0: float, vocab_ids: np.ndarray) -> None:
     await asyncio.sleep(max(0.0, t0 + r.planned - time.perf_counter()))
     body = {
@@ -199,6 +240,7 @@ async def _one(client, r: Sent, t0: float, vocab_ids: np.ndarray) -> None:
     }
     start = time.perf_counter()
     r.sent = start - t0
+    finish = None
     try:
         async with client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -213,13 +255,14 @@ async def _one(client, r: Sent, t0: float, vocab_ids: np.ndarray) -> None:
                     return
                 if d.get("choices"):
                     r.times.append(time.perf_counter())
+                    finish = d["choices"][0].get("finish_reason") or finish
                 if d.get("usage"):
                     r.tokens = d["usage"]["completion_tokens"]
     except Exception as e:  # noqa: BLE001 - a failed request is reported, not hidden
         r.error = f"{type(e).__name__}: {e}"
         return
     if not r.times or r.tokens != r.output:
-        r.error = f"{r.tokens} tokens of {r.output}"
+        r.error = f"{r.tokens} tokens of {r.output} (finish_reason {finish})"
         return
     r.ttft = r.times[0] - start
     if r.tokens > 1:
@@ -381,8 +424,21 @@ def preset_calibration(results: list[dict], platform: str, nice: int | None) -> 
     }
 
 
-def simulate(trace: Path, duration: float, calibration: Path, out: Path, devices: int = 1) -> dict:
-    """devices: independent cpu devices (each with the calibrated step times)."""
+def run_simulate(
+    trace: Path,
+    duration: float,
+    out: Path,
+    *,
+    devices: int,
+    device: str,
+    model: str,
+    policy: str,
+    engine: dict[str, int],
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> dict:
+    """`flexnpu simulate` of a trace CSV with the server's engine settings; the policy's
+    metrics."""
     cmd = [
         sys.executable,
         "-m",
@@ -391,32 +447,47 @@ def simulate(trace: Path, duration: float, calibration: Path, out: Path, devices
         "--devices",
         str(devices),
         "--device",
-        "cpu",
+        device,
         "--model",
-        "smollm2-135m",
+        model,
         "--policies",
-        "chunked-colocate",
+        policy,
         "--trace",
         str(trace),
         "--rate",
         "0",
         "--duration",
-        f"{duration:.3f}",
+        f"{duration:.6f}",
         "--seeds",
         "1",
         "--max-prompt",
-        str(ENGINE["max_model_len"]),
+        str(engine["max_model_len"]),
         "--max-output",
-        str(ENGINE["max_model_len"]),
+        str(engine["max_model_len"]),
         "--json",
         str(out),
         "--no-progress",
+        *extra,
     ]
-    for k, v in ENGINE.items():
+    for k, v in engine.items():
         cmd += [f"--{k.replace('_', '-')}", str(v)]
-    env = _env(FLEXNPU_SIM_CPU_CALIBRATION=str(calibration))
-    subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return json.loads(out.read_text())["policies"]["chunked-colocate"]
+    subprocess.run(cmd, check=True, env=_env(**(env or {})), cwd=ROOT, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["policies"][policy]
+
+
+def simulate(trace: Path, duration: float, calibration: Path, out: Path, devices: int = 1) -> dict:
+    """devices: independent cpu devices (each with the calibrated step times)."""
+    return run_simulate(
+        trace,
+        duration,
+        out,
+        devices=devices,
+        device="cpu",
+        model="smollm2-135m",
+        policy="chunked-colocate",
+        engine=ENGINE,
+        env={"FLEXNPU_SIM_CPU_CALIBRATION": str(calibration)},
+    )
 
 
 def _pct(xs: list[float]) -> dict[str, float]:
@@ -453,25 +524,8 @@ def measure_config(cfg: Config, args: argparse.Namespace, work: Path) -> dict:
         loads["probe_after"] = _load()
         rows_tpot = asyncio.run(probe_rows(port, (1, 4, 8, 1), args.seed))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    bad = [r for r in reqs if r.error]
-    if bad:
-        raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error}")
-    per_request = [
-        {
-            "prompt": r.prompt,
-            "output": r.output,
-            "sent_s": r.sent,
-            "ttft_s": r.ttft,
-            "tpot_s": r.tpot,
-            "token_times_s": [r.sent + t - r.times[0] + r.ttft for t in r.times],
-        }
-        for r in reqs
-    ]
+        stop_server(proc)
+    per_request = measured_requests(reqs)
     doc = {
         "config": cfg.__dict__,
         "devices": args.devices,
@@ -508,12 +562,8 @@ def analyse_config(m: dict, work: Path, fixed: dict[str, Path]) -> dict:
             + ", ".join(f"k={x['rows']} {x['step_s'] * 1e3:.0f} ms" for x in m["tpot_by_rows"])
         )
     per_request = m["per_request"]
-    reqs = [
-        Sent(i, r["prompt"], r["output"], r["sent_s"], sent=r["sent_s"])
-        for i, r in enumerate(per_request)
-    ]
     trace = work / f"trace_{name}.csv"
-    write_trace(reqs, trace)
+    reqs = write_measured_trace(per_request, trace)
     cals = {
         "before": calibration_doc(before, f"in-server probes before the {name} load"),
         "after": calibration_doc(after, f"in-server probes after the {name} load"),
@@ -684,7 +734,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--duration", type=float, default=100.0, help="arrival window, seconds")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--platform", default="flexnpu", help="JAX_PLATFORMS of the server")
+    p.add_argument(
+        "--platform",
+        default="flexnpu",
+        help="JAX_PLATFORMS of the server, or emulate:<preset> (the flexnpu platform over "
+        "emulated devices; bench/sim_validate_emulated.py)",
+    )
+    e = p.add_argument_group("emulated devices (--platform emulate:<preset>)")
+    e.add_argument(
+        "--time-scale",
+        type=float,
+        default=20.0,
+        help="the backend's time_scale K: requests are sent at K x their trace times and "
+        "latencies divided by K (device time; the host's time counts 1/K)",
+    )
+    e.add_argument("--layout", default="colocated", choices=("colocated", "split"))
+    e.add_argument(
+        "--prefill-devices", type=int, default=1, help="split layout: prefill devices of --devices"
+    )
     p.add_argument("--model", default=None, help="serve --model (default: SmolLM2 GGUF)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument(
@@ -736,6 +803,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     names = [x.strip() for x in args.configs.split(",") if x.strip()]
+    if args.platform.startswith("emulate:"):
+        from bench import sim_validate_emulated
+
+        if not args.time_scale > 0:
+            p.error("--time-scale must be > 0")
+        work = args.keep or Path(tempfile.mkdtemp(prefix="sim_validate_"))
+        work.mkdir(parents=True, exist_ok=True)
+        return sim_validate_emulated.run(args, names, work)
     unknown = [n for n in names if n not in CONFIGS]
     if unknown or not names:
         p.error(f"--configs: unknown {unknown} (known: {', '.join(CONFIGS)})")

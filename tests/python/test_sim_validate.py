@@ -116,6 +116,23 @@ def test_cpu_preset_schedules_like_the_engine():
     assert h100.instances[0].max_inflight == 1
 
 
+def test_engine_runtime_split_layout_has_the_engines_scheduler():
+    # The engine gives every instance one scheduler config, its prefill instances included:
+    # chunked prefill at the token budget, its batch and a pool of full-length sequences.
+    sim = Simulation(model=get_model("smollm2-135m"), preset=get_preset("cpu"), devices=2,
+                     parallel=1, policy="static-pd", instance=InstanceConfig(**ENGINE),
+                     num_prefill=1)
+    pre, dec = (x.sched.config for x in sim.instances)
+    for c in (pre, dec):
+        assert c.chunked_prefill and c.mixed_batches and c.max_prefill_seqs == 1
+        assert c.max_num_seqs == ENGINE["max_num_seqs"]
+        assert c.num_blocks == ENGINE["max_num_seqs"] * ENGINE["max_model_len"] // 16
+    h100 = Simulation(model=get_model("smollm2-135m"), preset=get_preset("h100"), devices=2,
+                      parallel=1, policy="static-pd", instance=InstanceConfig(**ENGINE),
+                      num_prefill=1)
+    assert not h100.instances[0].sched.config.chunked_prefill  # whole-prompt prefill there
+
+
 def test_cpu_calibration_file_override(tmp_path, monkeypatch):
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"eff_compute": 0.5, "eff_memory": 0.25, "launch_s": 0.125,
@@ -229,3 +246,67 @@ def test_measured_run_is_analysed_again_from_its_file(tmp_path):
     cal = {(r["chunk"], r["width"]): r["seconds"] for r in doc["programs"]}
     assert cal[(64, 16)] == pytest.approx(0.4 * 1.1)
     assert len(doc["programs"][0]["samples"]) == 4
+
+
+EMULATED_STEPS = """
+import json, sys
+import jax, jax.numpy as jnp
+from flexnpu import stats
+from flexnpu.serving.config import RANDOM_PRESETS
+from flexnpu.serving.model import random_params
+from flexnpu.serving.runner import ModelSteps, Runner, RunnerShapes
+from flexnpu.sim.steptime import EngineShapes
+
+sh = EngineShapes.of_engine(**json.loads(sys.argv[1]))
+cfg = RANDOM_PRESETS["smollm2-135m"]
+shapes = RunnerShapes(num_seqs=sh.rows, block_size=sh.block_size,
+                      num_blocks=sh.rows * sh.max_blocks, max_blocks_per_seq=sh.max_blocks,
+                      chunk_buckets=sh.chunk_buckets, decode_widths=sh.decode_widths)
+steps = ModelSteps(cfg, sh.block_size)
+runner = Runner(steps, random_params(cfg, 0, jnp.bfloat16), jax.devices()[0], shapes,
+                jnp.bfloat16)
+
+def busy():
+    return stats.clients()[0]["modelled_device_time"][0]["busy_s"]
+
+out = []
+for chunk, width in sh.programs():
+    inp = runner.device_inputs(runner._padding_inputs(chunk, width))
+    jax.block_until_ready(inp)
+    before = busy()
+    ids, _, _, _, runner.ck, runner.cv = steps.step(runner.params, runner.ck, runner.cv, inp)
+    ids.block_until_ready()
+    out.append([chunk, width, busy() - before])
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_flexnpu_runtime_steps_take_the_emulated_backends_device_time(tmp_path, monkeypatch):
+    # simulate --runtime flexnpu on a preset: a step of the engine's program lasts what that
+    # very program is modelled to take on emulated devices of the preset.
+    from _subprocess import run_python
+
+    monkeypatch.setenv("FLEXNPU_SIM_PROGRAM_CACHE", str(tmp_path))
+    env = {
+        "JAX_PLATFORMS": "flexnpu",
+        "FLEXNPU_BACKEND": "emulate:910c",
+        "FLEXNPU_BACKEND_OPTIONS": "device_count=1",
+    }
+    proc = run_python(EMULATED_STEPS.replace("sys.argv[1]", repr(json.dumps(ENGINE))), env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    emulated = {(c, w): s for c, w, s in json.loads(line[len("RESULT") :])}
+    preset = get_preset("910c", "flexnpu")
+    assert preset.runtime.padded_programs and preset.runtime.analysed_programs
+    timer = StepTimer.create(get_model("smollm2-135m"), preset, 1, InstanceConfig(**ENGINE))
+    assert set(emulated) == set(timer.shapes.programs())
+    for (chunk, width), device_s in emulated.items():
+        assert timer.seconds(*timer.program_cost(chunk, width)) == pytest.approx(
+            device_s, rel=1e-6
+        ), (chunk, width)
+    # A chunk step costs more than the widest decode step (its program has the rows too).
+    assert emulated[(128, 16)] > emulated[(0, 16)] > emulated[(0, 4)]
+    # The preset's own runtime is unchanged: kernels sized to the batch.
+    assert get_preset("910c").runtime.padded_programs is False
+    with pytest.raises(ValueError, match="--parallel 1"):
+        StepTimer.create(get_model("smollm2-135m"), preset, 2, InstanceConfig(**ENGINE))

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from flexnpu.sim.hardware import LINKS, PRESETS
+from flexnpu.sim.hardware import LINKS, PRESETS, RUNTIMES
 from flexnpu.sim.models import MODELS
 from flexnpu.sim.simulation import POLICIES
 from flexnpu.sim.workload import WORKLOADS
@@ -89,6 +89,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="",
         help=f"KV link: {', '.join(LINKS)} (default: the "
         "preset's: hccs for Ascend, nvlink for GPUs, memcpy for cpu)",
+    )
+    h.add_argument(
+        "--runtime",
+        default="preset",
+        choices=RUNTIMES,
+        help="serving runtime on the devices: the preset's (continuous batching with kernels "
+        "sized to the batch) or flexnpu (FlexNPU's engine: its padded step programs, one "
+        "prompt chunk per step, two steps in flight; as `serve` runs on emulated devices)",
     )
     h.add_argument(
         "--co-run",
@@ -254,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
             parallel=args.parallel,
             link=args.link,
             co_run=args.co_run,
+            runtime=args.runtime,
             workload="trace" if args.trace else args.workload,
             rate=args.rate,
             duration=args.duration,

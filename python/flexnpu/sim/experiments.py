@@ -16,7 +16,7 @@ from flexnpu.sim.adaptive import (
     SPLIT_TARGET_UTILIZATION,
     AdaptiveSimulation,
 )
-from flexnpu.sim.hardware import LINKS, get_preset
+from flexnpu.sim.hardware import LINKS, RUNTIMES, get_preset
 from flexnpu.sim.models import get_model
 from flexnpu.sim.simulation import (
     ADVISED_CORE_POLICY,
@@ -116,6 +116,9 @@ class SimSpec:
     split_objective: str = "goodput"  # the static-PD split tuner's: goodput or throughput
     timeline_window: tuple[float, float] | None = None
     core_tuning: dict[str, float] = field(default_factory=dict)
+    # "preset": the preset's serving runtime; "flexnpu": FlexNPU's own engine on it (padded
+    # programs, one prompt chunk per step, two steps in flight), as on emulated devices.
+    runtime: str = "preset"
 
     def resolved(self) -> SimSpec:
         """Fills model-dependent defaults (0 / "" fields)."""
@@ -173,6 +176,10 @@ class SimSpec:
             raise ValueError(f"--prefill-units must be in [1, {units - 1}]")
         if self.dynamic_prefill_units and not 1 <= self.dynamic_prefill_units < units:
             raise ValueError(f"dynamic_prefill_units must be in [1, {units - 1}]")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(
+                f"--runtime must be one of {', '.join(RUNTIMES)}, got {self.runtime!r}"
+            )
         if self.prefill_inflight < 1:
             raise ValueError(f"--prefill-inflight must be >= 1, got {self.prefill_inflight}")
         if self.seeds < 1:
@@ -217,7 +224,7 @@ def build_simulation(
 ) -> tuple[Simulation, Workload]:
     """simulate_once's simulation and workload, not run yet (a bench times the run apart)."""
     s = spec
-    model, preset = get_model(s.model), get_preset(s.device)
+    model, preset = get_model(s.model), get_preset(s.device, s.runtime)
     wl = make_workload(
         s.workload,
         rate if rate is not None else s.rate,

@@ -68,9 +68,16 @@ class ServingRuntime:
     # only when the computation has finished, the overlap is lost and each step's tokens
     # reach the client after the next step: not modelled here.
     inflight: int = 0
+    # The padded programs cost what the engine's own step programs cost on the preset, analysed
+    # as the emulated backend costs them (sim/engine_programs.py), instead of the CostModel's
+    # reference layers with the preset's efficiencies fitted to them (the cpu preset's
+    # calibration is fitted to CostModel features).
+    analysed_programs: bool = False
 
 
 FLEXNPU_ENGINE = ServingRuntime(padded_programs=True, max_prefill_seqs=1, inflight=2)
+# get_preset's runtime: the preset's own, or FlexNPU's engine on it (emulated devices).
+RUNTIMES = ("preset", "flexnpu")
 
 
 @dataclass(frozen=True)
@@ -146,10 +153,14 @@ def fit_cloudmatrix(dev: Device) -> tuple[float, float]:
     return float(min(eff_c, 1.0)), float(min(eff_m, 1.0))
 
 
-def get_preset(name: str) -> Preset:
+def get_preset(name: str, runtime: str = "preset") -> Preset:
+    """A preset; runtime "flexnpu": FlexNPU's own engine serves on it (the cpu preset's
+    runtime), as it does on emulated devices of the preset (FLEXNPU_BACKEND=emulate:<name>)."""
     key = name.lower().replace("ascend", "").replace("-", "").replace("_", "")
     if key not in _PRESET_DEVICE:
         raise ValueError(f"unknown device {name!r} (known: {', '.join(PRESETS)})")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown runtime {runtime!r} (known: {', '.join(RUNTIMES)})")
     row = preset_table()[_PRESET_DEVICE[key]]
     p = Preset(
         key,
@@ -161,7 +172,9 @@ def get_preset(name: str) -> Preset:
         efficiency_source=row["efficiency_source"],
     )
     if key != "cpu":
-        return p
+        if runtime == "preset":
+            return p
+        return replace(p, runtime=replace(FLEXNPU_ENGINE, analysed_programs=True))
     # This machine: FlexNPU's own engine, efficiencies from a calibration file.
     p = replace(p, fused_attention=False, runtime=FLEXNPU_ENGINE)
     path = Path(os.environ.get(CPU_CALIBRATION_ENV) or CPU_CALIBRATION)
@@ -201,7 +214,17 @@ class StepTimer:
                 instance.block_size,
                 instance.max_model_len,
             )
-        return cls(model, preset, parallel, CostModel.load(model), shapes)
+        timer = cls(model, preset, parallel, CostModel.load(model), shapes)
+        if shapes is not None and preset.runtime.analysed_programs:
+            if parallel != 1:
+                raise ValueError(
+                    f"runtime flexnpu runs one engine instance per device (--parallel 1), "
+                    f"got --parallel {parallel}"
+                )
+            from flexnpu.sim.engine_programs import program_costs
+
+            timer._program_cost.update(program_costs(model.name, shapes, preset.device.name))
+        return timer
 
     def __post_init__(self) -> None:
         d = self.preset.device

@@ -388,6 +388,21 @@ class Simulation:
         if blocks < 1:
             raise ValueError(f"no memory left for the KV cache on a {self.preset.name} unit")
         prefill = role is Role.PREFILL
+        if self.preset.runtime.padded_programs:
+            # FlexNPU's engine: every instance, whatever its role, has the same scheduler
+            # (serving.engine: chunked prefill at the token budget, mixed batches, the
+            # max_num_seqs batch, a pool of max_num_seqs full-length sequences), so a prefill
+            # instance of the split layout prefills long prompts in chunks, one per step.
+            return SchedulerConfig(
+                max_num_seqs=ic.max_num_seqs,
+                max_num_batched_tokens=ic.max_num_batched_tokens,
+                block_size=ic.block_size,
+                num_blocks=ic.max_num_seqs * math.ceil(ic.max_model_len / ic.block_size),
+                max_model_len=ic.max_model_len,
+                max_waiting=ic.max_waiting,
+                max_prefill_seqs=self.preset.runtime.max_prefill_seqs,
+                role=role,
+            )
         return SchedulerConfig(
             max_num_seqs=ic.prefill_max_num_seqs if prefill else ic.max_num_seqs,
             max_num_batched_tokens=ic.max_num_batched_tokens,
@@ -693,6 +708,10 @@ class Simulation:
         u = src.kv_unit
         link_free = self._link_free[u]
         start = now if now > link_free else link_free
+        if self.preset.runtime.padded_programs and not self.co_run:
+            # FlexNPU's engine extracts the KV with a program on the source device, queued
+            # behind the step it already dispatched there (two in flight).
+            start = max(start, self._free_at[u])
         link_free = self._link_free[u] = start + nbytes / self.link_bw
         self._kv_handoff += nbytes
         heapq.heappush(self._heap, (link_free + self.link.latency_s, self._order, _KV, dst, seq))
