@@ -123,9 +123,9 @@ PJRT_Error* Device_MemoryStats(PJRT_Device_MemoryStats_Args* args) {
     args->num_allocs_is_set = true;
     args->largest_alloc_size = stats.largest_alloc_size();
     args->largest_alloc_size_is_set = true;
-    // Virtual devices that share a physical device share its memory: each may use all of it.
-    // Written only into callers whose struct has the fields (older headers end earlier).
-    const int64_t limit = device->client()->physical(device->home_physical()).bytes_limit;
+    // The device's share of its physical device's memory. Written only into callers whose
+    // struct has the fields (older headers end earlier).
+    const int64_t limit = device->bytes_limit();
     if (limit > 0) {
       if (FLEXNPU_HAS_FIELD(PJRT_Device_MemoryStats, bytes_limit_is_set)) {
         args->bytes_limit = limit;

@@ -78,6 +78,8 @@ class VirtualDevice : public Tagged {
   int home_physical() const { return home_physical_; }
   DeviceDescription* description() { return &description_; }
   MemoryStats& stats() { return stats_; }
+  // This device's share of its home physical device's memory (0: unknown).
+  int64_t bytes_limit() const { return bytes_limit_; }
 
   // Memories by the client's memory-kind index (nullptr where the kind is absent).
   VirtualMemory* memory_of_kind(int kind_index) const { return memories_by_kind_[kind_index]; }
@@ -91,6 +93,7 @@ class VirtualDevice : public Tagged {
   int home_physical_;
   DeviceDescription description_;
   MemoryStats stats_;
+  int64_t bytes_limit_ = 0;
   std::vector<VirtualMemory*> memories_by_kind_;
   std::vector<PJRT_Memory*> memory_handles_;
   VirtualMemory* default_memory_ = nullptr;
