@@ -248,6 +248,26 @@ PJRT_Error* TopologyDescription_Attributes(PJRT_TopologyDescription_Attributes_A
   });
 }
 
+namespace {
+void DeleteSerializedTopology(PJRT_SerializedTopology* serialized) {
+  delete reinterpret_cast<std::string*>(serialized);
+}
+}  // namespace
+
+PJRT_Error* TopologyDescription_Serialize(PJRT_TopologyDescription_Serialize_Args* args) {
+  return Guard("PJRT_TopologyDescription_Serialize", [&]() -> Status {
+    FLEXNPU_CHECK_ARGS(PJRT_TopologyDescription_Serialize, serialized_topology_deleter);
+    FLEXNPU_RESOLVE(topology, Topology, args->topology, PJRT_TopologyDescription_Serialize,
+                    "topology");
+    auto* owned = new std::string(topology->Serialize());
+    args->serialized_bytes = owned->data();
+    args->serialized_bytes_size = owned->size();
+    args->serialized_topology = reinterpret_cast<PJRT_SerializedTopology*>(owned);
+    args->serialized_topology_deleter = DeleteSerializedTopology;
+    return Status::Ok();
+  });
+}
+
 PJRT_Error* TopologyDescription_Destroy(PJRT_TopologyDescription_Destroy_Args* args) {
   return Guard("PJRT_TopologyDescription_Destroy", [&]() -> Status {
     FLEXNPU_CHECK_ARGS(PJRT_TopologyDescription_Destroy, topology);

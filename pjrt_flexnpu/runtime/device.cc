@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "pjrt_flexnpu/runtime/client.h"
+
 namespace flexnpu {
 namespace {
 
@@ -71,5 +73,24 @@ VirtualMemory::VirtualMemory(VirtualDevice* device, int id, int kind_index, std:
       to_string_("FlexNpuMemory(device=" + std::to_string(device->index()) + ", kind=" + kind_ +
                  ")"),
       device_handle_(ToHandle<PJRT_Device>(device)) {}
+
+std::string Topology::Serialize() const {
+  // Length-prefixed fields, so no value can be mistaken for another's boundary.
+  std::string out;
+  auto add = [&out](const std::string& field) {
+    out += std::to_string(field.size());
+    out += ':';
+    out += field;
+  };
+  add("flexnpu-topology/1");
+  add(client_->platform_version());
+  add(std::to_string(client_->num_devices()));
+  for (int v = 0; v < client_->num_devices(); ++v) {
+    const VirtualDevice* device = client_->device(v);
+    add(std::to_string(device->index()));
+    add(client_->physical(device->home_physical()).kind);
+  }
+  return out;
+}
 
 }  // namespace flexnpu

@@ -129,6 +129,11 @@ class Topology : public Tagged {
   static constexpr Tag kTag = Tag::kTopology;
   explicit Topology(VirtualClient* client) : Tagged(kTag), client_(client) {}
   VirtualClient* client() const { return client_; }
+  // What compiled programs depend on, as bytes equal for equal topologies (JAX hashes them
+  // into its persistent-cache key): the platform version (physical backend and its build),
+  // and per virtual device its id and its physical device's kind. Which physical device a
+  // virtual one is homed on is left out: FlexNPU compiles for the physical mapping itself.
+  std::string Serialize() const;
   const std::vector<PJRT_DeviceDescription*>& descriptions() const { return descriptions_; }
 
  private:
