@@ -55,9 +55,7 @@ def _run(num_virtual: int, num_physical: int) -> dict:
     return json.loads(line[len("RESULT") :])
 
 
-@pytest.mark.parametrize(
-    ("num_virtual", "num_physical"), [(1, 1), (4, 1), (4, 4), (6, 4), (3, 2)]
-)
+@pytest.mark.parametrize(("num_virtual", "num_physical"), [(1, 1), (4, 1), (4, 4), (6, 4), (3, 2)])
 def test_virtual_limits_add_up_to_the_physical_memory(num_virtual: int, num_physical: int) -> None:
     r = _run(num_virtual, num_physical)
     host = _host_ram()
