@@ -4,9 +4,6 @@
 #include "pjrt_flexnpu/runtime/client.h"
 
 namespace flexnpu::c_api {
-namespace {
-constexpr char kPlatformName[] = "flexnpu";
-}  // namespace
 
 #define FLEXNPU_DESCRIPTION_STRING(Name, out, out_size, getter)                           \
   PJRT_Error* Name(PJRT_##Name##_Args* args) {                                             \
@@ -204,9 +201,9 @@ PJRT_Error* TopologyDescription_PlatformName(PJRT_TopologyDescription_PlatformNa
     FLEXNPU_CHECK_ARGS(PJRT_TopologyDescription_PlatformName, platform_name_size);
     FLEXNPU_RESOLVE(topology, Topology, const_cast<PJRT_TopologyDescription*>(args->topology),
                     PJRT_TopologyDescription_PlatformName, "topology");
-    (void)topology;
-    args->platform_name = kPlatformName;
-    args->platform_name_size = sizeof(kPlatformName) - 1;
+    const std::string& name = topology->client()->platform_name();
+    args->platform_name = name.c_str();
+    args->platform_name_size = name.size();
     return Status::Ok();
   });
 }

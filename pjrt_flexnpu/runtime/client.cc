@@ -93,6 +93,11 @@ Status VirtualClient::Init() {
   FLEXNPU_ASSIGN_OR_RETURN(inner_, b.CreateClient(named.data(), named.size()));
   FLEXNPU_ASSIGN_OR_RETURN(const std::string_view platform_name, b.PlatformName(inner_.get()));
   backend_platform_.assign(platform_name);
+  if (options_.platform_name != "flexnpu" && options_.platform_name != backend_platform_) {
+    return InvalidArgument("FlexNPU option 'platform_name' (FLEXNPU_PLATFORM_NAME) is '" +
+                           options_.platform_name + "': expected 'flexnpu' or the physical "
+                           "backend's platform name, which is '" + backend_platform_ + "'");
+  }
   // FFI targets registered with FlexNPU (e.g. jaxlib's LAPACK kernels) reach this backend.
   FLEXNPU_RETURN_IF_ERROR(AttachFfiBackend(b, backend_platform_));
   FLEXNPU_ASSIGN_OR_RETURN(const std::string_view inner_version, b.PlatformVersion(inner_.get()));
@@ -196,7 +201,9 @@ Status VirtualClient::Init() {
   FLEXNPU_RETURN_IF_ERROR(telemetry_->Start(placer_->core(), trace_));
   for (int v = 0; v < num_virtual; ++v) {
     const int home = placer_->HomeOf(v);
-    auto device = std::make_unique<VirtualDevice>(this, v, home, backend_platform_);
+    auto device = std::make_unique<VirtualDevice>(
+        this, v, home, backend_platform_,
+        presents_physical() ? physical_[home].kind : std::string("virtual NPU"));
     device->memories_by_kind_.assign(kinds.size(), nullptr);
     for (size_t k = 0; k < kinds.size(); ++k) {
       if (physical_[home].memory_by_kind[k] == nullptr) continue;

@@ -64,6 +64,10 @@ class VirtualClient : public Tagged {
   const Options& options() const { return options_; }
   const std::string& platform_version() const { return platform_version_; }
   const std::string& backend_platform() const { return backend_platform_; }
+  // The platform name JAX sees: "flexnpu", or the physical platform's (option platform_name).
+  const std::string& platform_name() const { return options_.platform_name; }
+  // Whether the virtual devices present the physical platform's name and device kinds.
+  bool presents_physical() const { return options_.platform_name != "flexnpu"; }
   Placer& placer() { return *placer_; }
   // The roofline executables are profiled against (the physical devices' preset).
   const xla_passes::DeviceSpec& roofline() const { return roofline_; }

@@ -48,10 +48,10 @@ void MemoryStats::Remove(int64_t bytes) {
 }
 
 DeviceDescription::DeviceDescription(int id, int physical_device,
-                                     const std::string& backend_platform)
+                                     const std::string& backend_platform, std::string kind)
     : Tagged(kTag),
       id_(id),
-      kind_("virtual NPU"),
+      kind_(std::move(kind)),
       debug_string_("flexnpu:" + std::to_string(id)),
       to_string_("FlexNpuDevice(id=" + std::to_string(id) + ", virtual NPU over " +
                  backend_platform + ":" + std::to_string(physical_device) + ")"),
@@ -83,13 +83,13 @@ std::string Topology::Serialize() const {
     out += field;
   };
   add("flexnpu-topology/1");
+  add(client_->platform_name());
   add(client_->platform_version());
-  add(std::to_string(client_->num_devices()));
-  for (int v = 0; v < client_->num_devices(); ++v) {
-    const VirtualDevice* device = client_->device(v);
-    add(std::to_string(device->index()));
-    add(client_->physical(device->home_physical()).kind);
-  }
+  std::vector<std::string> kinds;
+  for (int p = 0; p < client_->num_physical(); ++p) kinds.push_back(client_->physical(p).kind);
+  std::sort(kinds.begin(), kinds.end());
+  kinds.erase(std::unique(kinds.begin(), kinds.end()), kinds.end());
+  for (const std::string& kind : kinds) add(kind);
   return out;
 }
 
