@@ -48,7 +48,7 @@ def make_tokenizer(directory: Path) -> None:
 
 
 def make_model(seed: int = 0) -> Any:
-    """A 2-layer LLaMA (hidden 256, 2 heads of 128; EasyDeL's XLA attention needs heads of 128)
+    """A 2-layer LLaMA (hidden 256, 4 heads of 128; EasyDeL's XLA attention needs heads of 128)
     with random float32 weights from a fixed seed, sharded over every device JAX offers.
     EasyDeL's own loader (AutoEasyDeLModelForCausalLM.from_pretrained of config + safetensors)
     imports transformers' PyTorch models, so without torch the model is built directly."""
@@ -61,8 +61,8 @@ def make_model(seed: int = 0) -> Any:
         hidden_size=256,
         intermediate_size=512,
         num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        num_attention_heads=4,  # divisible by 4 devices' tensor-parallel axis
+        num_key_value_heads=4,
         head_dim=128,
         max_position_embeddings=512,
         tie_word_embeddings=False,
@@ -70,6 +70,7 @@ def make_model(seed: int = 0) -> Any:
         eos_token_id=1,
         pad_token_id=2,
         sharding_axis_dims=(1, 1, 1, -1, 1),
+        attn_mechanism="ragged_page_attention_v3",  # eSurge's paged attention on cpu
     )
     return ed.LlamaForCausalLM.sequential_init(
         config=config, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(seed)
