@@ -3,7 +3,9 @@
 # into a fresh venv per version with that jax/jaxlib and runs tools/jax_version_smoke.py (a small
 # JAX program on flexnpu and on jaxlib's cpu, compared). Not part of tools/run_tests.sh: each venv
 # takes minutes to set up.
-#   tools/check_jax_versions.sh [WHEEL]     (no WHEEL: builds one from this checkout)
+#   tools/check_jax_versions.sh [WHEEL]     (no WHEEL: builds one from this checkout, without
+#                                            build isolation: $PYTHON needs scikit-build-core and
+#                                            nanobind, as for a developer build)
 # FLEXNPU_JAX_VERSIONS: the versions to check (default: the oldest and newest supported);
 # FLEXNPU_VENV_ROOT: where the venvs go (default: a temporary folder, removed at the end).
 set -euo pipefail
