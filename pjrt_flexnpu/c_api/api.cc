@@ -17,8 +17,9 @@ namespace {
   X(CopyToDeviceStream_CurrentBytes, "cross-host streams are not offered") \
   X(TopologyDescription_Create, \
     "ahead-of-time topologies need a client (use PJRT_Client_TopologyDescription)") \
-  X(TopologyDescription_Serialize, "the virtual topology is not serializable") \
-  X(TopologyDescription_Deserialize, "the virtual topology is not serializable") \
+  X(TopologyDescription_Deserialize, \
+    "a serialized topology names the virtual devices of a live client (use " \
+    "PJRT_Client_TopologyDescription)") \
   X(Compile, "ahead-of-time compilation without a client is not offered") \
   X(AsyncHostToDeviceTransferManager_Destroy, "async host-to-device transfers are not offered") \
   X(AsyncHostToDeviceTransferManager_TransferData, \

@@ -10,8 +10,6 @@
 namespace flexnpu::c_api {
 namespace {
 
-constexpr char kPlatformName[] = "flexnpu";
-
 struct ClientRegistry {
   std::mutex mu;
   std::set<VirtualClient*> clients;
@@ -254,9 +252,8 @@ PJRT_Error* Client_PlatformName(PJRT_Client_PlatformName_Args* args) {
   return Guard("PJRT_Client_PlatformName", [&]() -> Status {
     FLEXNPU_CHECK_ARGS(PJRT_Client_PlatformName, platform_name_size);
     FLEXNPU_RESOLVE(client, VirtualClient, args->client, PJRT_Client_PlatformName, "client");
-    (void)client;
-    args->platform_name = kPlatformName;
-    args->platform_name_size = sizeof(kPlatformName) - 1;
+    args->platform_name = client->platform_name().c_str();
+    args->platform_name_size = client->platform_name().size();
     return Status::Ok();
   });
 }

@@ -4,9 +4,6 @@
 #include "pjrt_flexnpu/runtime/client.h"
 
 namespace flexnpu::c_api {
-namespace {
-constexpr char kPlatformName[] = "flexnpu";
-}  // namespace
 
 #define FLEXNPU_DESCRIPTION_STRING(Name, out, out_size, getter)                           \
   PJRT_Error* Name(PJRT_##Name##_Args* args) {                                             \
@@ -123,9 +120,9 @@ PJRT_Error* Device_MemoryStats(PJRT_Device_MemoryStats_Args* args) {
     args->num_allocs_is_set = true;
     args->largest_alloc_size = stats.largest_alloc_size();
     args->largest_alloc_size_is_set = true;
-    // Virtual devices that share a physical device share its memory: each may use all of it.
-    // Written only into callers whose struct has the fields (older headers end earlier).
-    const int64_t limit = device->client()->physical(device->home_physical()).bytes_limit;
+    // The device's share of its physical device's memory. Written only into callers whose
+    // struct has the fields (older headers end earlier).
+    const int64_t limit = device->bytes_limit();
     if (limit > 0) {
       if (FLEXNPU_HAS_FIELD(PJRT_Device_MemoryStats, bytes_limit_is_set)) {
         args->bytes_limit = limit;
@@ -204,9 +201,9 @@ PJRT_Error* TopologyDescription_PlatformName(PJRT_TopologyDescription_PlatformNa
     FLEXNPU_CHECK_ARGS(PJRT_TopologyDescription_PlatformName, platform_name_size);
     FLEXNPU_RESOLVE(topology, Topology, const_cast<PJRT_TopologyDescription*>(args->topology),
                     PJRT_TopologyDescription_PlatformName, "topology");
-    (void)topology;
-    args->platform_name = kPlatformName;
-    args->platform_name_size = sizeof(kPlatformName) - 1;
+    const std::string& name = topology->client()->platform_name();
+    args->platform_name = name.c_str();
+    args->platform_name_size = name.size();
     return Status::Ok();
   });
 }
@@ -244,6 +241,26 @@ PJRT_Error* TopologyDescription_Attributes(PJRT_TopologyDescription_Attributes_A
     (void)topology;
     args->attributes = nullptr;
     args->num_attributes = 0;
+    return Status::Ok();
+  });
+}
+
+namespace {
+void DeleteSerializedTopology(PJRT_SerializedTopology* serialized) {
+  delete reinterpret_cast<std::string*>(serialized);
+}
+}  // namespace
+
+PJRT_Error* TopologyDescription_Serialize(PJRT_TopologyDescription_Serialize_Args* args) {
+  return Guard("PJRT_TopologyDescription_Serialize", [&]() -> Status {
+    FLEXNPU_CHECK_ARGS(PJRT_TopologyDescription_Serialize, serialized_topology_deleter);
+    FLEXNPU_RESOLVE(topology, Topology, args->topology, PJRT_TopologyDescription_Serialize,
+                    "topology");
+    auto* owned = new std::string(topology->Serialize());
+    args->serialized_bytes = owned->data();
+    args->serialized_bytes_size = owned->size();
+    args->serialized_topology = reinterpret_cast<PJRT_SerializedTopology*>(owned);
+    args->serialized_topology_deleter = DeleteSerializedTopology;
     return Status::Ok();
   });
 }

@@ -47,7 +47,7 @@ void Error_Message(PJRT_Error_Message_Args* args);
   X(Buffer_CopyRawToHost) \
   X(TopologyDescription_PlatformName) X(TopologyDescription_PlatformVersion) \
   X(TopologyDescription_GetDeviceDescriptions) X(TopologyDescription_Attributes) \
-  X(TopologyDescription_Destroy) \
+  X(TopologyDescription_Destroy) X(TopologyDescription_Serialize) \
   X(Executable_Serialize) X(Executable_DeserializeAndLoad) \
   X(ExecuteContext_Create) X(ExecuteContext_Destroy)
 

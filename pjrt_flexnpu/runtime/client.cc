@@ -47,14 +47,17 @@ std::vector<PJRT_NamedValue> ToNamedValues(const std::vector<NamedOption>& optio
   return out;
 }
 
-int64_t BytesLimitOf(const PhysicalBackend& b, PJRT_Device* device, const std::string& platform) {
-  if (auto limit = b.BytesLimit(device); limit.ok() && *limit > 0) return *limit;
-  if (platform == "cpu") {
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    const long page_size = sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page_size > 0) return static_cast<int64_t>(pages) * page_size;
-  }
-  return 0;
+// The host's RAM; 0 when the system cannot say.
+int64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
+}
+
+// Splits `total` into `parts` shares that add up to it exactly (the first ones get the remainder).
+int64_t ShareOf(int64_t total, int parts, int index) {
+  if (parts <= 0 || total <= 0) return 0;
+  return total / parts + (index < total % parts ? 1 : 0);
 }
 
 }  // namespace
@@ -90,6 +93,11 @@ Status VirtualClient::Init() {
   FLEXNPU_ASSIGN_OR_RETURN(inner_, b.CreateClient(named.data(), named.size()));
   FLEXNPU_ASSIGN_OR_RETURN(const std::string_view platform_name, b.PlatformName(inner_.get()));
   backend_platform_.assign(platform_name);
+  if (options_.platform_name != "flexnpu" && options_.platform_name != backend_platform_) {
+    return InvalidArgument("FlexNPU option 'platform_name' (FLEXNPU_PLATFORM_NAME) is '" +
+                           options_.platform_name + "': expected 'flexnpu' or the physical "
+                           "backend's platform name, which is '" + backend_platform_ + "'");
+  }
   // FFI targets registered with FlexNPU (e.g. jaxlib's LAPACK kernels) reach this backend.
   FLEXNPU_RETURN_IF_ERROR(AttachFfiBackend(b, backend_platform_));
   FLEXNPU_ASSIGN_OR_RETURN(const std::string_view inner_version, b.PlatformVersion(inner_.get()));
@@ -153,7 +161,7 @@ Status VirtualClient::Init() {
                                 " has no default memory among its addressable memories");
     }
     default_kind.push_back(default_index);
-    device.bytes_limit = BytesLimitOf(b, device.device, backend_platform_);
+    if (auto limit = b.BytesLimit(device.device); limit.ok()) device.bytes_limit = *limit;
     physical_.push_back(std::move(device));
   }
   for (auto& device : physical_) device.memory_by_kind.resize(kinds.size(), nullptr);
@@ -184,6 +192,7 @@ Status VirtualClient::Init() {
     auto spec = xla_passes::FindDevice(telemetry_->PresetOf(p));
     if (!telemetry_->PresetOf(p).empty() && spec.ok()) models[p] = DeviceModelFor(spec.value());
   }
+  AssignPhysicalMemory();
   auto placer = Placer::Create(EffectivePolicy(options_), std::move(models), num_virtual);
   if (!placer.ok()) {
     return Status(placer.status().code(), "FlexNPU placement policy: " + placer.status().message());
@@ -192,7 +201,9 @@ Status VirtualClient::Init() {
   FLEXNPU_RETURN_IF_ERROR(telemetry_->Start(placer_->core(), trace_));
   for (int v = 0; v < num_virtual; ++v) {
     const int home = placer_->HomeOf(v);
-    auto device = std::make_unique<VirtualDevice>(this, v, home, backend_platform_);
+    auto device = std::make_unique<VirtualDevice>(
+        this, v, home, backend_platform_,
+        presents_physical() ? physical_[home].kind : std::string("virtual NPU"));
     device->memories_by_kind_.assign(kinds.size(), nullptr);
     for (size_t k = 0; k < kinds.size(); ++k) {
       if (physical_[home].memory_by_kind[k] == nullptr) continue;
@@ -210,7 +221,31 @@ Status VirtualClient::Init() {
         ToHandle<PJRT_DeviceDescription>(device->description()));
     devices_.push_back(std::move(device));
   }
+  ShareMemoryAmongVirtualDevices();
   return Status::Ok();
+}
+
+void VirtualClient::AssignPhysicalMemory() {
+  // What each physical device really has: its own memory stats, else the vendor library's
+  // reading; CPU devices of one host share its RAM.
+  const int64_t host = backend_platform_ == "cpu" ? HostMemoryBytes() : 0;
+  for (int p = 0; p < num_physical(); ++p) {
+    PhysicalDevice& device = physical_[p];
+    if (device.bytes_limit <= 0) device.bytes_limit = telemetry_->MemoryTotalOf(p);
+    if (device.bytes_limit <= 0) device.bytes_limit = ShareOf(host, num_physical(), p);
+  }
+}
+
+void VirtualClient::ShareMemoryAmongVirtualDevices() {
+  // Virtual devices homed on one physical device split its memory, so a framework that sizes
+  // its caches from every device's limit never plans for more memory than there is.
+  std::vector<int> homed(physical_.size(), 0);
+  for (const auto& device : devices_) ++homed[device->home_physical()];
+  std::vector<int> rank(physical_.size(), 0);
+  for (const auto& device : devices_) {
+    const int home = device->home_physical();
+    device->bytes_limit_ = ShareOf(physical_[home].bytes_limit, homed[home], rank[home]++);
+  }
 }
 
 int VirtualClient::KindIndexOf(PJRT_Memory* physical_memory) const {
@@ -268,7 +303,9 @@ std::string VirtualClient::StatsJson() const {
   std::ostringstream out;
   out << "{\"platform_version\":\"" << platform_version_ << "\",\"policy\":\""
       << placer_->policy() << "\",\"roofline\":\"" << roofline_.name
-      << "\",\"num_physical_devices\":" << num_physical()
+      << "\",\"num_physical_devices\":" << num_physical() << ",\"physical_memory_bytes\":[";
+  for (int p = 0; p < num_physical(); ++p) out << (p > 0 ? "," : "") << physical_[p].bytes_limit;
+  out << "]"
       << ",\"executions\":" << counters_.executions.Load()
       << ",\"migrations\":" << counters_.migrations.load()
       << ",\"bytes_migrated\":" << counters_.bytes_migrated.load()
@@ -280,6 +317,7 @@ std::string VirtualClient::StatsJson() const {
     VirtualDevice* d = devices_[v].get();
     if (v > 0) out << ",";
     out << "{\"id\":" << v << ",\"home_physical\":" << d->home_physical()
+        << ",\"bytes_limit\":" << d->bytes_limit()
         << ",\"bytes_in_use\":" << d->stats().bytes_in_use()
         << ",\"peak_bytes_in_use\":" << d->stats().peak_bytes_in_use()
         << ",\"num_allocs\":" << d->stats().num_allocs() << "}";

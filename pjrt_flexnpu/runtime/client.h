@@ -33,7 +33,8 @@ struct PhysicalDevice {
   int64_t id = 0;  // the backend's global device id (used in device assignments)
   std::string kind;  // the backend's device kind: programs compiled for one kind are shared
   std::vector<PJRT_Memory*> memory_by_kind;  // by the client's memory-kind index
-  // Memory the device offers (its own stats, or the host's RAM for CPU devices); 0: unknown.
+  // Memory the device has: its own stats, else telemetry, else (CPU devices) its share of the
+  // host's RAM; 0: unknown.
   int64_t bytes_limit = 0;
 };
 
@@ -63,6 +64,10 @@ class VirtualClient : public Tagged {
   const Options& options() const { return options_; }
   const std::string& platform_version() const { return platform_version_; }
   const std::string& backend_platform() const { return backend_platform_; }
+  // The platform name JAX sees: "flexnpu", or the physical platform's (option platform_name).
+  const std::string& platform_name() const { return options_.platform_name; }
+  // Whether the virtual devices present the physical platform's name and device kinds.
+  bool presents_physical() const { return options_.platform_name != "flexnpu"; }
   Placer& placer() { return *placer_; }
   // The roofline executables are profiled against (the physical devices' preset).
   const xla_passes::DeviceSpec& roofline() const { return roofline_; }
@@ -102,6 +107,8 @@ class VirtualClient : public Tagged {
   explicit VirtualClient(Options options) : Tagged(kTag), options_(std::move(options)),
                                             topology_(this) {}
   Status Init();
+  void AssignPhysicalMemory();
+  void ShareMemoryAmongVirtualDevices();
 
   Options options_;
   std::shared_ptr<const PhysicalBackend> backend_;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "pjrt_flexnpu/runtime/client.h"
+
 namespace flexnpu {
 namespace {
 
@@ -46,10 +48,10 @@ void MemoryStats::Remove(int64_t bytes) {
 }
 
 DeviceDescription::DeviceDescription(int id, int physical_device,
-                                     const std::string& backend_platform)
+                                     const std::string& backend_platform, std::string kind)
     : Tagged(kTag),
       id_(id),
-      kind_("virtual NPU"),
+      kind_(std::move(kind)),
       debug_string_("flexnpu:" + std::to_string(id)),
       to_string_("FlexNpuDevice(id=" + std::to_string(id) + ", virtual NPU over " +
                  backend_platform + ":" + std::to_string(physical_device) + ")"),
@@ -71,5 +73,24 @@ VirtualMemory::VirtualMemory(VirtualDevice* device, int id, int kind_index, std:
       to_string_("FlexNpuMemory(device=" + std::to_string(device->index()) + ", kind=" + kind_ +
                  ")"),
       device_handle_(ToHandle<PJRT_Device>(device)) {}
+
+std::string Topology::Serialize() const {
+  // Length-prefixed fields, so no value can be mistaken for another's boundary.
+  std::string out;
+  auto add = [&out](const std::string& field) {
+    out += std::to_string(field.size());
+    out += ':';
+    out += field;
+  };
+  add("flexnpu-topology/1");
+  add(client_->platform_name());
+  add(client_->platform_version());
+  std::vector<std::string> kinds;
+  for (int p = 0; p < client_->num_physical(); ++p) kinds.push_back(client_->physical(p).kind);
+  std::sort(kinds.begin(), kinds.end());
+  kinds.erase(std::unique(kinds.begin(), kinds.end()), kinds.end());
+  for (const std::string& kind : kinds) add(kind);
+  return out;
+}
 
 }  // namespace flexnpu

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pjrt_c_api.h"
@@ -38,7 +39,10 @@ class MemoryStats {
 class DeviceDescription : public Tagged {
  public:
   static constexpr Tag kTag = Tag::kDeviceDescription;
-  DeviceDescription(int id, int physical_device, const std::string& backend_platform);
+  // `kind`: "virtual NPU", or the physical device's kind when the client presents the
+  // physical platform (option platform_name).
+  DeviceDescription(int id, int physical_device, const std::string& backend_platform,
+                    std::string kind);
 
   int id() const { return id_; }
   const std::string& kind() const { return kind_; }
@@ -64,12 +68,12 @@ class VirtualDevice : public Tagged {
  public:
   static constexpr Tag kTag = Tag::kDevice;
   VirtualDevice(VirtualClient* client, int index, int home_physical,
-                const std::string& backend_platform)
+                const std::string& backend_platform, std::string kind)
       : Tagged(kTag),
         client_(client),
         index_(index),
         home_physical_(home_physical),
-        description_(index, home_physical, backend_platform) {
+        description_(index, home_physical, backend_platform, std::move(kind)) {
     description_.device_ = this;
   }
 
@@ -78,6 +82,8 @@ class VirtualDevice : public Tagged {
   int home_physical() const { return home_physical_; }
   DeviceDescription* description() { return &description_; }
   MemoryStats& stats() { return stats_; }
+  // This device's share of its home physical device's memory (0: unknown).
+  int64_t bytes_limit() const { return bytes_limit_; }
 
   // Memories by the client's memory-kind index (nullptr where the kind is absent).
   VirtualMemory* memory_of_kind(int kind_index) const { return memories_by_kind_[kind_index]; }
@@ -91,6 +97,7 @@ class VirtualDevice : public Tagged {
   int home_physical_;
   DeviceDescription description_;
   MemoryStats stats_;
+  int64_t bytes_limit_ = 0;
   std::vector<VirtualMemory*> memories_by_kind_;
   std::vector<PJRT_Memory*> memory_handles_;
   VirtualMemory* default_memory_ = nullptr;
@@ -126,6 +133,12 @@ class Topology : public Tagged {
   static constexpr Tag kTag = Tag::kTopology;
   explicit Topology(VirtualClient* client) : Tagged(kTag), client_(client) {}
   VirtualClient* client() const { return client_; }
+  // What compiled programs depend on, as bytes (JAX hashes them into its persistent-cache key):
+  // the platform name and version (physical backend and its build, executable format) and the
+  // kinds of the physical devices. Device counts and the virtual-to-physical mapping are left
+  // out: FlexNPU's serialized executables load under any of them (they are rebuilt for the
+  // placement), so a cache written with 4 virtual devices serves 8 over the same backend.
+  std::string Serialize() const;
   const std::vector<PJRT_DeviceDescription*>& descriptions() const { return descriptions_; }
 
  private:

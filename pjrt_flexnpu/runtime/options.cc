@@ -13,7 +13,7 @@ namespace {
 constexpr const char* kKnownOptions =
     "allow_newer_backend, backend, backend_options, cpu_plugin_path, decode_devices, "
     "num_virtual_devices, policy, prefill_devices, share_compiles, single_device_compile, "
-    "telemetry, telemetry_period_ms, ascendcl_library, nvml_library, tenant";
+    "telemetry, telemetry_period_ms, ascendcl_library, nvml_library, tenant, platform_name";
 
 std::string Trim(std::string_view s) {
   const auto begin = s.find_first_not_of(" \t\n");
@@ -130,6 +130,7 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
       {"nvml_library", "FLEXNPU_NVML_LIBRARY"},
       {"allow_newer_backend", "FLEXNPU_ALLOW_NEWER_BACKEND"},
       {"tenant", "FLEXNPU_TENANT"},
+      {"platform_name", "FLEXNPU_PLATFORM_NAME"},
   };
   for (const auto& [name, env_name] : env_names) {
     if (auto v = env(env_name)) merged.push_back({name, *v});
@@ -210,6 +211,11 @@ StatusOr<Options> ParseOptions(const std::vector<NamedOption>& create_options,
                                std::to_string(*v));
       }
       options.telemetry_period_ms = *v;
+    } else if (option.name == "platform_name") {
+      auto v = AsString(option);
+      if (!v.ok()) return v.status();
+      options.platform_name = Trim(*v);
+      if (options.platform_name.empty()) options.platform_name = "flexnpu";
     } else if (option.name == "tenant") {
       auto v = AsString(option);
       if (!v.ok()) return v.status();

@@ -59,6 +59,9 @@ struct Options {
   // Off by default: FlexNPU passes its own (smaller) struct sizes, and a newer plugin that
   // writes newer output fields without checking struct_size would write past them.
   bool allow_newer_backend = false;
+  // The platform name JAX sees: "flexnpu", or the physical backend's own ("cpu", "cuda", ...),
+  // for frameworks that only know those (the client checks it names the physical platform).
+  std::string platform_name = "flexnpu";
   // The tenant this process names itself to a FlexNPU daemon (backend=daemon:PATH); ignored
   // by other backends. FLEXNPU_TENANT is the environment form.
   std::string tenant;

@@ -1,6 +1,8 @@
 #include "pjrt_flexnpu/runtime/telemetry.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <sstream>
@@ -97,6 +99,12 @@ std::string PhysicalTelemetry::PresetOf(int p) const {
   if (p < 0 || static_cast<size_t>(p) >= index_of_physical_.size()) return "";
   const int h = index_of_physical_[p];
   return h < 0 ? "" : infos_[h].preset;
+}
+
+int64_t PhysicalTelemetry::MemoryTotalOf(int p) const {
+  if (p < 0 || static_cast<size_t>(p) >= index_of_physical_.size()) return 0;
+  const int h = index_of_physical_[p];
+  return h < 0 ? 0 : std::max<int64_t>(infos_[h].sample.memory_total_bytes, 0);
 }
 
 Status PhysicalTelemetry::Start(std::shared_ptr<placement::Core> core,

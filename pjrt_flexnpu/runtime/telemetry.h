@@ -33,6 +33,8 @@ class PhysicalTelemetry {
 
   // Roofline preset of physical device p by its SoC / GPU name; "" when unknown or unbound.
   std::string PresetOf(int p) const;
+  // Memory of physical device p as the vendor library reported it at discovery; 0 when unknown.
+  int64_t MemoryTotalOf(int p) const;
   // Samples every options.telemetry_period_ms on a background thread into `core`
   // (UpdateTelemetry for each bound physical device) and, while it records, `trace`
   // (counters). No-op without a source.

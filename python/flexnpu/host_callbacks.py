@@ -291,6 +291,16 @@ def give_eager_callbacks_a_host_device() -> None:
         primitive.def_impl(with_host_device)
 
 
+def _set_sharding(mlir: Any, module_context: Any, op: Any, sharding: Any) -> None:
+    """mlir.set_sharding: jax >= 0.10 takes the module context first, jax 0.9 does not."""
+    import inspect
+
+    if len(inspect.signature(mlir.set_sharding).parameters) == 2:
+        mlir.set_sharding(op, sharding)
+    else:
+        mlir.set_sharding(module_context, op, sharding)
+
+
 def emit(
     ctx: Any,
     callback: Callable[..., Any],
@@ -373,7 +383,7 @@ def emit(
         ctx, *operands, **{CALLBACK_ID_ATTRIBUTE: np.uint64(registration.callback_id)}
     )
     if sharding is not None:
-        mlir.set_sharding(ctx.module_context, result, sharding)
+        _set_sharding(mlir, ctx.module_context, result, sharding)
     results = list(result.results)
     if token:
         token, *results = results

@@ -6,6 +6,11 @@ imports FlexNPU for `JAX_PLATFORMS=flexnpu` to work.
 Installing FlexNPU changes no JAX program's default backend: with JAX_PLATFORMS unset JAX
 creates every registered backend and picks the one with the highest priority, and flexnpu's
 sits below jaxlib's cpu unless FLEXNPU_DEFAULT asks for it (docs/configuration.md).
+
+FLEXNPU_PLATFORM_NAME=<physical platform> (e.g. cpu) is for frameworks that know only
+tpu/gpu/cpu: FlexNPU then serves JAX's platform of that name in place of jaxlib's own, its
+virtual devices present that name and the physical device kind, and JAX lowers, donates,
+caches and runs callbacks as for that platform (docs/own-serving-stack.md).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 PLATFORM_NAME = "flexnpu"
 DEFAULT_VARIABLE = "FLEXNPU_DEFAULT"
+PLATFORM_NAME_VARIABLE = "FLEXNPU_PLATFORM_NAME"
 # JAX's default backend is the registered one with the highest priority: jaxlib's cpu 0, tpu 300,
 # a plugin 400 unless it says otherwise, cuda and rocm 500.
 DEFAULT_PRIORITY = 1000  # FLEXNPU_DEFAULT=1: above all of them, whatever the physical backend
@@ -45,6 +51,12 @@ def default_requested() -> bool:
         f"{DEFAULT_VARIABLE}={raw!r}: expected 1, true, yes or on (flexnpu becomes JAX's "
         "default backend) or 0, false, no, off or unset (JAX's own default stays)"
     )
+
+
+def presented_platform() -> str:
+    """FLEXNPU_PLATFORM_NAME: the platform name FlexNPU's devices present to JAX ("flexnpu"
+    unless set; the C++ side checks that another name is the physical backend's)."""
+    return os.environ.get(PLATFORM_NAME_VARIABLE, "").strip().lower() or PLATFORM_NAME
 
 
 @contextlib.contextmanager
@@ -106,14 +118,16 @@ def _make_client() -> Any:
     # Lower as the physical platform does (LAPACK, callbacks): flexnpu/lowering.py.
     kind = lowering.backend_kind(client.platform_version)
     try:
-        lowering.install(kind)
+        lowering.install(kind, presented_as=client.platform)
     except (ValueError, RuntimeError) as error:
         # A backend JAX has no rules for still runs everything generic.
         logger.warning("flexnpu: %s; platform-specific lowering rules are not used", error)
-    # JAX runs host callbacks' Python with a "cpu" device (flexnpu/host_callbacks.py).
-    from flexnpu import host_callbacks
+    if client.platform == PLATFORM_NAME:
+        # JAX runs host callbacks' Python with a "cpu" device (flexnpu/host_callbacks.py);
+        # presenting the physical platform's name, FlexNPU's devices are that device.
+        from flexnpu import host_callbacks
 
-    host_callbacks.add_host_backend_with_flexnpu(_requested_platforms())
+        host_callbacks.add_host_backend_with_flexnpu(_requested_platforms())
     return client
 
 
@@ -178,6 +192,36 @@ def _register(requested: list[str] | None) -> None:
     )
 
 
+def _register_as(name: str, requested: list[str] | None) -> None:
+    """FLEXNPU_PLATFORM_NAME=name: FlexNPU's client is JAX's backend `name`, in place of the one
+    JAX (or its plugin) would make; `flexnpu` is then no platform of its own."""
+    from jax._src import xla_bridge
+    from jax._src.lib import xla_client
+
+    from flexnpu._paths import plugin_library_path
+
+    factory: Callable[[], Any] = _make_client
+    if requested is not None and PLATFORM_NAME in requested:
+        factory = _refuse(
+            RuntimeError(
+                f"{PLATFORM_NAME_VARIABLE}={name}: FlexNPU serves JAX's {name!r} platform; "
+                f"set JAX_PLATFORMS={name} (or leave it unset), not {PLATFORM_NAME}"
+            )
+        )
+    with _physical_backend_logs_fatal_only():
+        c_api = xla_client.load_pjrt_plugin_dynamically(PLATFORM_NAME, str(plugin_library_path()))
+    registered_as = PLATFORM_NAME if factory is not _make_client else name
+    xla_bridge.register_backend_factory(
+        registered_as,
+        factory,
+        priority=DEFAULT_PRIORITY,
+        fail_quietly=False,
+        experimental=False,
+        make_topology=functools.partial(xla_client.make_c_api_device_topology, c_api),
+        c_api=c_api,
+    )
+
+
 def initialize() -> None:
     from jax._src import xla_bridge
 
@@ -187,6 +231,10 @@ def initialize() -> None:
     # decides when JAX loads it, before any create option, so it reads the default from here.
     os.environ.setdefault("FLEXNPU_CPU_PLUGIN_PATH", str(cpu_plugin_path()))
     requested = _requested_platforms()
+    presented = presented_platform()
+    if presented != PLATFORM_NAME:
+        _register_as(presented, requested)
+        return
     if requested is not None and PLATFORM_NAME not in requested:
         # JAX discovers plugins when it first needs a backend, after jax_platforms is final:
         # one that leaves flexnpu out never creates it, so loading FlexNPU (and with it the

@@ -105,6 +105,9 @@ _LINALG_MODULE = "jax._src.lax.linalg"
 
 _lock = threading.Lock()
 _installed_kind: str | None = None
+# The platform name FlexNPU's client presents: "flexnpu", or (FLEXNPU_PLATFORM_NAME) the
+# physical platform's, whose rules JAX then uses directly.
+_presented_as: str = PLATFORM_NAME
 
 
 def backend_kind(platform_version: str) -> str:
@@ -327,8 +330,11 @@ def _platform_dependent_rules(kind: str, table: dict[Any, Any]) -> dict[Any, Any
 
 
 def lowers_for_flexnpu_over_cpu(module_context: Any) -> bool:
-    """Whether `module_context` is a kind rule's view of a flexnpu module over a CPU plugin."""
-    return getattr(type(module_context), "flexnpu_kind", None) == "cpu"
+    """Whether `module_context` is a kind rule's view of a flexnpu module over a CPU plugin, or
+    a cpu module while FlexNPU presents itself as cpu (JAX's cpu backend is FlexNPU's then)."""
+    if getattr(type(module_context), "flexnpu_kind", None) == "cpu":
+        return True
+    return _presented_as == "cpu" and tuple(getattr(module_context, "platforms", ())) == ("cpu",)
 
 
 def _route_host_callbacks_over_cpu() -> None:
@@ -480,12 +486,17 @@ def install_ffi(kind: str) -> None:
         _mirror_cpu_targets()
 
 
-def install(kind: str, jaxlib_kernels: bool | None = None) -> None:
+def install(
+    kind: str, jaxlib_kernels: bool | None = None, presented_as: str = PLATFORM_NAME
+) -> None:
     """Lowering rules and FFI targets of physical platform `kind` for flexnpu (idempotent);
     `jaxlib_kernels`: see install_lowering_rules (None: whether jaxlib's LAPACK kernels, once
-    forwarded, run on every backend)."""
-    global _installed_kind
+    forwarded, run on every backend); `presented_as`: the client's platform name."""
+    global _installed_kind, _presented_as
+    if presented_as not in (PLATFORM_NAME, kind):
+        raise ValueError(f"flexnpu presents platform {presented_as!r} over {kind!r}")
     with _lock:
+        _presented_as = presented_as
         if _installed_kind == kind:
             return
         if _installed_kind is not None:
@@ -497,4 +508,10 @@ def install(kind: str, jaxlib_kernels: bool | None = None) -> None:
         if jaxlib_kernels is None:
             jaxlib_kernels = kind != "cpu" or target_runs_everywhere(LAPACK_PROBE_TARGET)
         install_lowering_rules(kind, jaxlib_kernels)
+        if presented_as == "cpu" and not jaxlib_kernels:
+            # JAX lowers "cpu" modules with jaxlib's rules, and jaxlib's cpu backend is
+            # FlexNPU's in this mode: its linear algebra needs the generic rules too.
+            from jax._src.interpreters import mlir
+
+            mlir._platform_specific_lowerings["cpu"].update(_generic_linalg_rules())
         _installed_kind = kind

@@ -134,6 +134,45 @@ std::string Envelope(uint64_t format, const std::string& platform_version,
   return out;
 }
 
+// JAX hashes the serialized topology into its persistent-cache key: equal over the same
+// backend whatever the virtual device count (serialized executables load under any), different
+// when the platform name JAX sees differs; Deserialize is refused by name.
+TEST_F(SerializationTest, TopologySerializesToBytesEqualForEqualTopologies) {
+  auto serialize = [&](PJRT_Client* client) {
+    PJRT_Client_TopologyDescription_Args get{};
+    get.struct_size = PJRT_Client_TopologyDescription_Args_STRUCT_SIZE;
+    get.client = client;
+    EXPECT_EQ(Info(api->PJRT_Client_TopologyDescription(&get)).code, PJRT_Error_Code_OK);
+    PJRT_TopologyDescription_Serialize_Args args{};
+    args.struct_size = PJRT_TopologyDescription_Serialize_Args_STRUCT_SIZE;
+    args.topology = get.topology;
+    ErrorInfo info = Info(api->PJRT_TopologyDescription_Serialize(&args));
+    EXPECT_EQ(info.code, PJRT_Error_Code_OK) << info.message;
+    if (info.code != PJRT_Error_Code_OK) return std::string();
+    EXPECT_NE(args.serialized_topology_deleter, nullptr);
+    std::string bytes(args.serialized_bytes, args.serialized_bytes_size);
+    args.serialized_topology_deleter(args.serialized_topology);
+    return bytes;
+  };
+  const std::string four = serialize(CreateClient(4));
+  EXPECT_FALSE(four.empty());
+  EXPECT_EQ(serialize(CreateClient(4)), four);
+  EXPECT_EQ(serialize(CreateClient(6)), four);
+  PJRT_Client* as_cpu = nullptr;
+  ErrorInfo created = TryCreateClient({StringOption("platform_name", "cpu")}, &as_cpu);
+  ASSERT_EQ(created.code, PJRT_Error_Code_OK) << created.message;
+  EXPECT_NE(serialize(as_cpu), four);
+
+  PJRT_TopologyDescription_Deserialize_Args back{};
+  back.struct_size = PJRT_TopologyDescription_Deserialize_Args_STRUCT_SIZE;
+  back.serialized_topology = four.data();
+  back.serialized_topology_size = four.size();
+  ErrorInfo refused = Info(api->PJRT_TopologyDescription_Deserialize(&back));
+  EXPECT_EQ(refused.code, PJRT_Error_Code_UNIMPLEMENTED);
+  EXPECT_NE(refused.message.find("PJRT_Client_TopologyDescription"), std::string::npos)
+      << refused.message;
+}
+
 TEST_F(SerializationTest, RoundTripInTheSameClientEqualsDirect) {
   PJRT_Client* client = CreateClient(4);
   PJRT_Device* device = Device(client, 2);

@@ -105,6 +105,34 @@ TEST_F(CApiTest, CompileTransferExecuteReadBack) {
   EXPECT_EQ(Download(copy.dst_buffer, 4), (std::vector<float>{110, 440, 990, 1760}));
 }
 
+// platform_name: the physical platform's name and device kinds for frameworks that know only
+// tpu/gpu/cpu; any other name is refused naming both.
+TEST_F(CApiTest, PlatformNameMayBeThePhysicalPlatformsOnly) {
+  PJRT_Client* client = nullptr;
+  ErrorInfo created = TryCreateClient({StringOption("platform_name", "cpu")}, &client);
+  ASSERT_EQ(created.code, PJRT_Error_Code_OK) << created.message;
+  PJRT_Client_PlatformName_Args name{};
+  name.struct_size = PJRT_Client_PlatformName_Args_STRUCT_SIZE;
+  name.client = client;
+  ASSERT_PJRT_OK(api->PJRT_Client_PlatformName(&name));
+  EXPECT_EQ(std::string(name.platform_name, name.platform_name_size), "cpu");
+  PJRT_Device_GetDescription_Args desc{};
+  desc.struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE;
+  desc.device = Device(client, 0);
+  ASSERT_PJRT_OK(api->PJRT_Device_GetDescription(&desc));
+  PJRT_DeviceDescription_Kind_Args kind{};
+  kind.struct_size = PJRT_DeviceDescription_Kind_Args_STRUCT_SIZE;
+  kind.device_description = desc.device_description;
+  ASSERT_PJRT_OK(api->PJRT_DeviceDescription_Kind(&kind));
+  EXPECT_EQ(std::string(kind.device_kind, kind.device_kind_size), "cpu");
+
+  PJRT_Client* refused = nullptr;
+  ErrorInfo info = TryCreateClient({StringOption("platform_name", "tpu")}, &refused);
+  EXPECT_EQ(info.code, PJRT_Error_Code_INVALID_ARGUMENT);
+  EXPECT_NE(info.message.find("'tpu'"), std::string::npos) << info.message;
+  EXPECT_NE(info.message.find("which is 'cpu'"), std::string::npos) << info.message;
+}
+
 TEST_F(CApiTest, ExecutionErrorsAreReportedWithCodeAndMessage) {
   PJRT_Client* client = CreateClient(4);
   PJRT_Client* other = CreateClient(4);

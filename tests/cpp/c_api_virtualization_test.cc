@@ -4,6 +4,7 @@
 // rule, missing inner slots and event callbacks as JAX uses them. Run under ASan/UBSan and
 // ThreadSanitizer in CI: a use-after-free or a race there fails the test.
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -281,6 +282,31 @@ TEST_F(CApiVirtualizationTest, MemoryStatsWritesOnlyWhatTheCallerStructHolds) {
   ASSERT_PJRT_OK(api->PJRT_Device_MemoryStats(&full));
   EXPECT_TRUE(full.bytes_limit_is_set);
   EXPECT_GT(full.bytes_limit, 0);
+}
+
+TEST_F(CApiVirtualizationTest, VirtualDevicesShareThePhysicalMemory) {
+  // 6 virtual devices over the 4 CPU devices (the default): the CPU devices split the host's
+  // RAM, virtual devices 0 and 4 (homed on physical 0) and 1 and 5 split theirs.
+  const int64_t host = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  PJRT_Client* client = CreateClient(6);
+  std::vector<int64_t> limits;
+  for (int v = 0; v < 6; ++v) {
+    PJRT_Device_MemoryStats_Args stats{};
+    stats.struct_size = PJRT_Device_MemoryStats_Args_STRUCT_SIZE;
+    stats.device = Device(client, v);
+    ASSERT_PJRT_OK(api->PJRT_Device_MemoryStats(&stats));
+    ASSERT_TRUE(stats.bytes_limit_is_set) << "device " << v;
+    EXPECT_EQ(stats.bytes_reservable_limit, stats.bytes_limit) << "device " << v;
+    limits.push_back(stats.bytes_limit);
+  }
+  int64_t sum = 0;
+  for (int64_t limit : limits) sum += limit;
+  EXPECT_EQ(sum, host);
+  const int64_t per_physical = host / 4;
+  EXPECT_LE(std::abs(limits[0] + limits[4] - per_physical), 1);
+  EXPECT_LE(std::abs(limits[1] + limits[5] - per_physical), 1);
+  EXPECT_LE(std::abs(limits[2] - per_physical), 1);
+  EXPECT_LE(std::abs(limits[0] - per_physical / 2), 1);
 }
 
 TEST_F(CApiVirtualizationTest, ArgumentStructsLargerThanTheHeaderAreAccepted) {

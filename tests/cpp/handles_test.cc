@@ -22,7 +22,7 @@ namespace flexnpu {
 namespace {
 
 TEST(HandlesTest, RoundTripAndWrongTypeIsRejected) {
-  DeviceDescription description(3, 1, "cpu");
+  DeviceDescription description(3, 1, "cpu", "virtual NPU");
   PJRT_DeviceDescription* handle = ToHandle<PJRT_DeviceDescription>(&description);
   EXPECT_EQ(FromHandle<DeviceDescription>(handle), &description);
   // The same pointer viewed as another handle type is not accepted.
@@ -38,7 +38,7 @@ TEST(HandlesTest, ForeignMemoryWithAValidTagIsRejected) {
 }
 
 TEST(HandlesTest, DestroyedHandlesAreRejectedWithoutBeingRead) {
-  auto* description = new DeviceDescription(1, 0, "cpu");
+  auto* description = new DeviceDescription(1, 0, "cpu", "virtual NPU");
   PJRT_DeviceDescription* handle = ToHandle<PJRT_DeviceDescription>(description);
   EXPECT_EQ(FromHandle<DeviceDescription>(handle), description);
   delete description;
@@ -52,7 +52,7 @@ TEST(HandlesTest, DestroyedHandlesAreRejectedWithoutBeingRead) {
 TEST(HandlesTest, AHandleDestroyedOnAnotherThreadIsRejectedWhereItWasResolvedBefore) {
   // Storage of the test's own, so that the same address can hold a new object afterwards.
   alignas(DeviceDescription) unsigned char storage[sizeof(DeviceDescription)];
-  auto* description = new (storage) DeviceDescription(1, 0, "cpu");
+  auto* description = new (storage) DeviceDescription(1, 0, "cpu", "virtual NPU");
   PJRT_DeviceDescription* handle = ToHandle<PJRT_DeviceDescription>(description);
   std::mutex mu;
   std::condition_variable cv;
@@ -73,7 +73,7 @@ TEST(HandlesTest, AHandleDestroyedOnAnotherThreadIsRejectedWhereItWasResolvedBef
   }
   destroyer.join();
   EXPECT_EQ(FromHandle<DeviceDescription>(handle), nullptr);
-  auto* again = new (storage) DeviceDescription(2, 0, "cpu");
+  auto* again = new (storage) DeviceDescription(2, 0, "cpu", "virtual NPU");
   EXPECT_EQ(FromHandle<DeviceDescription>(handle), again);
   again->~DeviceDescription();
   EXPECT_EQ(FromHandle<DeviceDescription>(handle), nullptr);
@@ -174,7 +174,7 @@ TEST(HandlesTest, ARecordInAFormerHandleSlotIsNotAHandle) {
 }
 
 TEST(HandlesTest, DescriptionSaysVirtualAndNamesItsPhysicalDevice) {
-  DeviceDescription description(5, 1, "cpu");
+  DeviceDescription description(5, 1, "cpu", "virtual NPU");
   EXPECT_EQ(description.id(), 5);
   EXPECT_EQ(description.kind(), "virtual NPU");
   EXPECT_NE(description.to_string().find("virtual NPU over cpu:1"), std::string::npos);

@@ -256,3 +256,20 @@ def test_trace_without_policy_is_refused(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "--trace needs --policy" in done.stderr
+
+
+def test_sigterm_stops_the_daemon_cleanly_with_metrics_served(tmp_path: Path) -> None:
+    # The /metrics thread refers to the server's stats: stopping it first lets the server go, so
+    # nanobind reports no leaked DaemonServer at exit.
+    d = Daemon(tmp_path / "m.sock", tmp_path / "m.log",
+               extra=("--policy", "dynamic", "--metrics-port", str(_free_port())))
+    try:
+        done = subprocess.run([sys.executable, "-c", SMALL_PROGRAM], capture_output=True,
+                              text=True, timeout=300, env=_client_env(d.socket))
+        assert done.returncode == 0, done.stderr[-3000:]
+    finally:
+        d.stop()
+    log = d.log.read_text()
+    assert d.process.returncode == 0, log
+    assert "SIGTERM: stopping" in log and "stopped" in log, log
+    assert "leaked" not in log, log

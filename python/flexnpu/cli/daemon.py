@@ -18,6 +18,7 @@ import argparse
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from flexnpu.daemon import Tenants, load_tenants, served_backend
@@ -75,7 +76,10 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _start_metrics(port: int, server: Any, with_runtime: bool) -> None:
+def _start_metrics(port: int, server: Any, with_runtime: bool) -> Callable[[], None]:
+    """Serves /metrics; returns what stops it. The HTTP thread holds the registry and the
+    registry the server's stats: stopping it lets the server go when the daemon stops (else
+    nanobind reports the server as leaked at exit)."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError as e:
@@ -85,15 +89,29 @@ def _start_metrics(port: int, server: Any, with_runtime: bool) -> None:
     from flexnpu import _daemon_metrics
 
     registry = CollectorRegistry()
-    registry.register(_daemon_metrics.DaemonCollector(server.stats_json))
+    collector = _daemon_metrics.DaemonCollector(server.stats_json)
+    registry.register(collector)
     if with_runtime:
         from flexnpu import metrics
 
         metrics.register(registry)
     try:
-        start_http_server(port, registry=registry)
+        http, thread = start_http_server(port, registry=registry)
     except OSError as e:
+        registry.unregister(collector)
         raise RuntimeError(f"--metrics-port {port}: cannot listen: {e}") from e
+
+    def stop() -> None:
+        http.shutdown()
+        http.server_close()
+        thread.join()
+        registry.unregister(collector)
+
+    return stop
+
+
+def _no_metrics() -> None:
+    pass
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,15 +145,17 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, RuntimeError, FileNotFoundError) as e:
         print(f"flexnpu daemon: {e}", file=sys.stderr)
         return 2
+    stop_metrics: Callable[[], None] = _no_metrics
     try:
         if args.metrics_port is not None:
-            _start_metrics(args.metrics_port, server, args.policy is not None)
+            stop_metrics = _start_metrics(args.metrics_port, server, args.policy is not None)
             print(f"flexnpu daemon: /metrics on port {args.metrics_port}", file=sys.stderr)
         if args.trace:
             from flexnpu import stats
 
             stats.start_trace()
     except RuntimeError as e:
+        stop_metrics()
         server.stop()
         print(f"flexnpu daemon: {e}", file=sys.stderr)
         return 2
@@ -159,5 +179,6 @@ def run(args: argparse.Namespace) -> int:
         stats.stop_trace()
         stats.export_trace(args.trace)
         print(f"flexnpu daemon: timeline written to {args.trace}", file=sys.stderr, flush=True)
+    stop_metrics()
     server.stop()
     return 0
