@@ -7,7 +7,8 @@
 #   3. the Bazel build and tests (offline, Debian's bazel-bootstrap);
 #   4. a bounded fuzz run of the HLO reader, when its script is present;
 #   5. ruff, the layering check (tools/check_layers.py) and pytest (JAX programs on flexnpu vs
-#      the physical backend, errors, threads, ...).
+#      the physical backend, errors, threads, ...);
+#   6. the installed plugin under the oldest supported jax/jaxlib (tools/check_jax_versions.sh).
 # Environment: PYTHON (default python3), FLEXNPU_FUZZ_SECONDS (default 60).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -85,3 +86,8 @@ step "layers (includes and imports run one way)"
 
 step "pytest"
 "$PYTHON" -m pytest -q
+
+step "The oldest supported jax/jaxlib"
+# The suite above runs the newest supported jax (pyproject's pin); the installed plugin must also
+# work under the oldest (docs/limits.md#supported-jax-versions). About 1 min: a venv per version.
+FLEXNPU_JAX_VERSIONS=${FLEXNPU_JAX_VERSIONS:-0.8.3} PYTHON="$PYTHON" tools/check_jax_versions.sh --installed
