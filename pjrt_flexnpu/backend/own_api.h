@@ -70,6 +70,41 @@ H* To(T* object) {
   return reinterpret_cast<H*>(object);
 }
 
+// Client slots answered from fields every client of FlexNPU's own APIs has (platform_version,
+// device_handles, memory_handles): one process whose devices are all addressable.
+template <typename Client>
+PJRT_Error* ClientPlatformVersion(PJRT_Client_PlatformVersion_Args* a) {
+  const Client* c = From<Client>(a->client);
+  a->platform_version = c->platform_version.data();
+  a->platform_version_size = c->platform_version.size();
+  return nullptr;
+}
+inline PJRT_Error* ClientProcessIndex(PJRT_Client_ProcessIndex_Args* a) {
+  a->process_index = 0;
+  return nullptr;
+}
+template <typename Client>
+PJRT_Error* ClientDevices(PJRT_Client_Devices_Args* a) {
+  const Client* c = From<Client>(a->client);
+  a->devices = c->device_handles.data();
+  a->num_devices = c->device_handles.size();
+  return nullptr;
+}
+template <typename Client>
+PJRT_Error* ClientAddressableDevices(PJRT_Client_AddressableDevices_Args* a) {
+  const Client* c = From<Client>(a->client);
+  a->addressable_devices = c->device_handles.data();
+  a->num_addressable_devices = c->device_handles.size();
+  return nullptr;
+}
+template <typename Client>
+PJRT_Error* ClientAddressableMemories(PJRT_Client_AddressableMemories_Args* a) {
+  const Client* c = From<Client>(a->client);
+  a->addressable_memories = c->memory_handles.data();
+  a->num_addressable_memories = c->memory_handles.size();
+  return nullptr;
+}
+
 }  // namespace flexnpu::own_api
 
 #endif  // FLEXNPU_BACKEND_OWN_API_H_

@@ -16,6 +16,18 @@
 
 namespace flexnpu {
 
+// An int64 create option or attribute named `name` (which must outlive it).
+inline PJRT_NamedValue Int64NamedValue(const char* name, int64_t value) {
+  PJRT_NamedValue v{};
+  v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+  v.name = name;
+  v.name_size = std::strlen(name);
+  v.type = PJRT_NamedValue_kInt64;
+  v.int64_value = value;
+  v.value_size = 1;
+  return v;
+}
+
 // RAII owners of inner handles: each destroys its handle through the inner API.
 class PhysicalBackend;
 

@@ -18,17 +18,6 @@ PJRT_NamedValue StringAttribute(const char* name, const std::string& value) {
   return v;
 }
 
-PJRT_NamedValue IntAttribute(const char* name, int64_t value) {
-  PJRT_NamedValue v{};
-  v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-  v.name = name;
-  v.name_size = std::char_traits<char>::length(name);
-  v.type = PJRT_NamedValue_kInt64;
-  v.int64_value = value;
-  v.value_size = 1;
-  return v;
-}
-
 }  // namespace
 
 void MemoryStats::Add(int64_t bytes) {
@@ -57,7 +46,7 @@ DeviceDescription::DeviceDescription(int id, int physical_device,
                  backend_platform + ":" + std::to_string(physical_device) + ")"),
       physical_device_(physical_device),
       backend_platform_(backend_platform) {
-  attributes_.push_back(IntAttribute("home_physical_device", physical_device_));
+  attributes_.push_back(Int64NamedValue("home_physical_device", physical_device_));
   attributes_.push_back(StringAttribute("physical_platform", backend_platform_));
 }
 

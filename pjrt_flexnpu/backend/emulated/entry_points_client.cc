@@ -15,16 +15,6 @@ namespace {
 constexpr char kPlatformName[] = "cpu";
 constexpr char kMemoryKind[] = "device";
 
-PJRT_NamedValue Int64Value(const char* name, int64_t value) {
-  PJRT_NamedValue v{};
-  v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-  v.name = name;
-  v.name_size = std::strlen(name);
-  v.type = PJRT_NamedValue_kInt64;
-  v.int64_value = value;
-  v.value_size = 1;
-  return v;
-}
 
 const EmulatedDevice& DeviceOf(PJRT_DeviceDescription* description) {
   return *reinterpret_cast<const EmulatedDevice*>(description);
@@ -40,7 +30,7 @@ PJRT_Error* Client_Create(PJRT_Client_Create_Args* a) {
     FLEXNPU_ASSIGN_OR_RETURN(client->cpu, CpuCompiler(config.cpu_plugin_path));
     const PhysicalBackend& cpu = *client->cpu;
     // As many CPU devices as emulated ones, with the same ids: device assignments compile.
-    const PJRT_NamedValue count = Int64Value("cpu_device_count", config.device_count);
+    const PJRT_NamedValue count = Int64NamedValue("cpu_device_count", config.device_count);
     FLEXNPU_ASSIGN_OR_RETURN(client->cpu_client, cpu.CreateClient(&count, 1));
     FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Device*> cpu_devices,
                              cpu.AddressableDevices(client->cpu_client.get()));
@@ -96,26 +86,16 @@ PJRT_Error* Client_PlatformName(PJRT_Client_PlatformName_Args* a) {
   return nullptr;
 }
 PJRT_Error* Client_PlatformVersion(PJRT_Client_PlatformVersion_Args* a) {
-  const EmulatedClient* c = From<EmulatedClient>(a->client);
-  a->platform_version = c->platform_version.data();
-  a->platform_version_size = c->platform_version.size();
-  return nullptr;
+  return own_api::ClientPlatformVersion<EmulatedClient>(a);
 }
 PJRT_Error* Client_ProcessIndex(PJRT_Client_ProcessIndex_Args* a) {
-  a->process_index = 0;
-  return nullptr;
+  return own_api::ClientProcessIndex(a);
 }
 PJRT_Error* Client_Devices(PJRT_Client_Devices_Args* a) {
-  const EmulatedClient* c = From<EmulatedClient>(a->client);
-  a->devices = c->device_handles.data();
-  a->num_devices = c->device_handles.size();
-  return nullptr;
+  return own_api::ClientDevices<EmulatedClient>(a);
 }
 PJRT_Error* Client_AddressableDevices(PJRT_Client_AddressableDevices_Args* a) {
-  const EmulatedClient* c = From<EmulatedClient>(a->client);
-  a->addressable_devices = c->device_handles.data();
-  a->num_addressable_devices = c->device_handles.size();
-  return nullptr;
+  return own_api::ClientAddressableDevices<EmulatedClient>(a);
 }
 PJRT_Error* Client_LookupDevice(PJRT_Client_LookupDevice_Args* a) {
   const EmulatedClient* c = From<EmulatedClient>(a->client);
@@ -137,10 +117,7 @@ PJRT_Error* Client_LookupAddressableDevice(PJRT_Client_LookupAddressableDevice_A
   return nullptr;
 }
 PJRT_Error* Client_AddressableMemories(PJRT_Client_AddressableMemories_Args* a) {
-  const EmulatedClient* c = From<EmulatedClient>(a->client);
-  a->addressable_memories = c->memory_handles.data();
-  a->num_addressable_memories = c->memory_handles.size();
-  return nullptr;
+  return own_api::ClientAddressableMemories<EmulatedClient>(a);
 }
 
 // Device descriptions are the devices themselves.

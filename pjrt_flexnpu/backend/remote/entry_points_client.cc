@@ -104,32 +104,19 @@ PJRT_Error* Client_PlatformName(PJRT_Client_PlatformName_Args* a) {
   return nullptr;
 }
 PJRT_Error* Client_PlatformVersion(PJRT_Client_PlatformVersion_Args* a) {
-  const RemoteClient* c = From<RemoteClient>(a->client);
-  a->platform_version = c->platform_version.data();
-  a->platform_version_size = c->platform_version.size();
-  return nullptr;
+  return own_api::ClientPlatformVersion<RemoteClient>(a);
 }
 PJRT_Error* Client_ProcessIndex(PJRT_Client_ProcessIndex_Args* a) {
-  a->process_index = 0;
-  return nullptr;
+  return own_api::ClientProcessIndex(a);
 }
 PJRT_Error* Client_Devices(PJRT_Client_Devices_Args* a) {
-  const RemoteClient* c = From<RemoteClient>(a->client);
-  a->devices = c->device_handles.data();
-  a->num_devices = c->device_handles.size();
-  return nullptr;
+  return own_api::ClientDevices<RemoteClient>(a);
 }
 PJRT_Error* Client_AddressableDevices(PJRT_Client_AddressableDevices_Args* a) {
-  const RemoteClient* c = From<RemoteClient>(a->client);
-  a->addressable_devices = c->device_handles.data();
-  a->num_addressable_devices = c->device_handles.size();
-  return nullptr;
+  return own_api::ClientAddressableDevices<RemoteClient>(a);
 }
 PJRT_Error* Client_AddressableMemories(PJRT_Client_AddressableMemories_Args* a) {
-  const RemoteClient* c = From<RemoteClient>(a->client);
-  a->addressable_memories = c->memory_handles.data();
-  a->num_addressable_memories = c->memory_handles.size();
-  return nullptr;
+  return own_api::ClientAddressableMemories<RemoteClient>(a);
 }
 
 // Device descriptions are the devices themselves.
