@@ -125,3 +125,23 @@ class FakeEngine:
             req["done"] = True
             self.aborted.append(req)
             req["output"].on_finish("abort", time.perf_counter())
+
+
+class ScriptedSplit:
+    """A split advisor whose decisions a test makes (the cluster layer takes any object with
+    the placement core's SplitAdvisor calls): `prefill_units` becomes `ask` at the next
+    arrival."""
+
+    def __init__(self, prefill_units: int) -> None:
+        self.prefill_units = self.ask = prefill_units
+
+    def on_prompt(self, tokens: int) -> None:
+        pass
+
+    def due(self, now_ns: int) -> bool:
+        return True
+
+    def update(self, now_ns: int, decode_sequences: int, queued_prompt_tokens: int = 0) -> bool:
+        changed = self.ask != self.prefill_units
+        self.prefill_units = self.ask
+        return changed

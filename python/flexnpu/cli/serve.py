@@ -122,11 +122,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--layout",
-        choices=["colocated", "split"],
+        choices=["colocated", "split", "static-colocate", "adaptive"],
         default=None,
         help="colocated (default): every device prefills and decodes, mixed steps; "
         "split: --prefill-devices prefill, the next --decode-devices decode, KV "
-        "handed over with jax.device_put (default when --prefill-devices is set)",
+        "handed over with jax.device_put (default when --prefill-devices is set); "
+        "static-colocate: every device hosts a prefill and a decode instance (the paper's "
+        "static co-location); adaptive: those instances, and the split advisor moves devices "
+        "between the sides as the load shifts (decodes move with their KV)",
+    )
+    e.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=0.0,
+        help="adaptive: one device's prefill throughput at a full step, for the split advisor "
+        "(default: a full prefill step is timed at warm-up)",
+    )
+    e.add_argument(
+        "--split-hold",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="adaptive: a reversal of the last split change waits this long (0: at once)",
     )
     e.add_argument(
         "--devices",
@@ -134,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="colocated: one instance on each of the first N of jax.devices() (default: what "
         "the backend has: on CPU devices, which share the cores, one instance per 2 cores; on "
-        "accelerators, every device)",
+        "accelerators, every device); adaptive: the first N devices (default: all)",
     )
     e.add_argument(
         "--prefill-devices",
@@ -226,6 +243,15 @@ def engine_config(
         pre = args.prefill_devices or 1
         dec = args.decode_devices or max(1, num_devices - pre)
         layout_kw = dict(layout="split", prefill_devices=pre, decode_devices=dec)
+    elif layout == "static-colocate":
+        layout_kw = dict(layout=layout, num_devices=args.devices)
+    elif layout == "adaptive":
+        layout_kw = dict(
+            layout="adaptive",
+            num_devices=args.devices,
+            prefill_tokens_per_s=args.prefill_tokens_per_s,
+            split_hold_s=args.split_hold,
+        )
     else:
         layout_kw = dict(layout="colocated", num_devices=args.devices or default_instances)
     ec = EngineConfig(
@@ -358,6 +384,13 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
     if not args.no_warmup:
         _warm_up(engine, cache_dir)
     engine.start()
+    if ec.layout == "adaptive":
+        print(
+            f"split advisor: {engine.cluster.prefill_units} of {engine.units} devices take "
+            f"prompts at first; one device prefills "
+            f"{engine.split_settings.prefill_tokens_per_s:,.0f} tokens/s",
+            flush=True,
+        )
 
     from flexnpu.serving.server import ServerState, create_app
     from flexnpu.serving.shutdown import serve
