@@ -16,8 +16,9 @@ import time
 import pytest
 from _serving import require
 
-ray = pytest.importorskip("ray", reason="the Ray cluster tests need the [ray] extra: "
-                          "pip install '.[ray]'")
+ray = pytest.importorskip(
+    "ray", reason="the Ray cluster tests need the [ray] extra: pip install '.[ray]'"
+)
 
 MAX_LEN = 1024  # a long request takes seconds: time to kill its replica while it runs
 DONE_TIMEOUT_S = 180  # a client never waits longer than this (a 2-core machine under load)
@@ -29,8 +30,14 @@ def _engine_config():
     from flexnpu.serving.engine import EngineConfig
 
     # One sequence per step and replica: the others wait, so a killed replica has both.
-    return EngineConfig(max_num_seqs=1, max_model_len=MAX_LEN, max_num_batched_tokens=32,
-                        block_size=8, decode_widths=[4], num_devices=1)
+    return EngineConfig(
+        max_num_seqs=1,
+        max_model_len=MAX_LEN,
+        max_num_batched_tokens=32,
+        block_size=8,
+        decode_widths=[4],
+        num_devices=1,
+    )
 
 
 def _greedy(max_tokens: int):
@@ -44,8 +51,10 @@ def cluster():
     require("prometheus_client")
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=1, resources={"flexnpu_devices": 1}, include_dashboard=False))
+    c = Cluster(
+        initialize_head=True,
+        head_node_args=dict(num_cpus=1, resources={"flexnpu_devices": 1}, include_dashboard=False),
+    )
     c.add_node(num_cpus=1, resources={"flexnpu_devices": 1})
     c.wait_for_nodes()
     ray.init(address=c.address, namespace="flexnpu-tests", log_to_driver=False)
@@ -61,12 +70,16 @@ def front(cluster):
     from flexnpu.serving.multihost.ray_replicas import RayLauncher
     from flexnpu.serving.multihost.replica import ReplicaSpec
 
-    spec = ReplicaSpec(model="random:tiny", seed=1, engine_config=_engine_config(),
-                       served_model_name="tiny")
+    spec = ReplicaSpec(
+        model="random:tiny", seed=1, engine_config=_engine_config(), served_model_name="tiny"
+    )
     metrics = ClusterMetrics("tiny")
-    f = ClusterFront(RayLauncher(spec, start_timeout_s=600), metrics,
-                     FrontConfig(discover_interval_s=0.5, liveness_timeout_s=60),
-                     log=lambda *_: None)
+    f = ClusterFront(
+        RayLauncher(spec, start_timeout_s=600),
+        metrics,
+        FrontConfig(discover_interval_s=0.5, liveness_timeout_s=60),
+        log=lambda *_: None,
+    )
     metrics.attach(f)
     f.start()
     yield f
@@ -86,8 +99,10 @@ def single_host(npu_devices):
     eng = Engine(steps, m.params, ec, devices=npu_devices[:1], eos_ids=m.eos_ids)
     eng.warmup()
     eng.start()
-    yield [eng.generate(p, _greedy(n), timeout=DONE_TIMEOUT_S)[0]
-           for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+    yield [
+        eng.generate(p, _greedy(n), timeout=DONE_TIMEOUT_S)[0]
+        for p, n in zip(PROMPTS, LENGTHS, strict=True)
+    ]
     eng.stop()
 
 
@@ -113,7 +128,7 @@ def test_one_named_replica_per_offering_node(cluster, front) -> None:
     for info in infos:
         assert info.name == replica_name(info.node_id) == f"flexnpu-replica-{info.node_id[:8]}"
         assert ray.get_actor(info.name) is not None  # what the dashboard lists
-        assert info.devices.startswith("1 flexnpu devices")
+        assert info.devices == "1 flexnpu devices over cpu"
     assert front.healthy and front.error is None
 
 
@@ -155,11 +170,19 @@ def test_openai_endpoint_streams_and_metrics_name_hosts(front, single_host) -> N
     try:
         with httpx.Client(base_url=url, timeout=DONE_TIMEOUT_S) as h:
             assert h.get("/health").status_code == 200
-            body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": LENGTHS[0],
-                    "temperature": 0, "ignore_eos": True, "logprobs": 1}
+            body = {
+                "model": "tiny",
+                "prompt": PROMPTS[0],
+                "max_tokens": LENGTHS[0],
+                "temperature": 0,
+                "ignore_eos": True,
+                "logprobs": 1,
+            }
             plain = h.post("/v1/completions", json=body).json()
-            assert plain["choices"][0]["logprobs"]["tokens"] and \
-                plain["usage"]["completion_tokens"] == LENGTHS[0]
+            assert (
+                plain["choices"][0]["logprobs"]["tokens"]
+                and plain["usage"]["completion_tokens"] == LENGTHS[0]
+            )
             with h.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
                 lines = [x for x in r.iter_lines() if x.startswith("data: ")]
             assert lines[-1] == "data: [DONE]"
@@ -173,15 +196,19 @@ def test_openai_endpoint_streams_and_metrics_name_hosts(front, single_host) -> N
         th.join(10)
     for info in front.replicas():
         assert f'host="{info.host}"' in metrics
-        assert f'flexnpu:num_requests_running{{host="{info.host}",model_name="tiny",' \
-               f'replica="{info.name}"}}' in metrics
+        assert (
+            f'flexnpu:num_requests_running{{host="{info.host}",model_name="tiny",'
+            f'replica="{info.name}"}}' in metrics
+        )
     assert 'replica="front"' in metrics
-    assert "flexnpu:cluster_replicas" in metrics and metrics.count("# TYPE flexnpu:") == \
-        len({x.split()[2] for x in metrics.splitlines() if x.startswith("# TYPE flexnpu:")})
+    assert "flexnpu:cluster_replicas" in metrics and metrics.count("# TYPE flexnpu:") == len(
+        {x.split()[2] for x in metrics.splitlines() if x.startswith("# TYPE flexnpu:")}
+    )
 
 
 def test_killed_replica_reroutes_queued_fails_running_then_a_new_node_serves(
-        cluster, front, single_host) -> None:
+    cluster, front, single_host
+) -> None:
     # Long requests (seconds each): one runs on each replica, two wait behind it.
     n = MAX_LEN - 40 - 1
     sent = [_submit(front, PROMPTS[0], n) for i in range(6)]
@@ -197,13 +224,15 @@ def test_killed_replica_reroutes_queued_fails_running_then_a_new_node_serves(
     _wait_all([out for _, out in sent])
 
     running, queued = on_victim[0], on_victim[1:]
-    assert running[1].finish_reason.startswith(
-        f"error: replica {victim} on host {host} died: "), running[1].finish_reason
+    assert running[1].finish_reason.startswith(f"error: replica {victim} on host {host} died: "), (
+        running[1].finish_reason
+    )
+    assert running[1].finish_reason.endswith("because it was killed by `ray.kill`.")
     assert running[0].reroutes == 0 and 0 < len(running[1].ids) < n
     for req, out in sent:
         if req is not running[0]:
             assert (out.finish_reason, len(out.ids)) == ("length", n)
-            assert req.replica != victim
+            assert req.replica != victim and out.ids[: LENGTHS[0]] == single_host[0]
     assert [req.reroutes for req, _ in queued] == [1, 1] and front.reroutes == 2
     assert front.healthy and [i.name for i in front.replicas()] == [sent[1][0].replica]
 

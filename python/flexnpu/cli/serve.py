@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flexnpu import compilation_cache
+from flexnpu.cli import serve_ray
 from flexnpu.cli.errors import CliError, run_subcommand
 from flexnpu.serving import logs
 from flexnpu.serving.config import RANDOM_PRESETS
@@ -188,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn) log level")
     logs.add_argument(p)
+    serve_ray.add_arguments(p)
     return p
 
 
@@ -289,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
     """Runs the server from parsed options (`python -m flexnpu serve` parses them itself)."""
     sock = None if args.export else bind_listening_socket(args.host, args.port)
     try:
+        if args.ray is not None:
+            return serve_ray.run(args, sock)
         return _load_and_serve(args, sock)
     finally:
         if sock is not None:

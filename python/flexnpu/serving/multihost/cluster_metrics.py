@@ -27,10 +27,11 @@ class ClusterMetrics(ServingMetrics):
         self.rerouted = Counter(
             "flexnpu:cluster_rerouted_requests",
             "Requests sent to another replica because theirs died before their first token.",
-            registry=r)
+            registry=r,
+        )
         self.replica_failures = Counter(
-            "flexnpu:cluster_replica_failures", "Replicas found dead (actor or node).",
-            registry=r)
+            "flexnpu:cluster_replica_failures", "Replicas found dead (actor or node).", registry=r
+        )
         self.replicas = Gauge("flexnpu:cluster_replicas", "Live replicas.", registry=r)
         self.host = socket.gethostname()
         self._front: Any = None
@@ -48,8 +49,10 @@ class ClusterMetrics(ServingMetrics):
         parts: list[tuple[dict[str, str], bytes]] = []
         if self._front is not None:
             self.replicas.set(len(self._front.replicas()))
-            parts = [({"host": info.host, "replica": info.name}, text)
-                     for info, text in self._front.replica_metrics()]
+            parts = [
+                ({"host": info.host, "replica": info.name}, text)
+                for info, text in self._front.replica_metrics()
+            ]
         own = super().render()
         return merge_labelled([({"host": self.host, "replica": FRONT}, own), *parts])
 
@@ -62,11 +65,11 @@ def merge_labelled(parts: Iterable[tuple[dict[str, str], bytes]]) -> bytes:
         for fam in text_string_to_metric_families(text.decode()):
             merged = families.get(fam.name)
             if merged is None:
-                merged = families[fam.name] = Metric(fam.name, fam.documentation, fam.type,
-                                                     fam.unit)
+                merged = families[fam.name] = Metric(
+                    fam.name, fam.documentation, fam.type, fam.unit
+                )
             for s in fam.samples:
-                merged.add_sample(s.name, {**s.labels, **labels}, s.value, s.timestamp,
-                                  s.exemplar)
+                merged.add_sample(s.name, {**s.labels, **labels}, s.value, s.timestamp, s.exemplar)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Fixed(list(families.values())))
     return generate_latest(registry)

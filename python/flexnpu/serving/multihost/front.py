@@ -43,11 +43,18 @@ class RemoteReplica(Protocol):
     host: str
 
     def start(self) -> ReplicaInfo: ...
-    def submit(self, rid: int, prompt_ids: list[int], sampling: SamplingParams,
-               timeout_s: float | None, priority: int) -> None: ...
+    def submit(
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        timeout_s: float | None,
+        priority: int,
+    ) -> None: ...
     def abort(self, rid: int) -> None: ...
-    def poll(self, wait_s: float, timeout_s: float) -> tuple[dict[int, RequestEvents],
-                                                             ReplicaStatus]: ...
+    def poll(
+        self, wait_s: float, timeout_s: float
+    ) -> tuple[dict[int, RequestEvents], ReplicaStatus]: ...
     def metrics_text(self, timeout_s: float) -> bytes | None: ...
     def kill(self) -> None: ...
 
@@ -94,8 +101,9 @@ class _Replica:
     def route_key(self) -> tuple[int, int, float]:
         """Its load key with the submits it has not reported taking counted as waiting."""
         waiting, running, kv = self.status.load_key
-        unacked = self.unacked_tokens[max(0, len(self.unacked_tokens) -
-                                          (self.sent - self.status.submitted)):]
+        unacked = self.unacked_tokens[
+            max(0, len(self.unacked_tokens) - (self.sent - self.status.submitted)) :
+        ]
         return waiting + sum(unacked) + len(unacked), running, kv
 
 
@@ -108,8 +116,13 @@ class FrontConfig:
 
 
 class ClusterFront:
-    def __init__(self, launcher: Launcher, metrics: Any = None,
-                 config: FrontConfig | None = None, log: Callable[[str], Any] = print) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        metrics: Any = None,
+        config: FrontConfig | None = None,
+        log: Callable[[str], Any] = print,
+    ) -> None:
         self.launcher = launcher
         self.metrics = metrics  # ServingMetrics of the front (its own latencies, as clients see)
         self.config = config or FrontConfig()
@@ -136,12 +149,14 @@ class ClusterFront:
         if not nodes:
             raise RuntimeError(
                 "no node of the Ray cluster offers the custom resource flexnpu_devices (start "
-                "nodes with: ray start ... --resources '{\"flexnpu_devices\": 4}')")
+                "nodes with: ray start ... --resources '{\"flexnpu_devices\": 4}')"
+            )
         started = self._start_replicas(nodes)
         if not started:
             raise RuntimeError("no replica started: " + "; ".join(self.start_failures))
-        self._watcher = threading.Thread(target=self._watch, name="flexnpu-front-watch",
-                                         daemon=True)
+        self._watcher = threading.Thread(
+            target=self._watch, name="flexnpu-front-watch", daemon=True
+        )
         self._watcher.start()
         return started
 
@@ -164,8 +179,9 @@ class ClusterFront:
             except Exception as e:  # noqa: BLE001
                 self._start_failed(str(e))
 
-        threads = [threading.Thread(target=start, args=(i,), daemon=True)
-                   for i in range(len(handles))]
+        threads = [
+            threading.Thread(target=start, args=(i,), daemon=True) for i in range(len(handles))
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -186,23 +202,30 @@ class ClusterFront:
                 handle.kill()
                 return False
             first = self._first
-            if first is not None and (info.model_config != first.model_config or
-                                      info.max_model_len != first.max_model_len or
-                                      info.eos_ids != first.eos_ids):
+            if first is not None and (
+                info.model_config != first.model_config
+                or info.max_model_len != first.max_model_len
+                or info.eos_ids != first.eos_ids
+            ):
                 handle.kill()
-                self._start_failed(f"replica {info.name} on host {info.host} serves another "
-                                   f"model or context than {first.name}; not used")
+                self._start_failed(
+                    f"replica {info.name} on host {info.host} serves another "
+                    f"model or context than {first.name}; not used"
+                )
                 return False
             if first is None:
                 self._first = info
             status = ReplicaStatus((0, 0, 0.0), 0, 0, 0.0, 0, True, None)
             rep = _Replica(handle, info, status)
             self._replicas[info.name] = rep
-            rep.thread = threading.Thread(target=self._poll_loop, args=(rep,),
-                                          name=f"flexnpu-front-{info.name}", daemon=True)
+            rep.thread = threading.Thread(
+                target=self._poll_loop, args=(rep,), name=f"flexnpu-front-{info.name}", daemon=True
+            )
             rep.thread.start()
-        self.log(f"replica {info.name} on host {info.host} (pid {info.pid}): {info.devices}, "
-                 f"{info.layout}; ready in {info.start_seconds:.1f}s")
+        self.log(
+            f"replica {info.name} on host {info.host} (pid {info.pid}): {info.devices}, "
+            f"{info.layout}; ready in {info.start_seconds:.1f}s"
+        )
         return True
 
     def stop(self) -> None:
@@ -253,8 +276,9 @@ class ClusterFront:
             return "the server was stopped"
         if self._routable():
             return None
-        return "no live replica" + (f" (last failure: {self._last_failure})"
-                                    if self._last_failure else "")
+        return "no live replica" + (
+            f" (last failure: {self._last_failure})" if self._last_failure else ""
+        )
 
     _last_failure: str | None = None
 
@@ -263,8 +287,15 @@ class ClusterFront:
         with self._lock:
             return [r.info for r in self._replicas.values() if r.live]
 
-    def submit(self, prompt_ids: list[int], sampling: SamplingParams, output: RequestOutput,
-               *, deadline: float | None = None, priority: int = 0) -> ClusterRequest:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        output: RequestOutput,
+        *,
+        deadline: float | None = None,
+        priority: int = 0,
+    ) -> ClusterRequest:
         """Routes the request to the least loaded live replica; its tokens go to `output` on a
         front thread. Raises EngineDeadError (no live replica), QueueFullError (every replica's
         queue is full), ValueError."""
@@ -274,8 +305,9 @@ class ClusterFront:
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids out of range [0, {vocab}): {bad[:5]}")
-        req = ClusterRequest(next(self._ids), list(prompt_ids), sampling, output, deadline,
-                             priority)
+        req = ClusterRequest(
+            next(self._ids), list(prompt_ids), sampling, output, deadline, priority
+        )
         with self._lock:
             rep = self._route(req)
             if rep is None:
@@ -329,11 +361,16 @@ class ClusterFront:
         live = self._routable()
         if not live:
             return None
-        open_ = [r for r in live if r.status.num_waiting + r.sent - r.status.submitted <
-                 r.info.engine_config.max_waiting]
+        open_ = [
+            r
+            for r in live
+            if r.status.num_waiting + r.sent - r.status.submitted < r.info.engine_config.max_waiting
+        ]
         if not open_:
-            raise QueueFullError(f"every replica's queue is full ({len(live)} replicas, "
-                                 f"max_waiting {live[0].info.engine_config.max_waiting} each)")
+            raise QueueFullError(
+                f"every replica's queue is full ({len(live)} replicas, "
+                f"max_waiting {live[0].info.engine_config.max_waiting} each)"
+            )
         return min(open_, key=_Replica.route_key)
 
     def _send(self, rep: _Replica, req: ClusterRequest) -> None:
@@ -454,8 +491,10 @@ class ClusterFront:
             with self._lock:
                 new = [n for n in nodes if n.node_id not in self._nodes_seen]
             if new:
-                self.log(f"front: {len(new)} new node(s) offer devices: "
-                         + ", ".join(f"{n.host} ({n.node_id[:8]})" for n in new))
+                self.log(
+                    f"front: {len(new)} new node(s) offer devices: "
+                    + ", ".join(f"{n.host} ({n.node_id[:8]})" for n in new)
+                )
                 self._start_replicas(new)
 
     # ---- finishing and metrics ---------------------------------------------------------------

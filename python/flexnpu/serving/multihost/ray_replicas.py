@@ -17,8 +17,8 @@ from flexnpu.serving.multihost.replica import (
     ReplicaInfo,
     ReplicaServer,
     ReplicaSpec,
-    RequestEvents,
     ReplicaStatus,
+    RequestEvents,
 )
 
 RAY_VERSION = "2.60.0"  # pyproject's [ray] extra
@@ -44,7 +44,8 @@ def import_ray() -> Any:
     except ImportError as e:
         raise RayMissingError(
             f"serving on a Ray cluster needs Ray: pip install 'flexnpu[ray]' (ray=={RAY_VERSION})"
-            f" ({e})") from e
+            f" ({e})"
+        ) from e
     return ray
 
 
@@ -77,8 +78,9 @@ class RayLauncher:
         for node in self.ray.nodes():
             devices = node.get("Resources", {}).get(DEVICES_RESOURCE, 0)
             if node.get("Alive") and devices > 0:
-                offers.append(NodeOffer(node["NodeID"], node.get("NodeManagerHostname", "?"),
-                                        devices))
+                offers.append(
+                    NodeOffer(node["NodeID"], node.get("NodeManagerHostname", "?"), devices)
+                )
         return offers
 
     def launch(self, node: NodeOffer) -> RayReplica:
@@ -86,15 +88,20 @@ class RayLauncher:
 
         name = replica_name(node.node_id)
         options: dict[str, Any] = dict(
-            name=name, num_cpus=0, resources={DEVICES_RESOURCE: node.devices},
+            name=name,
+            num_cpus=0,
+            resources={DEVICES_RESOURCE: node.devices},
             scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-            max_restarts=0, max_task_retries=0, max_concurrency=ACTOR_CONCURRENCY)
+            max_restarts=0,
+            max_task_retries=0,
+            max_concurrency=ACTOR_CONCURRENCY,
+        )
         try:
             actor = self._actor_class.options(**options).remote(
-                self.spec, name, node.node_id, int(node.devices))
+                self.spec, name, node.node_id, int(node.devices)
+            )
         except ValueError as e:  # the name is taken: another front on this cluster
-            raise ReplicaDiedError(f"cannot start replica {name} on host {node.host}: {e}") \
-                from e
+            raise ReplicaDiedError(f"cannot start replica {name} on host {node.host}: {e}") from e
         return RayReplica(self.ray, actor, name, node, self.start_timeout_s)
 
 
@@ -103,8 +110,9 @@ class RayReplica:
     aborts are sent without waiting; polls wait at most `timeout_s`) and death reported as
     ReplicaDiedError."""
 
-    def __init__(self, ray: Any, actor: Any, name: str, node: NodeOffer,
-                 start_timeout_s: float) -> None:
+    def __init__(
+        self, ray: Any, actor: Any, name: str, node: NodeOffer, start_timeout_s: float
+    ) -> None:
         self.ray, self.actor, self.name, self.node = ray, actor, name, node
         self.host = node.host
         self.start_timeout_s = start_timeout_s
@@ -117,27 +125,34 @@ class RayReplica:
             raise ReplicaDiedError(
                 f"replica {self.name} on host {self.host} did not start within "
                 f"{self.start_timeout_s:g}s (is its node's {DEVICES_RESOURCE} resource taken "
-                "by another server?)") from None
+                "by another server?)"
+            ) from None
         except self.ray.exceptions.RayTaskError as e:
             self.kill()
             cause = e.cause if getattr(e, "cause", None) is not None else e
-            raise ReplicaDiedError(f"replica {self.name} on host {self.host} failed to start: "
-                                   f"{type(cause).__name__}: {cause}") from None
+            raise ReplicaDiedError(
+                f"replica {self.name} on host {self.host} failed to start: "
+                f"{type(cause).__name__}: {cause}"
+            ) from None
         except self.ray.exceptions.RayError as e:
             self.kill()
-            raise ReplicaDiedError(f"replica {self.name} on host {self.host} failed to start: "
-                                   f"{_first_line(e)}") from None
+            raise ReplicaDiedError(
+                f"replica {self.name} on host {self.host} failed to start: {_first_line(e)}"
+            ) from None
 
-    def submit(self, rid: int, prompt_ids: list[int], sampling: Any, timeout_s: float | None,
-               priority: int) -> None:
+    def submit(
+        self, rid: int, prompt_ids: list[int], sampling: Any, timeout_s: float | None, priority: int
+    ) -> None:
         self.actor.submit.options(concurrency_group=ORDERED).remote(
-            rid, prompt_ids, sampling, timeout_s, priority)
+            rid, prompt_ids, sampling, timeout_s, priority
+        )
 
     def abort(self, rid: int) -> None:
         self.actor.abort.options(concurrency_group=ORDERED).remote(rid)
 
-    def poll(self, wait_s: float, timeout_s: float) -> tuple[dict[int, RequestEvents],
-                                                             ReplicaStatus]:
+    def poll(
+        self, wait_s: float, timeout_s: float
+    ) -> tuple[dict[int, RequestEvents], ReplicaStatus]:
         """Raises ReplicaDiedError when the actor died or did not answer within `timeout_s`
         (an unreachable actor is asked again until then)."""
         errors = self.ray.exceptions
@@ -150,8 +165,9 @@ class RayReplica:
                 raise ReplicaDiedError(f"it did not answer for {timeout_s:g}s") from None
             except errors.ActorUnavailableError as e:
                 if time.monotonic() >= give_up:
-                    raise ReplicaDiedError(f"unreachable for {timeout_s:g}s: "
-                                           f"{_first_line(e)}") from None
+                    raise ReplicaDiedError(
+                        f"unreachable for {timeout_s:g}s: {_first_line(e)}"
+                    ) from None
                 time.sleep(min(0.5, max(left, 0.0)))
             except errors.RayError as e:
                 raise ReplicaDiedError(_first_line(e)) from None
@@ -170,7 +186,8 @@ class RayReplica:
 
 
 def _first_line(e: BaseException) -> str:
-    """Ray's errors run to many lines (tracebacks, hints): the first one names the cause."""
-    text = str(e).strip()
-    lines = [x.strip() for x in text.splitlines() if x.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else text}"
+    """Ray's errors run to many lines (tracebacks, the actor's fields): the line that says
+    why (an actor's death: "The actor is dead because ..."), else the first."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    why = next((x for x in lines if "because" in x), lines[0] if lines else "")
+    return f"{type(e).__name__}: {why}"

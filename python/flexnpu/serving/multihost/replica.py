@@ -90,8 +90,9 @@ class _ForwardingOutput(IdsOutput):
     """Stops on stop tokens (as IdsOutput: the engine stops the request) and hands every sampled
     token, the stop token too, to the replica's event buffer for the front's own output."""
 
-    def __init__(self, rid: int, sampling: SamplingParams, eos_ids: Any,
-                 events: _EventBuffer) -> None:
+    def __init__(
+        self, rid: int, sampling: SamplingParams, eos_ids: Any, events: _EventBuffer
+    ) -> None:
         super().__init__(sampling, eos_ids)
         self._rid, self._events = rid, events
 
@@ -133,16 +134,28 @@ class ReplicaServer:
     the front submits, aborts and polls. Thread-safe (a Ray actor runs calls on several
     threads)."""
 
-    def __init__(self, spec: ReplicaSpec, name: str, node_id: str = "", num_devices: int = 0,
-                 log: Callable[[str], Any] = print) -> None:
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        name: str,
+        node_id: str = "",
+        num_devices: int = 0,
+        log: Callable[[str], Any] | None = None,
+    ) -> None:
         self.spec, self.name, self.node_id = spec, name, node_id
         self.num_devices = num_devices  # the host's offered devices; 0: all of jax.devices()
-        self.log = log
+        self._log = log  # None: print (not a default argument: the class travels by pickle)
         self.engine: Any = None
         self._events = _EventBuffer()
         self._lock = threading.Lock()
         self._requests: dict[int, Any] = {}  # front id -> engine Request
         self._submitted = 0
+
+    def log(self, line: str) -> None:
+        if self._log is None:
+            print(line, flush=True)
+        else:
+            self._log(line)
 
     # ---- start-up -----------------------------------------------------------------------
 
@@ -173,24 +186,38 @@ class ReplicaServer:
         ec = spec.engine_config
         if callable(ec):
             ec = ec(devices)
-        m = load_model(spec.model, spec.dtype, spec.seed, tokenizer=spec.tokenizer,
-                       log=lambda line: self.log(f"{self.name}: {line}"))
+        m = load_model(
+            spec.model,
+            spec.dtype,
+            spec.seed,
+            tokenizer=spec.tokenizer,
+            log=lambda line: self.log(f"{self.name}: {line}"),
+        )
         name = spec.served_model_name or m.name
         self.metrics = ServingMetrics(name)
         steps = ModelSteps(m.config, ec.block_size, m.vocab_limit)
-        engine = Engine(steps, m.params, ec, devices=devices, metrics=self.metrics,
-                        eos_ids=m.eos_ids)
+        engine = Engine(
+            steps, m.params, ec, devices=devices, metrics=self.metrics, eos_ids=m.eos_ids
+        )
         if spec.warmup:
             engine.warmup()
         engine.start()
         self.engine = engine
         where = ", ".join(f"{x.role.value} on {x.device}" for x in engine.instances)
         return ReplicaInfo(
-            name=self.name, host=socket.gethostname(), node_id=self.node_id, pid=os.getpid(),
-            devices=f"{len(devices)} {devices[0].platform} devices ({devices[0].device_kind})",
-            layout=f"{ec.layout}: {where}", model_name=name, model_config=m.config,
-            eos_ids=tuple(sorted(engine.eos_ids)), max_model_len=engine.max_model_len,
-            engine_config=ec, start_seconds=time.perf_counter() - t0)
+            name=self.name,
+            host=socket.gethostname(),
+            node_id=self.node_id,
+            pid=os.getpid(),
+            devices=describe_devices(devices),
+            layout=f"{ec.layout}: {where}",
+            model_name=name,
+            model_config=m.config,
+            eos_ids=tuple(sorted(engine.eos_ids)),
+            max_model_len=engine.max_model_len,
+            engine_config=ec,
+            start_seconds=time.perf_counter() - t0,
+        )
 
     def _cache_directory(self) -> str | None:
         cache = self.spec.compilation_cache
@@ -202,8 +229,10 @@ class ReplicaServer:
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            self.log(f"{self.name}: compilation cache {directory}: {e.strerror or e}; "
-                     "going on without it")
+            self.log(
+                f"{self.name}: compilation cache {directory}: {e.strerror or e}; "
+                "going on without it"
+            )
             return None
         return str(directory)
 
@@ -213,26 +242,37 @@ class ReplicaServer:
             raise RuntimeError(f"{self.name}: JAX has no devices on this host")
         n = self.num_devices or len(devices)
         if n > len(devices):
-            self.log(f"{self.name}: the host offers {n} {DEVICES_RESOURCE} but JAX sees "
-                     f"{len(devices)} devices; serving on those")
+            self.log(
+                f"{self.name}: the host offers {n} {DEVICES_RESOURCE} but JAX sees "
+                f"{len(devices)} devices; serving on those"
+            )
             n = len(devices)
         return list(devices[:n])
 
     # ---- serving --------------------------------------------------------------------------
 
-    def submit(self, rid: int, prompt_ids: list[int], sampling: SamplingParams,
-               timeout_s: float | None = None, priority: int = 0) -> None:
+    def submit(
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        timeout_s: float | None = None,
+        priority: int = 0,
+    ) -> None:
         """Queues the front's request `rid`; its tokens and finish come back through `poll`
         (a refusal, e.g. a full queue, as an "error: ..." finish). `timeout_s`: what is left of
         its deadline (clocks differ between hosts)."""
         deadline = time.perf_counter() + timeout_s if timeout_s is not None else None
         out = _ForwardingOutput(rid, sampling, self.engine.eos_ids, self._events)
         try:
-            req = self.engine.submit(prompt_ids, sampling, out, deadline=deadline,
-                                     priority=priority)
+            req = self.engine.submit(
+                prompt_ids, sampling, out, deadline=deadline, priority=priority
+            )
         except Exception as e:  # noqa: BLE001 - told to the front as the request's finish
-            out.on_finish(f"error: replica {self.name} refused the request: "
-                          f"{type(e).__name__}: {e}", time.perf_counter())
+            out.on_finish(
+                f"error: replica {self.name} refused the request: {type(e).__name__}: {e}",
+                time.perf_counter(),
+            )
             return
         finally:
             with self._lock:
@@ -262,9 +302,14 @@ class ReplicaServer:
         with self._lock:
             submitted = self._submitted
         return ReplicaStatus(
-            load_key=entry_load_key(eng), num_running=eng.num_running(),
-            num_waiting=eng.num_waiting(), kv_usage=eng.kv_usage(), submitted=submitted,
-            healthy=bool(eng.healthy), error=eng.error)
+            load_key=entry_load_key(eng),
+            num_running=eng.num_running(),
+            num_waiting=eng.num_waiting(),
+            kv_usage=eng.kv_usage(),
+            submitted=submitted,
+            healthy=bool(eng.healthy),
+            error=eng.error,
+        )
 
     def metrics_text(self) -> bytes:
         return self.metrics.render()
@@ -272,6 +317,16 @@ class ReplicaServer:
     def stop(self) -> None:
         if self.engine is not None:
             self.engine.stop()
+
+
+def describe_devices(devices: Sequence[Any]) -> str:
+    """E.g. "4 flexnpu devices over emulated ascend910c" or "4 flexnpu devices over cpu"."""
+    from flexnpu.serving.layout import emulated_device_kind, physical_platform
+
+    first = devices[0]
+    emulated = emulated_device_kind(first)
+    under = f"emulated {emulated}" if emulated else physical_platform(first)
+    return f"{len(devices)} {first.platform} devices over {under}"
 
 
 def entry_load_key(engine: Any) -> tuple[int, int, float]:
