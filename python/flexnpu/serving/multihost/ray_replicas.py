@@ -95,6 +95,9 @@ class RayLauncher:
             max_restarts=0,
             max_task_retries=0,
             max_concurrency=ACTOR_CONCURRENCY,
+            # Ray starts workers at niceness 15 (its daemons first); a replica is the host's
+            # serving process and must not yield its cores to every other process there.
+            runtime_env={"env_vars": {"RAY_worker_niceness": "0", **self.spec.env}},
         )
         try:
             actor = self._actor_class.options(**options).remote(
