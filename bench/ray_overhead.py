@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import steady_gaps
+
 
 class _Timed:
     def __init__(self) -> None:
@@ -49,14 +51,7 @@ def _round(submit: Any, prompts: list[list[int]], tokens: int) -> dict[str, floa
         if not out.done.wait(600):
             raise TimeoutError("a request did not finish in 600 s")
     wall = time.perf_counter() - t0
-    steady_from = max(o.times[0] for o in outs)
-    steady_to = min(o.times[-1] for o in outs)
-    gaps = [
-        b - a
-        for o in outs
-        for a, b in zip(o.times, o.times[1:], strict=False)
-        if a >= steady_from and b <= steady_to
-    ]
+    gaps = steady_gaps([o.times for o in outs])
     return {
         "ttft_ms": 1e3 * statistics.median(o.times[0] - t0 for o in outs),
         "itl_ms": 1e3 * statistics.median(gaps) if gaps else float("nan"),

@@ -9,12 +9,10 @@ Needs the [ray] extra (pip install ".[ray]"); skipped without it."""
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
-from _serving import require
+from _serving import require, serve_app_in_thread
 
 ray = pytest.importorskip(
     "ray", reason="the Ray cluster tests need the [ray] extra: pip install '.[ray]'"
@@ -142,22 +140,6 @@ def test_greedy_through_the_cluster_equals_one_host_and_spreads(front, single_ho
     assert sorted(by_replica.count(r) for r in set(by_replica)) == [3, 3]
 
 
-def _serve_app(app):
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    return f"http://127.0.0.1:{port}", srv, th
-
-
 def test_openai_endpoint_streams_and_metrics_name_hosts(front, single_host) -> None:
     require("fastapi", "uvicorn", "httpx")
     import httpx
@@ -166,7 +148,7 @@ def test_openai_endpoint_streams_and_metrics_name_hosts(front, single_host) -> N
     from flexnpu.serving.server import ServerState, create_app
 
     state = ServerState(front, load_tokenizer("random:tiny"), "tiny", metrics=front.metrics)
-    url, srv, th = _serve_app(create_app(state))
+    url, srv, th = serve_app_in_thread(create_app(state))
     try:
         with httpx.Client(base_url=url, timeout=DONE_TIMEOUT_S) as h:
             assert h.get("/health").status_code == 200

@@ -127,12 +127,12 @@ def _serve(
     options: argparse.Namespace,
     ray: Any,
 ) -> int:
+    from flexnpu.cli.serve import serve_state
     from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
     from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
     from flexnpu.serving.multihost.ray_replicas import RayLauncher
     from flexnpu.serving.multihost.replica import DEVICES_RESOURCE, ReplicaSpec
-    from flexnpu.serving.server import ServerState, create_app
-    from flexnpu.serving.shutdown import serve
+    from flexnpu.serving.server import ServerState
 
     spec = ReplicaSpec(
         model=args.model,
@@ -169,23 +169,8 @@ def _serve(
     metrics.attach(front)
     front.metrics = metrics
     state = ServerState(front, tokenizer, name, metrics=metrics)
-    host, port = args.host, sock.getsockname()[1]
-
-    def listening() -> None:
-        print(
-            f"serving {name} on http://{host}:{port}/v1 over {len(front.replicas())} replicas",
-            flush=True,
-        )
-
     try:
-        serve(
-            create_app(state),
-            state.in_flight,
-            args.shutdown_grace_s,
-            sockets=[sock],
-            on_listening=listening,
-            log_level=args.log_level,
-        )
+        serve_state(state, args, sock, f" over {len(front.replicas())} replicas")
     finally:
         front.stop()
     return 0
