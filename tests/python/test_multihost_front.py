@@ -228,3 +228,22 @@ def test_serve_ray_refuses_export_and_bad_env() -> None:
     assert code == 2 and "--export and --from-export are single-host only" in line, line
     code, line = _serve_without_ray("'--ray', 'auto', '--ray-env', 'NOEQUALS'")
     assert code == 2 and line == "flexnpu serve: --ray-env 'NOEQUALS': expected KEY=VALUE", line
+
+
+def test_serve_ray_unreachable_address_fails_at_once() -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (
+        "import sys, types; sys.modules['ray'] = types.ModuleType('ray')\n"  # never reached
+        "from flexnpu.__main__ import main\n"
+        f"sys.exit(main(['serve', '--port', '0', '--model', 'random:tiny', '--ray', "
+        f"'127.0.0.1:{port}']))"
+    )
+    r = run_python(code, timeout=120)
+    line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 2 and line.startswith(
+        f"flexnpu serve: --ray 127.0.0.1:{port}: cannot reach the Ray cluster's head there"
+    ), r.stderr

@@ -73,6 +73,21 @@ def replica_engine_config(options: argparse.Namespace, devices: Sequence[Any]) -
     return engine_config(options, len(devices), default_instances=choice.instances)
 
 
+def _check_reachable(address: str) -> None:
+    """A HOST:PORT that nothing answers on is reported at once (ray.init would retry for
+    minutes)."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+    except (OSError, ValueError) as e:
+        raise CliError(
+            f"--ray {address}: cannot reach the Ray cluster's head there ({e}); "
+            "expected HOST:PORT of `ray start --head --port PORT`, or auto"
+        ) from None
+
+
 def _env(pairs: list[str]) -> dict[str, str]:
     env = {}
     for pair in pairs:
@@ -109,6 +124,7 @@ def run(args: argparse.Namespace, sock: socket.socket | None) -> int:
         raise CliError(f"--model {args.model}: {e}") from e
 
     address = args.ray or os.environ.get("RAY_ADDRESS") or "auto"
+    _check_reachable(address)
     try:
         ray.init(address=address, namespace="flexnpu", log_to_driver=True)
     except Exception as e:  # noqa: BLE001 - ConnectionError, ValueError, ...
