@@ -2,8 +2,8 @@
 ray.cluster_utils.Cluster, each offering one FlexNPU device (the custom resource
 flexnpu_devices), one replica actor per node serving a tiny random Llama, and the front in this
 process routing to them. Greedy answers through the cluster are compared with a single-host
-engine's; a replica killed mid-run leaves no request unaccounted for (and no client hanging);
-a node that joins later gets a replica.
+engine's; a replica killed mid-run, or its node, leaves no request unaccounted for (and no
+client hanging); a node that joins later gets a replica.
 
 Needs the [ray] extra (pip install ".[ray]"); skipped without it."""
 
@@ -17,6 +17,9 @@ from _serving import require, serve_app_in_thread
 ray = pytest.importorskip(
     "ray", reason="the Ray cluster tests need the [ray] extra: pip install '.[ray]'"
 )
+
+# Adding a node starts its processes with subprocess (fork + exec), which JAX warns about.
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")
 
 MAX_LEN = 1024  # a long request takes seconds: time to kill its replica while it runs
 DONE_TIMEOUT_S = 180  # a client never waits longer than this (a 2-core machine under load)
@@ -224,7 +227,7 @@ def test_killed_replica_reroutes_queued_fails_running_then_a_new_node_serves(
     assert out.ids == single_host[1] and req.replica != victim
 
     # A node that joins with devices gets a replica.
-    cluster.add_node(num_cpus=1, resources={"flexnpu_devices": 1})
+    node = cluster.add_node(num_cpus=1, resources={"flexnpu_devices": 1})
     deadline = time.monotonic() + DONE_TIMEOUT_S * 2
     while len(front.replicas()) < 2:
         assert time.monotonic() < deadline, "the new node got no replica"
@@ -235,3 +238,21 @@ def test_killed_replica_reroutes_queued_fails_running_then_a_new_node_serves(
     _wait_all([o for _, o in outs])
     assert [o.ids for _, o in outs] == single_host[:4]
     assert joined.name in {r.replica for r, _ in outs}
+
+    # That node dies (its raylet and workers killed) while a long request runs there and one
+    # waits: the running one fails naming the replica, the waiting one finishes elsewhere.
+    last = [_submit(front, PROMPTS[0], n) for _ in range(4)]
+    on_joined = [x for x in last if x[0].replica == joined.name]
+    survivor = next(req.replica for req, _ in last if req.replica != joined.name)
+    assert len(on_joined) == 2  # the burst alternates
+    deadline = time.monotonic() + DONE_TIMEOUT_S
+    while not on_joined[0][0].num_tokens:
+        assert time.monotonic() < deadline, "no token from the joined replica"
+        time.sleep(0.01)
+    cluster.remove_node(node, allow_graceful=False)
+    _wait_all([out for _, out in last])
+    assert on_joined[0][1].finish_reason.startswith(
+        f"error: replica {joined.name} on host {joined.host} died: "
+    ), on_joined[0][1].finish_reason
+    assert on_joined[1][1].finish_reason == "length" and on_joined[1][0].replica == survivor
+    assert [i.name for i in front.replicas()] == [survivor] and front.healthy
