@@ -145,3 +145,18 @@ class ScriptedSplit:
         changed = self.ask != self.prefill_units
         self.prefill_units = self.ask
         return changed
+
+
+def serve_app_in_thread(app):
+    """uvicorn serving `app` on a free loopback port in a thread; returns (base URL, server,
+    thread): stop with `server.should_exit = True` and join the thread."""
+    import uvicorn
+
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="error"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    return f"http://127.0.0.1:{srv.config.port}", srv, th

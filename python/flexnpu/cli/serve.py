@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flexnpu import compilation_cache
+from flexnpu.cli import serve_ray
 from flexnpu.cli.errors import CliError, run_subcommand
 from flexnpu.serving import logs
 from flexnpu.serving.config import RANDOM_PRESETS
@@ -205,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn) log level")
     logs.add_argument(p)
+    serve_ray.add_arguments(p)
     return p
 
 
@@ -315,6 +317,8 @@ def run(args: argparse.Namespace) -> int:
     """Runs the server from parsed options (`python -m flexnpu serve` parses them itself)."""
     sock = None if args.export else bind_listening_socket(args.host, args.port)
     try:
+        if args.ray is not None:
+            return serve_ray.run(args, sock)
         return _load_and_serve(args, sock)
     finally:
         if sock is not None:
@@ -392,29 +396,36 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
             flush=True,
         )
 
-    from flexnpu.serving.server import ServerState, create_app
-    from flexnpu.serving.shutdown import serve
+    from flexnpu.serving.server import ServerState
 
     state = ServerState(engine, tok, name, metrics=metrics)  # the model's template
-    app = create_app(state)
     assert sock is not None  # bound unless exporting
-    host, port = args.host, sock.getsockname()[1]  # --port 0: the port the system chose
-
-    def listening() -> None:
-        print(f"serving {name} on http://{host}:{port}/v1", flush=True)
-
     try:
-        serve(
-            app,
-            state.in_flight,
-            args.shutdown_grace_s,
-            sockets=[sock],
-            on_listening=listening,
-            log_level=args.log_level,
-        )
+        serve_state(state, args, sock)
     finally:
         engine.stop()
     return 0
+
+
+def serve_state(state: Any, args: argparse.Namespace, sock: socket.socket, where: str = "") -> None:
+    """Serves the app of `state` on `sock` until Ctrl-C or SIGTERM (then drains), saying
+    "serving NAME on URL" + `where` once it listens."""
+    from flexnpu.serving.server import create_app
+    from flexnpu.serving.shutdown import serve
+
+    host, port = args.host, sock.getsockname()[1]  # --port 0: the port the system chose
+
+    def listening() -> None:
+        print(f"serving {state.model_name} on http://{host}:{port}/v1{where}", flush=True)
+
+    serve(
+        create_app(state),
+        state.in_flight,
+        args.shutdown_grace_s,
+        sockets=[sock],
+        on_listening=listening,
+        log_level=args.log_level,
+    )
 
 
 def _compilation_cache_dir(args: argparse.Namespace) -> Path | None:
