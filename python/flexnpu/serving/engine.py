@@ -404,6 +404,15 @@ class Engine:
         assert out.finish_reason is not None
         return out.ids, out.finish_reason
 
+    def entry_load_key(self) -> tuple[int, int, float]:
+        """The load key (Scheduler.load_key) of the instance a new request would go to: what a
+        router above engines (serving/multihost) compares across them."""
+        if self.cluster is not None:
+            insts = self.cluster.front_router.insts
+        else:
+            insts = [x for x in self.instances if x.role is not Role.DECODE]
+        return min(x.sched.load_key() for x in insts)
+
     def num_running(self) -> int:
         return sum(x.sched.num_running for x in self.instances)
 

@@ -302,7 +302,7 @@ class ReplicaServer:
         with self._lock:
             submitted = self._submitted
         return ReplicaStatus(
-            load_key=entry_load_key(eng),
+            load_key=eng.entry_load_key(),
             num_running=eng.num_running(),
             num_waiting=eng.num_waiting(),
             kv_usage=eng.kv_usage(),
@@ -327,10 +327,3 @@ def describe_devices(devices: Sequence[Any]) -> str:
     emulated = emulated_device_kind(first)
     under = f"emulated {emulated}" if emulated else physical_platform(first)
     return f"{len(devices)} {first.platform} devices over {under}"
-
-
-def entry_load_key(engine: Any) -> tuple[int, int, float]:
-    """The load key of the instance the engine would route a new request to (the least loaded
-    of its entry instances, by the same `Scheduler.load_key` the in-host router compares)."""
-    keys = [x.sched.load_key() for x in engine.entry]
-    return min(keys)
