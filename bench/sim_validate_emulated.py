@@ -98,6 +98,9 @@ CONFIGS = {
     "emu": (EMU,),
     "emu-heavy": (replace(EMU, name="emu-heavy", rate=20.0),),
     "emu-phases": PHASES,
+    # Twice the rates: the prompt-heavy phase needs ~6.5 of 8 devices of prefill, the
+    # output-heavy one every decode slot.
+    "emu-phases-heavy": tuple(replace(c, rate=2 * c.rate) for c in PHASES),
 }
 
 
