@@ -5,6 +5,7 @@ and bench.ablation's merge of old variant names."""
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -142,3 +143,15 @@ def test_merge_reads_the_old_variant_name(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "split.h" not in out
     assert "| adaptive (no backlog or hysteresis) | 5 ± 2 |" in out  # 3 seeds joined
+
+
+def test_inspect_accounts_for_every_decoded_request(capsys):
+    from bench import ablation_inspect
+
+    spec = SimSpec(**SMALL, workload="phase-shift:1", rate=150.0, policies=("adaptive",))
+    got = ablation_inspect.inspect(spec, 0, 150.0, sys.stdout)
+    # Every request that decoded past its first token was taken by one decode instance.
+    assert got["handoffs"] == got["decoded"] > 0
+    assert sum(got["slow_by_instance"].values()) > 0
+    assert got["split"][0][0] < 0.1  # routed by the advisor from the first arrival on
+    assert "decode instance: handoffs taken" in capsys.readouterr().out

@@ -221,8 +221,10 @@ def build_simulation(
     prefill_units: int = 0,
     window: tuple[float, float] | None = None,
     scheduler_class: type[Scheduler] | None = None,
+    adaptive_class: type[AdaptiveSimulation] = AdaptiveSimulation,
 ) -> tuple[Simulation, Workload]:
-    """simulate_once's simulation and workload, not run yet (a bench times the run apart)."""
+    """simulate_once's simulation and workload, not run yet (a bench times the run apart;
+    adaptive_class: the split advisor's policies run as this subclass, a bench's recorder)."""
     s = spec
     model, preset = get_model(s.model), get_preset(s.device, s.runtime)
     wl = make_workload(
@@ -260,7 +262,7 @@ def build_simulation(
         scheduler_class=scheduler_class,
     )
     if policy in ADVISED_CORE_POLICY or (policy == "dynamic" and s.dynamic_layout == "adaptive"):
-        sim: Simulation = AdaptiveSimulation(
+        sim: Simulation = adaptive_class(
             split_target_utilization=s.split_target_utilization,
             split_backlog_drain_s=s.split_backlog_drain_s,
             split_hold_s=s.split_hold_s,
