@@ -106,7 +106,7 @@ def run_workload(args: argparse.Namespace, workload: str, log) -> dict[str, Any]
         goodputs: list[float] = []
         splits: list[int] = []
         start = 0.0
-        for k in range(args.first_seed, args.first_seed + args.seeds):
+        for k in range(args.first_seed, args.first_seed + args.seeds * (not args.skip_search)):
             # Each seed's search starts at the last seed's goodput (a close guess).
             kw = {"rate": start} if start else {}
             spec = _spec(args, workload, variant, seed=k, **kw).resolved()
@@ -129,7 +129,7 @@ def run_workload(args: argparse.Namespace, workload: str, log) -> dict[str, Any]
             at = [p for p in curve if p["rate"] == goodput]
             if at and "prefill_units" in at[0]:
                 splits.append(at[0]["prefill_units"])
-        mean, ci = _mean_ci(goodputs)
+        mean, ci = _mean_ci(goodputs) if goodputs else (0.0, 0.0)
         rows[variant] = {"goodput_rps": mean, "ci95": ci, "per_seed": goodputs, "split": splits}
         log(
             f"{workload} {variant}: goodput {_fmt(mean, ci)} req/s {goodputs} "
@@ -191,8 +191,12 @@ def table(workload: str, rows: dict[str, Any], args: dict[str, Any]) -> str:
     dur = args.get("durations", {}).get(workload, args.get("duration"))
     head = f"### {workload}: {args['devices']} x {args['device']}, {args['model']}, "
     head += f"{dur:g} s of arrivals per rate, " if dur else ""
+    tail = ""
+    if args.get("bracket", 0) > 1:  # ± 0: every seed on the same point of the search's grid
+        step = (args["bracket"] - 1) / 2 ** args.get("bisections", 0)
+        tail = f"; goodput searched to {step:.1%} of the rate"
     out = [
-        head + f"{seeds} seeds (mean ± 95% CI)",
+        head + f"{seeds} seeds (mean ± 95% CI{tail})",
         "",
         f"| policy | goodput req/s | TTFT p99{at} | TPOT p99{at} | P units (split) |",
         "|---|---|---|---|---|",
@@ -244,6 +248,8 @@ def merge(paths: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
                 _mean_ci(row["per_seed"]) if row["per_seed"] else (0.0, 0.0)
             )
         merged[workload] = dict(sorted(rows.items(), key=lambda kv: order.get(kv[0], 99)))
+    suite = {w: i for i, w in enumerate(SUITE)}
+    merged = dict(sorted(merged.items(), key=lambda kv: suite.get(kv[0], len(suite))))
     return merged, head
 
 
@@ -285,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         help="latencies at this fraction of static PD's best goodput (0: skip)",
     )
     p.add_argument("--latency-rate", type=float, default=0.0, help="or at this rate")
+    p.add_argument("--skip-search", action="store_true", help="latencies only (--latency-rate)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--merge", nargs="+", help="print the tables of these --json files")
     p.add_argument("--markdown", help="also write the tables to this file")
