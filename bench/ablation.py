@@ -63,8 +63,8 @@ SUITE: dict[str, dict[str, Any]] = {
     "burst:2": {"duration": 10.0, "rate": 1600.0},
     "phase-shift:5": {"duration": 10.0, "rate": 650.0},
     "phase-shift:10": {"duration": 20.0, "rate": 650.0},
-    "phase-shift:30": {"duration": 60.0, "rate": 650.0},
-    "phase-shift:60": {"duration": 120.0, "rate": 650.0},
+    "phase-shift:30": {"duration": 60.0, "rate": 340.0},
+    "phase-shift:60": {"duration": 120.0, "rate": 340.0},
     "long-output": {"duration": 90.0, "rate": 90.0, "max_output": 8192},
 }
 
