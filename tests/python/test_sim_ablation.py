@@ -17,8 +17,15 @@ from flexnpu.sim.workload import make_workload, parse_workload, workload_cycle_s
 
 LIMITS = dict(max_prompt=4096, max_output=8192)
 # 4 x H100, Qwen2.5-7B: small enough for a second per run.
-SMALL = dict(devices=4, device="h100", model="qwen2.5-7b", duration=2.0, seeds=1,
-             max_prompt=1024, max_output=512)
+SMALL = dict(
+    devices=4,
+    device="h100",
+    model="qwen2.5-7b",
+    duration=2.0,
+    seeds=1,
+    max_prompt=1024,
+    max_output=512,
+)
 
 
 def test_phase_shift_alternates_phases_of_the_given_length():
@@ -59,12 +66,15 @@ def test_long_output_has_short_prompts_and_long_outputs():
     assert np.percentile(wl.output_tokens, 90) == pytest.approx(4300, rel=0.1)
 
 
-@pytest.mark.parametrize("name,message", [
-    ("phase-shift:0", "the phase length in seconds must be a number > 0, got '0'"),
-    ("burst:x", "the Gamma gaps' coefficient of variation must be a number > 0, got 'x'"),
-    ("sharegpt:3", "workload 'sharegpt' takes no parameter"),
-    ("bursty", "unknown workload 'bursty'"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("phase-shift:0", "the phase length in seconds must be a number > 0, got '0'"),
+        ("burst:x", "the Gamma gaps' coefficient of variation must be a number > 0, got 'x'"),
+        ("sharegpt:3", "workload 'sharegpt' takes no parameter"),
+        ("bursty", "unknown workload 'bursty'"),
+    ],
+)
 def test_bad_workload_names_are_named(name, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_workload(name)
@@ -74,10 +84,30 @@ def test_bad_workload_names_are_named(name, message):
 
 def test_cli_takes_a_workload_with_its_parameter(tmp_path, capsys):
     out = tmp_path / "r.json"
-    rc = flexnpu_main(["simulate", "--devices", "2", "--device", "h100", "--model",
-                       "qwen2.5-7b", "--workload", "phase-shift:1", "--rate", "20",
-                       "--duration", "2", "--policies", "chunked-colocate", "--seeds", "1",
-                       "--json", str(out), "--no-progress"])
+    rc = flexnpu_main(
+        [
+            "simulate",
+            "--devices",
+            "2",
+            "--device",
+            "h100",
+            "--model",
+            "qwen2.5-7b",
+            "--workload",
+            "phase-shift:1",
+            "--rate",
+            "20",
+            "--duration",
+            "2",
+            "--policies",
+            "chunked-colocate",
+            "--seeds",
+            "1",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     assert json.loads(out.read_text())["config"]["workload"] == "phase-shift:1"
     with pytest.raises(SystemExit):
@@ -92,8 +122,9 @@ def _digest(spec: SimSpec, policy: str, seed: int) -> tuple:
     return per_request, split, r.steps, r.decisions_by_reason
 
 
-@pytest.mark.parametrize("workload,rate", [("burst:2", 60.0), ("phase-shift:0.5", 40.0),
-                                           ("long-output", 8.0)])
+@pytest.mark.parametrize(
+    "workload,rate", [("burst:2", 60.0), ("phase-shift:0.5", 40.0), ("long-output", 8.0)]
+)
 @pytest.mark.parametrize("variant", list(ablation.VARIANTS))
 def test_every_variant_is_deterministic_for_a_seed(workload, rate, variant):
     kw = {k: v for k, v in ablation.VARIANTS[variant].items() if k != "split_objective"}
@@ -110,8 +141,9 @@ def test_bracketed_search_finds_the_doubling_searchs_goodput_in_fewer_runs():
     full, full_curve = search_goodput(spec, "chunked-colocate", 0, lambda s: None)
     for start in (0.7 * full, 1.3 * full):  # from below and from above
         s = SimSpec(**SMALL, workload="sharegpt", rate=start).resolved()
-        g, curve = search_goodput(s, "chunked-colocate", 0, lambda s: None, bracket=1.15,
-                                  bisections=2)
+        g, curve = search_goodput(
+            s, "chunked-colocate", 0, lambda s: None, bracket=1.15, bisections=2
+        )
         assert len(curve) < len(full_curve)
         # Within the bracket's resolution (15% / 4) of the finer search; never above a rate
         # it saw fail.
@@ -120,8 +152,9 @@ def test_bracketed_search_finds_the_doubling_searchs_goodput_in_fewer_runs():
 
 
 def test_local_split_tuning_finds_the_grids_split():
-    spec = SimSpec(**(SMALL | dict(devices=8)), workload="phase-shift:1", rate=150.0,
-                   search_duration=1.0).resolved()
+    spec = SimSpec(
+        **(SMALL | dict(devices=8)), workload="phase-shift:1", rate=150.0, search_duration=1.0
+    ).resolved()
     grid, grid_curve = tune_prefill_units(spec, "static-pd", lambda s: None)
     # The tuning run holds both phases although --search-duration is shorter than a cycle.
     assert spec.search_duration < workload_cycle_s(spec.workload, spec.duration)
@@ -132,11 +165,16 @@ def test_local_split_tuning_finds_the_grids_split():
 
 def test_merge_reads_the_old_variant_name(tmp_path, capsys):
     row = {"goodput_rps": 5.0, "ci95": 0.0, "per_seed": [4.0, 6.0], "split": []}
-    old = {"args": {"devices": 4, "device": "h100", "model": "m", "duration": 2.0},
-           "workloads": {"sharegpt": {"adaptive (split.h rule)": row}}}
-    new = {"args": old["args"],
-           "workloads": {"sharegpt": {"adaptive (no backlog or hysteresis)": dict(
-               row, per_seed=[5.0])}}}
+    old = {
+        "args": {"devices": 4, "device": "h100", "model": "m", "duration": 2.0},
+        "workloads": {"sharegpt": {"adaptive (split.h rule)": row}},
+    }
+    new = {
+        "args": old["args"],
+        "workloads": {
+            "sharegpt": {"adaptive (no backlog or hysteresis)": dict(row, per_seed=[5.0])}
+        },
+    }
     (tmp_path / "a.json").write_text(json.dumps(old))
     (tmp_path / "b.json").write_text(json.dumps(new))
     assert ablation.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 0
