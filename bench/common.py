@@ -14,6 +14,22 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
+# --- Token timings -------------------------------------------------------------------------------
+
+
+def steady_gaps(token_times: list[list[float]]) -> list[float]:
+    """The gaps between consecutive tokens of concurrent requests while all of them decode:
+    from the last first token to the first last token (the steady inter-token latency)."""
+    start = max(times[0] for times in token_times)
+    end = min(times[-1] for times in token_times)
+    return [
+        b - a
+        for times in token_times
+        for a, b in zip(times, times[1:], strict=False)
+        if a >= start and b <= end
+    ]
+
+
 # --- FlexNPU and its physical backend side by side ----------------------------------------------
 
 # The `xla-cpu-pjrt` plugin loaded a second time by JAX directly, under this platform name, so

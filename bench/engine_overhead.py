@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.common import decode_inputs, setup_side_by_side
+from bench.common import decode_inputs, setup_side_by_side, steady_gaps
 
 
 class _Timed:
@@ -70,14 +70,7 @@ def served(engine, rows: int, tokens: int, prompt_len: int) -> dict:
         if not o.done.wait(600):
             raise TimeoutError("a benchmark request did not finish")
     tpot = [(o.times[-1] - o.times[0]) / (len(o.times) - 1) for o in outs]
-    start = max(o.times[0] for o in outs)  # all decoding from here ...
-    end = min(o.times[-1] for o in outs)  # ... to the first finish
-    gaps = [
-        b - a
-        for o in outs
-        for a, b in zip(o.times, o.times[1:], strict=False)
-        if a >= start and b <= end
-    ]
+    gaps = steady_gaps([o.times for o in outs])
     return {
         "tpot_s": statistics.mean(tpot),
         "steady_itl_s": statistics.median(gaps),

@@ -748,7 +748,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the backend's time_scale K: requests are sent at K x their trace times and "
         "latencies divided by K (device time; the host's time counts 1/K)",
     )
-    e.add_argument("--layout", default="colocated", choices=("colocated", "split"))
+    e.add_argument(
+        "--layout",
+        default="colocated",
+        choices=("colocated", "split", "static-colocate", "adaptive"),
+    )
     e.add_argument(
         "--prefill-devices", type=int, default=1, help="split layout: prefill devices of --devices"
     )

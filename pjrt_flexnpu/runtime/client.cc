@@ -1,12 +1,11 @@
 #include "pjrt_flexnpu/runtime/client.h"
 
-#include <unistd.h>
-
 #include <mutex>
 #include <set>
 #include <sstream>
 
 #include "pjrt_flexnpu/backend/factory.h"
+#include "pjrt_flexnpu/base/host_memory.h"
 #include "pjrt_flexnpu/base/json.h"
 #include "pjrt_flexnpu/runtime/event.h"
 #include "pjrt_flexnpu/runtime/executable.h"
@@ -45,19 +44,6 @@ std::vector<PJRT_NamedValue> ToNamedValues(const std::vector<NamedOption>& optio
     out.push_back(v);
   }
   return out;
-}
-
-// The host's RAM; 0 when the system cannot say.
-int64_t HostMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page_size > 0 ? static_cast<int64_t>(pages) * page_size : 0;
-}
-
-// Splits `total` into `parts` shares that add up to it exactly (the first ones get the remainder).
-int64_t ShareOf(int64_t total, int parts, int index) {
-  if (parts <= 0 || total <= 0) return 0;
-  return total / parts + (index < total % parts ? 1 : 0);
 }
 
 }  // namespace

@@ -194,7 +194,12 @@ def _register(requested: list[str] | None) -> None:
 
 def _register_as(name: str, requested: list[str] | None) -> None:
     """FLEXNPU_PLATFORM_NAME=name: FlexNPU's client is JAX's backend `name`, in place of the one
-    JAX (or its plugin) would make; `flexnpu` is then no platform of its own."""
+    JAX (or its plugin) would make; `flexnpu` is then no platform of its own.
+
+    Another plugin may register `name` too (JAX's CUDA plugin registers `cuda`), before or
+    after this one: JAX initializes plugins in no fixed order, and the last registration
+    would win. FlexNPU's wins either way: it replaces an earlier one here and a later one once
+    every plugin has registered (a JAX plugin callback), and says so in an info log line."""
     from jax._src import xla_bridge
     from jax._src.lib import xla_client
 
@@ -208,18 +213,40 @@ def _register_as(name: str, requested: list[str] | None) -> None:
                 f"set JAX_PLATFORMS={name} (or leave it unset), not {PLATFORM_NAME}"
             )
         )
+        xla_bridge.register_backend_factory(
+            PLATFORM_NAME, factory, priority=DEFAULT_PRIORITY, fail_quietly=False
+        )
+        return
     with _physical_backend_logs_fatal_only():
         c_api = xla_client.load_pjrt_plugin_dynamically(PLATFORM_NAME, str(plugin_library_path()))
-    registered_as = PLATFORM_NAME if factory is not _make_client else name
-    xla_bridge.register_backend_factory(
-        registered_as,
-        factory,
-        priority=DEFAULT_PRIORITY,
-        fail_quietly=False,
-        experimental=False,
-        make_topology=functools.partial(xla_client.make_c_api_device_topology, c_api),
-        c_api=c_api,
-    )
+
+    def register() -> None:
+        earlier = xla_bridge._backend_factories.get(name)
+        if earlier is not None and earlier.factory is not factory and earlier.c_api is not None:
+            logger.info(
+                "flexnpu: %s=%s: FlexNPU serves JAX's %r platform in place of the other PJRT "
+                "plugin registered under that name",
+                PLATFORM_NAME_VARIABLE,
+                name,
+                name,
+            )
+        xla_bridge.register_backend_factory(
+            name,
+            factory,
+            priority=DEFAULT_PRIORITY,
+            fail_quietly=False,
+            experimental=False,
+            make_topology=functools.partial(xla_client.make_c_api_device_topology, c_api),
+            c_api=c_api,
+        )
+
+    def keep_ours(**_: Any) -> None:
+        # After every plugin registered (called once per registered C API: idempotent).
+        if xla_bridge._backend_factories[name].factory is not factory:
+            register()
+
+    register()
+    xla_bridge.register_plugin_callbacks(keep_ours)
 
 
 def initialize() -> None:

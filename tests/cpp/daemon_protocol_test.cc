@@ -163,7 +163,8 @@ class FakeDaemon {
       reply.call_id = request.call_id;
       reply.op = request.op;
       if (request.op == kHello) {
-        reply.ints = {1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1};
+        // session 1; 1 memory; 1 device (memory 0); limits [1 MB]; one-way offered
+        reply.ints = {1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 1, 1 << 20, 1};
         reply.blobs = {"cpu", "fake", "device", "fake device"};
       } else if (request.op == kBufferFromHost) {
         BufferMeta meta;

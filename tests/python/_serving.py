@@ -125,3 +125,38 @@ class FakeEngine:
             req["done"] = True
             self.aborted.append(req)
             req["output"].on_finish("abort", time.perf_counter())
+
+
+class ScriptedSplit:
+    """A split advisor whose decisions a test makes (the cluster layer takes any object with
+    the placement core's SplitAdvisor calls): `prefill_units` becomes `ask` at the next
+    arrival."""
+
+    def __init__(self, prefill_units: int) -> None:
+        self.prefill_units = self.ask = prefill_units
+
+    def on_prompt(self, tokens: int) -> None:
+        pass
+
+    def due(self, now_ns: int) -> bool:
+        return True
+
+    def update(self, now_ns: int, decode_sequences: int, queued_prompt_tokens: int = 0) -> bool:
+        changed = self.ask != self.prefill_units
+        self.prefill_units = self.ask
+        return changed
+
+
+def serve_app_in_thread(app):
+    """uvicorn serving `app` on a free loopback port in a thread; returns (base URL, server,
+    thread): stop with `server.should_exit = True` and join the thread."""
+    import uvicorn
+
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="error"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    return f"http://127.0.0.1:{srv.config.port}", srv, th

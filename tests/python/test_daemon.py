@@ -532,6 +532,57 @@ def test_one_way_executions_are_not_offered_to_a_tenant_with_a_quota(
     assert hello.code == OK and hello.ints[-1] == 0
 
 
+def _session_limits(reply) -> list[int]:
+    """Hello's per-device memory limits (after the devices, before the one-way flag)."""
+    ints = reply.ints
+    pos = 2 + 3 * ints[1]
+    count = ints[pos]
+    pos += 1
+    for _ in range(count):
+        pos += 5 + ints[pos + 4]
+    return list(ints[pos + 1 : pos + 1 + ints[pos]])
+
+
+HOST_MEMORY = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+LIMITS_CLIENT = (
+    "import jax, json; "
+    "print('LIMITS' + json.dumps([d.memory_stats()['bytes_limit'] for d in jax.devices()]))"
+)
+
+
+def _client_limits(socket: Path, tenant: str) -> list[int]:
+    done = subprocess.run([sys.executable, "-c", LIMITS_CLIENT], capture_output=True, text=True,
+                          timeout=300, env=_client_env(socket, tenant))
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("LIMITS"))
+    return json.loads(line[len("LIMITS"):])
+
+
+def _share(total: int, parts: int, index: int) -> int:
+    return total // parts + (1 if index < total % parts else 0)
+
+
+def test_a_sessions_devices_report_its_tenants_quota_as_their_limit(
+        tenant_daemon: Daemon) -> None:
+    num_devices = tenant_daemon.stats()["devices"]
+    with Connection(str(tenant_daemon.socket)) as c:
+        small = c.hello("small")  # quota 1000 bytes, every device
+    with Connection(str(tenant_daemon.socket)) as c:
+        pinned = c.hello("pinned")  # no quota, devices 1 and 3
+    assert small.code == OK and pinned.code == OK
+    assert _session_limits(small) == [_share(1000, num_devices, i) for i in range(num_devices)]
+    # Without a quota: what the (CPU) devices have, their shares of the host's RAM.
+    assert _session_limits(pinned) == [_share(HOST_MEMORY, num_devices, i) for i in (1, 3)]
+    # Through JAX: the virtual devices split the session's limits, so they add up to
+    # min(quota, physical memory).
+    assert sum(_client_limits(tenant_daemon.socket, "small")) == 1000
+    assert sum(_client_limits(tenant_daemon.socket, "pinned")) == sum(_session_limits(pinned))
+
+
+def test_without_a_quota_the_virtual_devices_share_the_physical_memory(daemon: Daemon) -> None:
+    assert sum(_client_limits(daemon.socket, "alpha")) == HOST_MEMORY
+
+
 def test_stats_cli_lists_sessions_and_tenants(tenant_daemon: Daemon) -> None:
     with Connection(str(tenant_daemon.socket)) as c:
         assert c.hello("pinned").code == OK

@@ -21,7 +21,7 @@ def tiny():
     return load_model("random:tiny", seed=1, log=lambda *_: None)
 
 
-def _engine(tiny, devices, start=True, **kw):
+def _engine(tiny, devices, start=True, split_advisor=None, **kw):
     from flexnpu.serving.engine import Engine, EngineConfig
 
     # A narrow decode width (4 blocks) besides the full one (16): both kinds of decode steps run.
@@ -29,7 +29,7 @@ def _engine(tiny, devices, start=True, **kw):
                 decode_widths=[4])
     opts.update(kw)
     eng = Engine(None, tiny.params, EngineConfig(**opts), devices=devices,
-                 model_config=tiny.config)
+                 model_config=tiny.config, split_advisor=split_advisor)
     if start:
         assert eng.warmup() == eng.num_warmup_programs()
         eng.start()
@@ -157,6 +157,22 @@ def test_split_prefill_and_decode_instances_hand_over_the_kv(tiny, npu_devices, 
         assert decoded_on <= {"decode-2", "decode-3"} and len(decoded_on) == 2
         chunks_on = {name for name, _, chunk in eng.step_log if chunk}
         assert chunks_on <= {"prefill-0", "prefill-1"}
+    finally:
+        eng.stop()
+
+
+def test_static_colocation_hands_the_kv_over_on_each_device(tiny, npu_devices, direct) -> None:
+    """The paper's static co-location: a prefill and a decode instance on each device."""
+    eng = _engine(tiny, npu_devices[:2], layout="static-colocate")
+    try:
+        assert [(x.role.value, x.device) for x in eng.instances] == [
+            ("prefill", npu_devices[0]), ("prefill", npu_devices[1]),
+            ("decode", npu_devices[0]), ("decode", npu_devices[1])]
+        eng.keep_step_log = True
+        assert _run_concurrently(eng, PROMPTS, LENGTHS) == direct
+        assert {name for name, decodes, _ in eng.step_log if decodes} == {"decode-2", "decode-3"}
+        assert {name for name, _, chunk in eng.step_log if chunk} <= {"prefill-0", "prefill-1"}
+        assert eng.kv_usage() == 0
     finally:
         eng.stop()
 
@@ -410,3 +426,59 @@ def test_stop_aborts_what_is_queued_and_refuses_new_requests(tiny, npu_devices) 
     assert not eng.healthy
     with pytest.raises(EngineDeadError, match="the engine is not serving: the engine was stopped"):
         eng.submit(PROMPTS[0], _greedy(3), _Collect())
+
+
+def test_adaptive_layout_moves_decodes_with_their_kv_when_the_split_changes(
+        tiny, npu_devices, ref_devices) -> None:
+    """4 devices, each with a prefill and a decode instance. Sequences decode on units 1-3
+    while unit 0 prefills; then units 0-2 take prompts: the decodes of units 1 and 2 move to
+    unit 3 with their KV mid-stream, and back out when the split returns. Every token equals
+    the plain model's, no request is lost or finishes twice, and the KV pools end empty."""
+    import jax
+
+    from flexnpu.serving.loading import greedy_generate
+
+    lengths = [40, 36, 44, 30, 38, 42]
+    with jax.default_device(ref_devices[0]):
+        want = [greedy_generate(tiny, p, n, bucket=128) for p, n in
+                zip(PROMPTS, lengths, strict=True)]
+    from _serving import ScriptedSplit
+
+    script = ScriptedSplit(1)
+    eng = _engine(tiny, npu_devices[:4], layout="adaptive", split_advisor=script,
+                  keep_cluster_log=True)
+    try:
+        assert [x.role.value for x in eng.instances] == ["prefill"] * 4 + ["decode"] * 4
+        assert [x.device for x in eng.instances] == list(npu_devices[:4]) * 2
+        outs = [_Collect() for _ in PROMPTS]
+        for p, n, o in zip(PROMPTS, lengths, outs, strict=True):
+            eng.submit(p, _greedy(n), o)
+
+        def wait_tokens(k: int) -> None:
+            deadline = time.monotonic() + 60
+            while min(len(o.ids) for o in outs) < k and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        def arrival() -> None:  # one more request: the advisor decides at arrivals
+            extra = _Collect()
+            eng.submit([5, 6, 7], _greedy(2), extra)
+            assert extra.done.wait(60) and extra.reasons == ["length"]
+
+        wait_tokens(4)
+        script.ask = 3  # units 0-2 take prompts; unit 3 decodes
+        arrival()
+        wait_tokens(16)
+        script.ask = 1
+        arrival()
+        for o in outs:
+            assert o.done.wait(120), "request did not finish"
+            assert o.reasons == ["length"], o.reasons
+        assert [o.ids for o in outs] == want
+        log = eng.cluster.decisions.log
+        assert [n for kind, n, _ in log if kind == "split"] == [3, 1]
+        handoffs = [rid for kind, rid, _ in log if kind == "handoff"]
+        moved = {rid for rid in handoffs if handoffs.count(rid) > 1}
+        assert moved and eng.cluster.moves >= len(moved)
+        assert eng.num_running() == 0 and eng.kv_usage() == 0
+    finally:
+        eng.stop()

@@ -6,33 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from _serving import FakeEngine, require
+from _serving import FakeEngine, require, serve_app_in_thread
 
 MAX_LEN = 128
-
-
-def _serve_app(app):
-    """uvicorn on a free loopback port in a thread; yields the base URL."""
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    return f"http://127.0.0.1:{port}", srv, th
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +33,7 @@ def server(npu_devices):
     eng.warmup()
     eng.start()
     app = create_app(ServerState(eng, m.tokenizer, "tiny", metrics=metrics))
-    url, srv, th = _serve_app(app)
+    url, srv, th = serve_app_in_thread(app)
     yield url, eng
     srv.should_exit = True
     th.join(10)
@@ -353,7 +334,7 @@ def _fake_app(engine, timeout: float | None = None):
 def fake():
     require("fastapi", "uvicorn", "httpx")
     eng = FakeEngine()
-    url, srv, th = _serve_app(_fake_app(eng, timeout=1.0))
+    url, srv, th = serve_app_in_thread(_fake_app(eng, timeout=1.0))
     yield url, eng
     srv.should_exit = True
     th.join(10)

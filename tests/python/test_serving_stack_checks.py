@@ -179,3 +179,49 @@ def test_presenting_cpu_refuses_jax_platforms_flexnpu() -> None:
     )
     assert proc.returncode != 0
     assert "set JAX_PLATFORMS=cpu" in proc.stderr, proc.stderr[-3000:]
+
+
+# Another PJRT plugin registers the name FlexNPU presents (over CUDA: JAX's CUDA plugin
+# registers `cuda`), here the XLA CPU plugin as `cpu`: before FlexNPU's registration (the
+# program registers it before JAX discovers plugins) or after it (PJRT_NAMES_AND_LIBRARY_PATHS,
+# which JAX reads once every plugin module has registered).
+OTHER_PLUGIN_FIRST = """
+from jax._src import xla_bridge
+from flexnpu._paths import cpu_plugin_path
+xla_bridge.register_plugin("cpu", library_path=str(cpu_plugin_path()))
+"""
+PRESENTED_CLIENT = """
+import json, logging, jax, jax.numpy as jnp
+logging.basicConfig(level=logging.INFO)
+from flexnpu import stats
+x = jax.jit(lambda v: v * 2)(jnp.arange(4.0))
+print("RESULT" + json.dumps({
+    "platform": jax.devices()[0].platform,
+    "platform_version": jax.devices()[0].client.platform_version,
+    "executions": stats.clients()[0]["executions"] if stats.clients() else None,
+    "x": x.tolist(),
+}))
+"""
+
+
+@pytest.mark.parametrize("other_plugin", ["registered first", "registered last"])
+def test_flexnpu_serves_the_presented_name_another_plugin_also_registers(
+    other_plugin: str,
+) -> None:
+    from flexnpu._paths import cpu_plugin_path
+
+    env = {"FLEXNPU_PLATFORM_NAME": "cpu", "JAX_PLATFORMS": "cpu"}
+    code = PRESENTED_CLIENT
+    if other_plugin == "registered first":
+        code = OTHER_PLUGIN_FIRST + code
+    else:
+        env["PJRT_NAMES_AND_LIBRARY_PATHS"] = f"cpu:{cpu_plugin_path()}"
+    proc = run_python(code, env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    result = json.loads(line[len("RESULT") :])
+    assert result["platform"] == "cpu"
+    assert "flexnpu 0.1.0 over cpu" in result["platform_version"], result  # FlexNPU serves
+    assert result["executions"] > 0
+    assert result["x"] == [0.0, 2.0, 4.0, 6.0]
+    assert "FlexNPU serves JAX's 'cpu' platform in place of the other PJRT plugin" in proc.stderr

@@ -97,7 +97,7 @@ def test_adaptive_split_moves_units_to_decode_in_the_output_heavy_phase():
     spec = SimSpec(**PHASES).resolved()
     r = simulate_once(spec, "dynamic", 0)
     timeline = r.split_timeline
-    assert timeline[0] == (pytest.approx(r.requests[0].arrival), 4)  # units / 2 at first
+    assert timeline[0] == (0.0, 4)  # units / 2 before the first decision
 
     def late_split(t0: float, t1: float) -> list[int]:
         return [n for t, n in timeline if t0 <= t < t1]
@@ -111,6 +111,10 @@ def test_adaptive_split_moves_units_to_decode_in_the_output_heavy_phase():
     # Nothing lost: every request finishes or is reported dropped.
     assert all(q.finish >= 0 or q.dropped for q in r.requests)
     assert sum(1 for q in r.requests if q.finish >= 0) > 0.9 * len(r.requests)
+    # The split went up at first (units 0-5 take prompts): the decodes of units 4 and 5 moved
+    # with their KV, and none lost or gained a token on the way.
+    assert r.moves > 0
+    assert all(q.n_out == q.output for q in r.requests if q.finish >= 0)
 
 
 def test_adaptive_same_seed_gives_identical_json_with_the_split():

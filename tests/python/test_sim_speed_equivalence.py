@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from flexnpu.serving.cluster import Router
 from flexnpu.serving.scheduler import (
     QueueFullError,
     RequestTooLongError,
@@ -215,14 +216,14 @@ def test_plan_totals_match_its_entries():
 
 @pytest.mark.parametrize("role", [Role.MIXED, Role.DECODE])
 def test_router_picks_as_least_loaded(role):
-    """The simulator's incremental router (keys recomputed only for instances whose scheduler
+    """The cluster layer's incremental router (keys recomputed only for instances whose scheduler
     changed) picks the instance least_loaded picks over all of them, ties included."""
     rng = random.Random(5)
     cfg = dict(max_num_seqs=6, max_num_batched_tokens=40, block_size=4, num_blocks=60,
                max_model_len=120, role=role)
     insts = [sim_simulation.Instance(i, Scheduler(SchedulerConfig(**cfg)), role, 0, 1)
              for i in range(5)]
-    router = sim_simulation.Router(insts)
+    router = Router(insts)
     scheds = [x.sched for x in insts]
     assert router.pick() is insts[0]  # all equal: the lowest index
     plans: list = []

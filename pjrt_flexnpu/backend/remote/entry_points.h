@@ -23,7 +23,7 @@ namespace flexnpu::remote {
   X(DeviceDescription_Id) X(DeviceDescription_ProcessIndex) X(DeviceDescription_Attributes) \
   X(DeviceDescription_Kind) X(DeviceDescription_DebugString) X(DeviceDescription_ToString) \
   X(Device_GetDescription) X(Device_IsAddressable) X(Device_LocalHardwareId) \
-  X(Device_AddressableMemories) X(Device_DefaultMemory) \
+  X(Device_AddressableMemories) X(Device_DefaultMemory) X(Device_MemoryStats) \
   X(Memory_Id) X(Memory_Kind) X(Memory_Kind_Id) X(Memory_DebugString) X(Memory_ToString) \
   X(Memory_AddressableByDevices) \
   X(Executable_Destroy) X(Executable_NumReplicas) X(Executable_NumPartitions) \

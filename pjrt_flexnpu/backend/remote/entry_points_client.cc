@@ -1,6 +1,9 @@
 // The client (its creation is the daemon session's handshake), its devices and memories: the
 // topology the daemon sent at Hello answers every query.
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 #include "pjrt_flexnpu/backend/remote/entry_points.h"
@@ -38,7 +41,8 @@ PJRT_Error* Client_Create(PJRT_Client_Create_Args* a) {
     auto client = std::make_unique<RemoteClient>();
     client->connection = *connection;
     // ints: [session, num_memories, (index, id, kind_id)..., num_devices,
-    //        (index, id, local_hw, default_memory, memories list)...]
+    //        (index, id, local_hw, default_memory, memories list)..., bytes limit list,
+    //        one-way offered]
     // blobs: [platform, version, memory kinds..., device kinds...]
     IntCursor c(reply->ints);
     int64_t num_memories, num_devices;
@@ -83,6 +87,11 @@ PJRT_Error* Client_Create(PJRT_Client_Create_Args* a) {
       client->device_handles.push_back(To<PJRT_Device>(device.get()));
       client->devices.push_back(std::move(device));
     }
+    std::vector<int64_t> limits;
+    if (!c.List(&limits) || limits.size() != client->devices.size()) {
+      return BadReply(client.get(), "Hello");
+    }
+    for (size_t d = 0; d < limits.size(); ++d) client->devices[d]->bytes_limit = limits[d];
     int64_t one_way = 0;
     client->one_way = c.Next(&one_way) && one_way == 1;
     a->client = To<PJRT_Client>(client.release());
@@ -175,6 +184,19 @@ PJRT_Error* Device_DefaultMemory(PJRT_Device_DefaultMemory_Args* a) {
     return ToError(NotFound("daemon device " + std::to_string(d->id) + " has no default memory"));
   }
   a->memory = To<PJRT_Memory>(d->default_memory);
+  return nullptr;
+}
+// The limit the daemon gave the session (its tenant's quota share); bytes in use are counted
+// by FlexNPU's runtime above this backend, per virtual device, and are not asked here.
+PJRT_Error* Device_MemoryStats(PJRT_Device_MemoryStats_Args* a) {
+  const RemoteDevice* d = From<RemoteDevice>(a->device);
+  const size_t header = offsetof(PJRT_Device_MemoryStats_Args, bytes_in_use);
+  const size_t size = std::min(a->struct_size, sizeof(PJRT_Device_MemoryStats_Args));
+  if (size > header) std::memset(reinterpret_cast<char*>(a) + header, 0, size - header);
+  if (d->bytes_limit >= 0) {
+    a->bytes_limit = d->bytes_limit;
+    a->bytes_limit_is_set = true;
+  }
   return nullptr;
 }
 

@@ -41,6 +41,9 @@ struct RemoteDevice {
   std::string debug;
   RemoteMemory* default_memory = nullptr;
   std::vector<PJRT_Memory*> memories;
+  // What the daemon says this session may hold on the device (its tenant's quota share, at
+  // most what the device has); -1: it cannot say.
+  int64_t bytes_limit = -1;
 };
 
 struct RemoteClient {

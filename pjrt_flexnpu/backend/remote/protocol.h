@@ -18,9 +18,10 @@ namespace flexnpu::daemon {
 // 4: one-way Execute (client-named outputs), Hello says whether it is offered. 5: one-way
 // BufferFromHost (a client-named buffer). 6: a one-way execution's completion pushes list
 // the arguments it consumed (ints [event, code, donated list]), and so does a failed one's
-// reply or push when it ran before failing. Python's copy (_daemon_wire.PROTOCOL_VERSION) is
+// reply or push when it ran before failing. 7: Hello lists each device's memory limit (the
+// tenant's quota share). Python's copy (_daemon_wire.PROTOCOL_VERSION) is
 // checked against this line by test_daemon.py.
-inline constexpr int64_t kProtocolVersion = 6;
+inline constexpr int64_t kProtocolVersion = 7;
 // Payloads up to this size travel inside the frame; larger ones in a memfd segment.
 inline constexpr size_t kInlinePayloadBytes = 64 * 1024;
 // A frame longer than this is refused as malformed.
@@ -31,7 +32,8 @@ inline constexpr uint32_t kMaxFrameBytes = 1u << 30;
 // this header).
 enum Op : uint32_t {
   kHello = 1,              // ints [version, role (0 client, 1 observer)], text tenant
-                           // -> ints [session] + topology + [one-way execute offered],
+                           // -> ints [session] + topology + [bytes limit list (-1:
+                           // unknown), one-way execute offered],
                            // blobs [platform, version, kinds...]
   kBufferFromHost = 2,     // ints [type, ndims, dims.., nstrides, strides.., device, memory,
                            // inline, size, client id (0: -> buffer meta; < 0: one-way)]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flexnpu import compilation_cache
+from flexnpu.cli import serve_ray
 from flexnpu.cli.errors import CliError, run_subcommand
 from flexnpu.serving import logs
 from flexnpu.serving.config import RANDOM_PRESETS
@@ -122,11 +123,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--layout",
-        choices=["colocated", "split"],
+        choices=["colocated", "split", "static-colocate", "adaptive"],
         default=None,
         help="colocated (default): every device prefills and decodes, mixed steps; "
         "split: --prefill-devices prefill, the next --decode-devices decode, KV "
-        "handed over with jax.device_put (default when --prefill-devices is set)",
+        "handed over with jax.device_put (default when --prefill-devices is set); "
+        "static-colocate: every device hosts a prefill and a decode instance (the paper's "
+        "static co-location); adaptive: those instances, and the split advisor moves devices "
+        "between the sides as the load shifts (decodes move with their KV)",
+    )
+    e.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=0.0,
+        help="adaptive: one device's prefill throughput at a full step, for the split advisor "
+        "(default: a full prefill step is timed at warm-up)",
+    )
+    e.add_argument(
+        "--split-hold",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="adaptive: a reversal of the last split change waits this long (0: at once)",
     )
     e.add_argument(
         "--devices",
@@ -134,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="colocated: one instance on each of the first N of jax.devices() (default: what "
         "the backend has: on CPU devices, which share the cores, one instance per 2 cores; on "
-        "accelerators, every device)",
+        "accelerators, every device); adaptive: the first N devices (default: all)",
     )
     e.add_argument(
         "--prefill-devices",
@@ -188,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="warning", help="the HTTP server's (uvicorn) log level")
     logs.add_argument(p)
+    serve_ray.add_arguments(p)
     return p
 
 
@@ -226,6 +245,15 @@ def engine_config(
         pre = args.prefill_devices or 1
         dec = args.decode_devices or max(1, num_devices - pre)
         layout_kw = dict(layout="split", prefill_devices=pre, decode_devices=dec)
+    elif layout == "static-colocate":
+        layout_kw = dict(layout=layout, num_devices=args.devices)
+    elif layout == "adaptive":
+        layout_kw = dict(
+            layout="adaptive",
+            num_devices=args.devices,
+            prefill_tokens_per_s=args.prefill_tokens_per_s,
+            split_hold_s=args.split_hold,
+        )
     else:
         layout_kw = dict(layout="colocated", num_devices=args.devices or default_instances)
     ec = EngineConfig(
@@ -289,6 +317,8 @@ def run(args: argparse.Namespace) -> int:
     """Runs the server from parsed options (`python -m flexnpu serve` parses them itself)."""
     sock = None if args.export else bind_listening_socket(args.host, args.port)
     try:
+        if args.ray is not None:
+            return serve_ray.run(args, sock)
         return _load_and_serve(args, sock)
     finally:
         if sock is not None:
@@ -358,30 +388,44 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
     if not args.no_warmup:
         _warm_up(engine, cache_dir)
     engine.start()
+    if ec.layout == "adaptive":
+        print(
+            f"split advisor: {engine.cluster.prefill_units} of {engine.units} devices take "
+            f"prompts at first; one device prefills "
+            f"{engine.split_settings.prefill_tokens_per_s:,.0f} tokens/s",
+            flush=True,
+        )
 
-    from flexnpu.serving.server import ServerState, create_app
-    from flexnpu.serving.shutdown import serve
+    from flexnpu.serving.server import ServerState
 
     state = ServerState(engine, tok, name, metrics=metrics)  # the model's template
-    app = create_app(state)
     assert sock is not None  # bound unless exporting
-    host, port = args.host, sock.getsockname()[1]  # --port 0: the port the system chose
-
-    def listening() -> None:
-        print(f"serving {name} on http://{host}:{port}/v1", flush=True)
-
     try:
-        serve(
-            app,
-            state.in_flight,
-            args.shutdown_grace_s,
-            sockets=[sock],
-            on_listening=listening,
-            log_level=args.log_level,
-        )
+        serve_state(state, args, sock)
     finally:
         engine.stop()
     return 0
+
+
+def serve_state(state: Any, args: argparse.Namespace, sock: socket.socket, where: str = "") -> None:
+    """Serves the app of `state` on `sock` until Ctrl-C or SIGTERM (then drains), saying
+    "serving NAME on URL" + `where` once it listens."""
+    from flexnpu.serving.server import create_app
+    from flexnpu.serving.shutdown import serve
+
+    host, port = args.host, sock.getsockname()[1]  # --port 0: the port the system chose
+
+    def listening() -> None:
+        print(f"serving {state.model_name} on http://{host}:{port}/v1{where}", flush=True)
+
+    serve(
+        create_app(state),
+        state.in_flight,
+        args.shutdown_grace_s,
+        sockets=[sock],
+        on_listening=listening,
+        log_level=args.log_level,
+    )
 
 
 def _compilation_cache_dir(args: argparse.Namespace) -> Path | None:

@@ -7,7 +7,16 @@ Layouts (JetStream-style slices of `jax.devices()` in order):
   concurrently, so prefill bursts and decode streams contend for the devices underneath;
 - split: the first `prefill_devices` devices are PREFILL instances, the next `decode_devices`
   DECODE instances; a prefilled sequence's KV goes to the least loaded decode instance with
-  `jax.device_put` and is written into its blocks before the decode step that continues it.
+  `jax.device_put` and is written into its blocks before the decode step that continues it;
+- static-colocate: every device hosts a PREFILL and a DECODE instance (the paper's static
+  co-location: both phases share each device, the KV handed over on the device);
+- adaptive: static-colocate's instances, and the split advisor decides
+  how many devices take new prompts (the others decode); when a device changes side its running
+  decodes move to the decode side with their KV and its queued prompts go back to the router.
+
+Which instance takes a prompt or a prefilled sequence, the split and what moves are decided by
+the cluster layer (serving/cluster.py), the same code the simulator runs; this module does the
+mechanics (threads, steps, KV copies).
 
 Each instance thread plans step k+1 and dispatches it before it waits for step k's tokens (the
 scheduler counts outputs optimistically; a decode row reads its input token from step k's ids on
@@ -33,7 +42,14 @@ from typing import Any
 
 import jax
 
-from flexnpu.serving import scheduler as sched_lib
+from flexnpu.serving.cluster import (
+    LAYOUTS,
+    Cluster,
+    ClusterInstance,
+    SplitSettings,
+    unit_roles,
+)
+from flexnpu.serving.layout import emulated_time_scale
 from flexnpu.serving.output import IdsOutput, RequestOutput, TokenLogprobs, suppressed_ids
 from flexnpu.serving.runner import (
     Dispatched,
@@ -58,8 +74,6 @@ from flexnpu.serving.scheduler import (
 __all__ = ["Engine", "EngineConfig", "EngineDeadError", "ModelSteps", "QueueFullError",
            "Request", "RequestTooLongError"]
 
-LAYOUTS = ("colocated", "split")
-
 
 class EngineDeadError(RuntimeError):
     """The engine failed (see `engine.error`) and takes no more requests (HTTP 503)."""
@@ -75,7 +89,7 @@ class EngineConfig:
     max_waiting: int = 1024  # per entry instance; QueueFullError beyond
     request_timeout: float | None = None  # seconds; requests without a deadline get this one
     layout: str = "colocated"
-    num_devices: int = 0  # co-located: instances (0: every device)
+    num_devices: int = 0  # co-located: instances; adaptive: devices (0: every device)
     prefill_devices: int = 1  # split layout
     decode_devices: int = 1  # split layout
     chunk_buckets: list[int] | None = None  # default: powers of two from 64 to the budget
@@ -83,6 +97,12 @@ class EngineConfig:
     # only the blocks in use); default: max_blocks_per_seq / 4 and all of them (each width and
     # each chunk bucket is one more program to compile per device at start-up).
     decode_widths: list[int] | None = None
+    # Adaptive layout: one device's prefill throughput at a full batch (tokens/s) for the
+    # split advisor; 0: measured at warm-up (a full-budget prefill step, timed).
+    prefill_tokens_per_s: float = 0.0
+    split_hold_s: float = 2.0  # the advisor's hysteresis hold (0: off)
+    split_backlog_drain_s: float = 2.0  # queued prompts drained over this (0: not counted)
+    keep_cluster_log: bool = False  # the cluster layer's decisions, for tests
 
     def validate(self) -> None:
         if self.layout not in LAYOUTS:
@@ -96,6 +116,10 @@ class EngineConfig:
             raise ValueError("the split layout needs >= 1 prefill and >= 1 decode device")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise ValueError(f"request_timeout must be > 0, got {self.request_timeout}")
+        if not self.prefill_tokens_per_s >= 0:
+            raise ValueError(f"prefill_tokens_per_s must be >= 0, got {self.prefill_tokens_per_s}")
+        if not (self.split_hold_s >= 0 and self.split_backlog_drain_s >= 0):
+            raise ValueError("split_hold_s and split_backlog_drain_s must be >= 0")
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -149,12 +173,12 @@ class Request:
         return self.finish_reason is not None
 
 
-class _Instance:
-    def __init__(self, name: str, role: Role, runner: Runner, scheduler: Scheduler) -> None:
-        self.name = name
-        self.role = role
+class _Instance(ClusterInstance):
+    def __init__(self, idx: int, unit: int, role: Role, runner: Runner,
+                 scheduler: Scheduler) -> None:
+        super().__init__(idx, unit, role, scheduler)
+        self.name = f"{role.value}-{idx}"
         self.runner = runner
-        self.sched = scheduler
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
@@ -167,9 +191,14 @@ class _Instance:
 class Engine:
     def __init__(self, steps: Steps | None, params: Any, config: EngineConfig,
                  devices: list | None = None, metrics: Any = None,
-                 eos_ids: Collection[int] | None = None, model_config: Any = None) -> None:
+                 eos_ids: Collection[int] | None = None, model_config: Any = None,
+                 split_advisor: Any = None,
+                 cluster_clock: Callable[[], float] | None = None) -> None:
         """`steps`: the compiled programs (None: jitted from the model code for
-        `model_config`)."""
+        `model_config`). `split_advisor`: the adaptive layout's advisor (None: the placement
+        core's, from the config; cluster.Cluster says what else it takes). `cluster_clock`:
+        the time the cluster layer's decisions see (None: the wall clock; a test replays a
+        trace's times)."""
         config.validate()
         if steps is None:
             if model_config is None:
@@ -186,18 +215,16 @@ class Engine:
         self.max_model_len = config.max_model_len
         devices = list(devices if devices is not None else jax.devices())
         if config.layout == "split":
-            need = config.prefill_devices + config.decode_devices
-            if need > len(devices):
+            units = config.prefill_devices + config.decode_devices
+            if units > len(devices):
                 raise ValueError(f"split layout: {config.prefill_devices} prefill + "
                                  f"{config.decode_devices} decode devices requested, only "
                                  f"{len(devices)} available")
-            roles = [Role.PREFILL] * config.prefill_devices + [Role.DECODE] * \
-                config.decode_devices
         else:
-            n = config.num_devices or len(devices)
-            if n > len(devices):
-                raise ValueError(f"{n} devices requested, only {len(devices)} available")
-            roles = [Role.MIXED] * n
+            units = config.num_devices or len(devices)
+            if units > len(devices):
+                raise ValueError(f"{units} devices requested, only {len(devices)} available")
+        roles = unit_roles(config.layout, units, config.prefill_devices)
         dtype = jax.tree_util.tree_leaves(params)[0].dtype
         shapes = RunnerShapes(
             num_seqs=config.max_num_seqs, block_size=config.block_size,
@@ -205,11 +232,12 @@ class Engine:
             max_blocks_per_seq=config.max_blocks_per_seq,
             chunk_buckets=config.resolved_chunk_buckets(),
             handoff_buckets=powers_of_two(1, config.max_blocks_per_seq)
-            if config.layout == "split" else (),
+            if config.layout != "colocated" else (),
             decode_widths=config.resolved_decode_widths())
         placed: dict[Any, Any] = {}
         self.instances: list[_Instance] = []
-        for i, (role, dev) in enumerate(zip(roles, devices, strict=False)):
+        for i, role in enumerate(roles):
+            dev = devices[i % units]
             if dev not in placed:
                 placed[dev] = jax.device_put(params, dev)
             sc = SchedulerConfig(
@@ -219,9 +247,20 @@ class Engine:
                 max_model_len=config.max_model_len, max_waiting=config.max_waiting,
                 max_prefill_seqs=1, role=role)
             runner = Runner(steps, placed[dev], dev, shapes, dtype)
-            self.instances.append(_Instance(f"{role.value}-{i}", role, runner, Scheduler(sc)))
-        self.entry = [x for x in self.instances if x.role is not Role.DECODE]
+            self.instances.append(_Instance(i, i % units, role, runner, Scheduler(sc)))
+        self.units = units
         self.decoders = [x for x in self.instances if x.role is Role.DECODE]
+        # Routing and role changes: the cluster layer, under self._lock (its schedulers change
+        # on the instance threads: every pick reads every load). The adaptive layout's advisor
+        # is made at warm-up, which measures the prefill throughput it needs.
+        self.cluster: Cluster | None = None
+        self._split_advisor = split_advisor
+        self._cluster_clock = cluster_clock
+        if config.layout != "adaptive":
+            self.cluster = Cluster(self.instances, units, incremental=False,
+                                   keep_log=config.keep_cluster_log)
+            if metrics and config.layout == "split":
+                metrics.set_split(config.prefill_devices, units)
         self.healthy = True
         self.error: str | None = None
         self._ids = itertools.count()
@@ -239,15 +278,49 @@ class Engine:
     def split(self) -> bool:
         return bool(self.decoders)
 
+    def _warmup_runners(self) -> list[Runner]:
+        """One runner per device: the instances on one device (the adaptive layout's prefill
+        and decode instance) run the same programs there."""
+        seen: set[Any] = set()
+        runners = []
+        for x in self.instances:
+            if x.device not in seen:
+                seen.add(x.device)
+                runners.append(x.runner)
+        return runners
+
     def num_warmup_programs(self) -> int:
-        return sum(len(x.runner.programs()) for x in self.instances)
+        return sum(len(r.programs()) for r in self._warmup_runners())
 
     def warmup(self, progress: Callable[[int], Any] | None = None) -> int:
         """Compiles every program on every device it runs on (bounded: chunk buckets,
-        the decode-only step, KV handoff buckets in the split layout)."""
-        return sum(x.runner.warmup(progress) for x in self.instances)
+        the decode-only step, KV handoff buckets in the split layouts); the adaptive layout
+        also times a full prefill step for its advisor (unless configured)."""
+        n = sum(r.warmup(progress) for r in self._warmup_runners())
+        self._make_cluster()
+        return n
+
+    def _make_cluster(self) -> None:
+        if self.cluster is not None:
+            return
+        ec = self.ec
+        advisor = self._split_advisor
+        if advisor is None:
+            rate = ec.prefill_tokens_per_s
+            if not rate:
+                tokens, seconds = self.instances[0].runner.time_prefill_step()
+                rate = tokens / seconds
+            advisor = self.split_settings = SplitSettings(
+                prefill_tokens_per_s=rate, decode_batch=ec.max_num_seqs,
+                hold_s=ec.split_hold_s, backlog_drain_s=ec.split_backlog_drain_s,
+                time_scale=emulated_time_scale(self.instances[0].device))
+        self.cluster = Cluster(self.instances, self.units, advisor, incremental=False,
+                               keep_log=ec.keep_cluster_log)
+        if self.metrics:
+            self.metrics.set_split(self.cluster.prefill_units, self.units)
 
     def start(self) -> None:
+        self._make_cluster()
         for x in self.instances:
             x.thread = threading.Thread(target=self._loop, args=(x,), name=f"engine-{x.name}",
                                         daemon=True)
@@ -288,8 +361,12 @@ class Engine:
                       (seed & 0xFFFFFFFF, seed >> 32), arrival=now, suppressed_ids=suppressed)
         req.seq = Sequence(req.id, len(prompt_ids), sampling.max_tokens, now, deadline,
                            priority, payload=req)
-        inst = self.entry[sched_lib.least_loaded([x.sched for x in self.entry])]
+        cluster = self._cluster()
         with self._lock:
+            at = now if self._cluster_clock is None else self._cluster_clock()
+            if cluster.on_arrival(len(prompt_ids), at):
+                self._on_split()
+            inst = cluster.route_arrival(req.id)
             self._live[req.id] = req
             req.instance = inst
         try:
@@ -327,6 +404,15 @@ class Engine:
         assert out.finish_reason is not None
         return out.ids, out.finish_reason
 
+    def entry_load_key(self) -> tuple[int, int, float]:
+        """The load key (Scheduler.load_key) of the instance a new request would go to: what a
+        router above engines (serving/multihost) compares across them."""
+        if self.cluster is not None:
+            insts = self.cluster.front_router.insts
+        else:
+            insts = [x for x in self.instances if x.role is not Role.DECODE]
+        return min(x.sched.load_key() for x in insts)
+
     def num_running(self) -> int:
         return sum(x.sched.num_running for x in self.instances)
 
@@ -342,6 +428,11 @@ class Engine:
         prev: Dispatched | None = None
         try:
             while not self._stop.is_set():
+                if inst.draining:  # outside its side of the split: give up what can move
+                    if prev is not None:
+                        self._complete(inst, prev)
+                        prev = None
+                    self._move_out(inst)
                 with inst.lock:
                     plan = inst.sched.schedule(time.perf_counter())
                 for seq in plan.finished:
@@ -417,9 +508,11 @@ class Engine:
         self._update_gauges()
 
     def _handoff(self, src: _Instance, req: Request, blocks: list[int]) -> None:
-        """A prefilled sequence's KV to the least loaded decode instance (jax.device_put)."""
+        """A prefilled (or moved) sequence's KV to the decode instance the cluster layer
+        picks (jax.device_put; on the same device it stays there)."""
         k, v = src.runner.extract_kv(blocks)
-        dst = self.decoders[sched_lib.least_loaded([x.sched for x in self.decoders])]
+        with self._lock:
+            dst = self._cluster().route_handoff(req.id)
         req.handoff = jax.device_put((k, v), dst.device)
         assert req.seq is not None
         with self._lock:
@@ -430,6 +523,48 @@ class Engine:
             with dst.lock:
                 dst.sched.add_prefilled(req.seq)
         dst.wake.set()
+
+    def _move_out(self, inst: _Instance) -> None:
+        """A role change, on `inst`'s thread with no step in flight: its running decodes go to
+        the decode side with their KV, its queued prompts back to the router."""
+        with self._lock:
+            cluster = self._cluster()
+            with inst.lock:
+                taken = cluster.take_moves(inst)
+        for seq, blocks in taken:
+            req: Request = seq.payload
+            if req.done:
+                continue
+            if inst.role is Role.DECODE:
+                self._handoff(inst, req, blocks)
+                continue
+            try:
+                with self._lock:
+                    dst = cluster.route_arrival(req.id)
+                    req.instance = dst
+                    with dst.lock:
+                        dst.sched.add(seq)
+            except (QueueFullError, RequestTooLongError) as e:
+                self._finish(req, f"error: moving a queued prompt: {e}")
+                continue
+            dst.wake.set()
+        if taken and self.metrics:
+            self.metrics.on_moves(len(taken))
+
+    def _on_split(self) -> None:
+        """The split changed (the caller holds self._lock): wake the instances that now give
+        up work."""
+        cluster = self._cluster()
+        if self.metrics:
+            self.metrics.set_split(cluster.prefill_units, self.units)
+        for x in self.instances:
+            if x.draining:
+                x.wake.set()
+
+    def _cluster(self) -> Cluster:
+        if self.cluster is None:
+            raise EngineDeadError("the adaptive layout's engine was not warmed up or started")
+        return self.cluster
 
     # ---- finishing --------------------------------------------------------------------------
 

@@ -50,6 +50,22 @@ def emulated_device_kind(device: Any) -> str | None:
     return version[at + len(marker):].split(" ", 1)[0] if at >= 0 else None
 
 
+def emulated_time_scale(device: Any) -> float:
+    """Wall seconds per modelled device second of FlexNPU's emulated `device` (its backend's
+    time_scale option); 1.0 for any other device."""
+    if emulated_device_kind(device) is None:
+        return 1.0
+    version = str(device.client.platform_version)
+    marker = "time_scale "
+    at = version.find(marker)
+    if at < 0:
+        return 1.0
+    try:
+        return float(version[at + len(marker):].split()[0].rstrip(",;)"))
+    except (ValueError, IndexError):
+        return 1.0
+
+
 def available_cores() -> int:
     """The cores this process may run on (its CPU affinity, not the machine's count)."""
     try:

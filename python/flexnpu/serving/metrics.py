@@ -46,6 +46,14 @@ class ServingMetrics:
         self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage (1 = full).")
         self.prompt_tokens = counter("prompt_tokens", "Prefilled prompt tokens.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
+        # The split of the adaptive layout (and of the static ones): scraped over time, the
+        # split's history.
+        self.prefill_units = gauge("prefill_units", "Devices taking new prompts.")
+        self.decode_units = gauge("decode_units", "Devices taking prefilled sequences.")
+        self.split_changes = counter("split_changes", "Changes of the prefill:decode split.")
+        self.moved = counter("moved_sequences", "Sequences moved by role changes (decodes "
+                             "with their KV, queued prompts).")
+        self._split: tuple[int, int] | None = None
         finished = Counter("flexnpu:request_success", "Finished requests by reason.",
                            ["model_name", "finished_reason"], registry=r)
         self._finished = finished
@@ -70,6 +78,16 @@ class ServingMetrics:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
+
+    def set_split(self, prefill_units: int, units: int) -> None:
+        if self._split is not None and self._split != (prefill_units, units):
+            self.split_changes.inc()
+        self._split = (prefill_units, units)
+        self.prefill_units.set(prefill_units)
+        self.decode_units.set(units - prefill_units)
+
+    def on_moves(self, n: int) -> None:
+        self.moved.inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

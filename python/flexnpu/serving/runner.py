@@ -11,6 +11,7 @@ attention reads only the blocks in use) and compiled by `warmup`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -319,6 +320,22 @@ class Runner:
             if progress:
                 progress(1)
         return done
+
+    def time_prefill_step(self, repeats: int = 3) -> tuple[int, float]:
+        """(tokens, seconds) of a full-budget prefill step (the largest chunk bucket, on
+        padding that writes only the trash block): the fastest of `repeats` runs after one
+        that compiles. The adaptive layout's advisor sizes a unit's prefill capacity by it."""
+        c = self.shapes.chunk_buckets[-1]
+        inputs = self.device_inputs(self._padding_inputs(c))
+        best = float("inf")
+        for i in range(repeats + 1):
+            t0 = time.perf_counter()
+            out = self.steps.step(self.params, self.ck, self.cv, inputs)
+            self.ck, self.cv = out[4], out[5]
+            jax.block_until_ready(out[0])
+            if i:
+                best = min(best, time.perf_counter() - t0)
+        return c, best
 
     def _padding_inputs(self, c: int, width: int | None = None) -> dict:
         sh = self.shapes

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from flexnpu import placement as fp
+from flexnpu.serving.cluster import Cluster, ClusterInstance, SplitSettings, unit_roles
 from flexnpu.serving.scheduler import (
     QueueFullError,
     RequestTooLongError,
@@ -111,23 +112,23 @@ def make_layout(policy: str, units: int, num_prefill: int, dynamic_layout: str) 
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (known: {', '.join(POLICIES)})")
     if policy == "passthrough":
-        return Layout([Role.MIXED] * units, "passthrough", chunked=False, mixed=False)
+        return Layout(unit_roles("colocated", units), "passthrough", chunked=False, mixed=False)
     if policy == "chunked-colocate":
-        return Layout([Role.MIXED] * units, "passthrough", chunked=True, mixed=True)
+        return Layout(unit_roles("colocated", units), "passthrough", chunked=True, mixed=True)
     pd_split = policy == "static-pd" or (policy == "dynamic" and dynamic_layout == "disaggregated")
     if pd_split:
         if units < 2:
             raise ValueError(f"{policy} needs at least 2 units (devices / parallel), got {units}")
         if not 1 <= num_prefill < units:
             raise ValueError(f"prefill units must be in [1, {units - 1}], got {num_prefill}")
-        roles = [Role.PREFILL] * num_prefill + [Role.DECODE] * (units - num_prefill)
+        roles = unit_roles("split", units, num_prefill)
         core = (
             f"static-pd:prefill=0-{num_prefill - 1};decode={num_prefill}-{units - 1}"
             if policy == "static-pd"
             else "dynamic"
         )
         return Layout(roles, core, chunked=False, mixed=False, num_prefill=num_prefill)
-    roles = [Role.PREFILL] * units + [Role.DECODE] * units  # home of virtual v: v mod units
+    roles = unit_roles("static-colocate", units)  # home of virtual v: v mod units
     core = ADVISED_CORE_POLICY.get(policy, policy)
     return Layout(roles, core, chunked=False, mixed=False, num_prefill=units)
 
@@ -148,34 +149,20 @@ class Request:
         self.dropped = ""
 
 
-class Instance:
-    """A serving instance on a virtual device: its scheduler, role and where its KV is."""
+class Instance(ClusterInstance):
+    """A serving instance on a virtual device (the cluster layer's view plus where its KV is
+    and its steps in flight)."""
 
-    __slots__ = (
-        "idx",
-        "sched",
-        "role",
-        "kv_unit",
-        "inflight",
-        "max_inflight",
-        "steps",
-        "pos",
-        "changed",
-    )
+    __slots__ = ("kv_unit", "inflight", "max_inflight", "steps")
 
     def __init__(
         self, idx: int, sched: Scheduler, role: Role, kv_unit: int, max_inflight: int
     ) -> None:
-        self.idx = idx
-        self.sched = sched
-        self.role = role
+        super().__init__(idx, kv_unit, role, sched)
         self.kv_unit = kv_unit  # where its KV pool lives now (home at first)
         self.inflight = 0  # steps dispatched, not finished
         self.max_inflight = max_inflight
         self.steps = 0
-        self.pos = 0  # index in its router (front: takes arrivals; back: takes handoffs)
-        # Its router's list of instances whose scheduler changed since it last routed.
-        self.changed: list[Instance] = []
 
 
 def _core_calls(
@@ -218,53 +205,6 @@ def _core_calls(
         )
 
     return place, core.on_start, core.on_finish
-
-
-class Router:
-    """least_loaded (flexnpu.serving.scheduler) over a fixed list of instances, kept
-    incrementally: each instance's (key, index) (the index breaks ties to the lowest, as
-    there) is recomputed only after its scheduler changed, which only the Simulation's calls
-    that add, schedule or finish work do (they append the instance to `changed`). The least
-    (key, index) comes from a heap with lazy deletion: every current (key, index) is in it
-    (pushed when it changed), an entry that is no longer its instance's key is dropped when
-    it reaches the top, so the top is min(keys) -- the same instance, ties included."""
-
-    __slots__ = ("insts", "keys", "changed", "heap", "limit")
-
-    def __init__(self, insts: list[Instance]) -> None:
-        self.insts = insts
-        self.changed: list[Instance] = []
-        for i, x in enumerate(insts):
-            x.pos, x.changed = i, self.changed
-        self.keys = [(x.sched.load_key(), i) for i, x in enumerate(insts)]
-        self.heap = sorted(self.keys)
-        # Stale entries above the top are dropped only by a rebuild, past this size.
-        self.limit = 4 * len(insts) + 16
-
-    def pick(self) -> Instance:
-        insts = self.insts
-        if len(insts) == 1:
-            return insts[0]
-        keys, changed, heap = self.keys, self.changed, self.heap
-        if changed:
-            push = heapq.heappush
-            for x in changed:
-                pos = x.pos
-                k = (x.sched.load_key(), pos)
-                if k != keys[pos]:
-                    keys[pos] = k
-                    push(heap, k)
-            changed.clear()
-            if len(heap) > self.limit:
-                heap[:] = keys
-                heapq.heapify(heap)
-        # Current entries are the very tuples in `keys` (a stale one equal in value to its
-        # current key is dropped as well: the same instance is found either way).
-        top = heap[0]
-        while top is not keys[top[1]]:
-            heapq.heappop(heap)
-            top = heap[0]
-        return insts[top[1]]
 
 
 @dataclass
@@ -312,6 +252,7 @@ class Simulation:
         core_tuning: dict[str, float] | None = None,
         request_weights: bool = True,
         scheduler_class: type[Scheduler] | None = None,
+        keep_cluster_log: bool = False,
     ) -> None:
         if devices < 1 or parallel < 1 or devices % parallel:
             raise ValueError(
@@ -323,6 +264,7 @@ class Simulation:
                 "flexnpu.sim.adaptive.AdaptiveSimulation"
             )
         self.model, self.preset, self.policy = model, preset, policy
+        self.keep_cluster_log = keep_cluster_log
         self.units = devices // parallel
         self.timer = StepTimer.create(model, preset, parallel, instance)
         self.link = link or LINKS[preset.link]
@@ -450,8 +392,9 @@ class Simulation:
         self._timeline: list[tuple[int, float, float, str]] = []
         self._window_end = wl.duration
         self._tokens_in_window = 0
-        self._front = Router(self.front)
-        self._back = Router(self.back)
+        self.cluster = Cluster(
+            self.instances, self.units, self._split_settings(), keep_log=self.keep_cluster_log
+        )
         self._place, self._on_start, self._on_finish = _core_calls(self.core)
         reqs = [
             Request(i, t, p, o)
@@ -528,8 +471,17 @@ class Simulation:
         self._order += 1
         heapq.heappush(self._heap, (t, self._order, kind, *payload))
 
+    def _split_settings(self) -> SplitSettings | None:
+        """The split advisor of the cluster layer (AdaptiveSimulation's), or None."""
+        return None
+
     def _on_arrival(self, req: Request, now: float) -> None:
-        inst = self._front.pick()
+        cluster = self.cluster
+        if cluster.on_arrival(req.prompt, now):
+            for x in self.instances:
+                if x.draining and not x.inflight:
+                    self._move_out(x, now)
+        inst = cluster.route_arrival(req.rid)
         seq = Sequence(req.rid, req.prompt, req.output, now, payload=req)
         sched = inst.sched
         try:
@@ -690,6 +642,8 @@ class Simulation:
                 req.n_out = seq.num_output_tokens
         # _start_step(inst, now), inline; a dispatch marks `inst` changed (its router recomputes
         # its load key), so only a done step that dispatches nothing marks it here.
+        if inst.draining and not inst.inflight:
+            self._move_out(inst, now)
         if inst.inflight < inst.max_inflight and sched.has_work:
             while (
                 self._dispatch(inst, now) and inst.inflight < inst.max_inflight and sched.has_work
@@ -698,8 +652,23 @@ class Simulation:
         else:
             inst.changed.append(inst)
 
+    def _move_out(self, inst: Instance, now: float) -> None:
+        """A role change: `inst`'s decodes go to the decode side with their KV, its queued
+        prompts back to the router (the cluster layer decides which and where)."""
+        cluster = self.cluster
+        for seq, _ in cluster.take_moves(inst):
+            if inst.role is _PREFILL_ROLE:
+                dst = cluster.route_arrival(seq.request_id)
+                dst.sched.add(seq)
+                if dst.inflight < dst.max_inflight:
+                    self._start_step(dst, now)
+                else:
+                    dst.changed.append(dst)
+            else:
+                self._handoff(inst, seq, now)
+
     def _handoff(self, src: Instance, seq: Sequence, now: float) -> None:
-        dst = self._back.pick()
+        dst = self.cluster.route_handoff(seq.request_id)
         self._order += 1
         if src.kv_unit == dst.kv_unit:  # same unit (co-located): the KV stays in place
             heapq.heappush(self._heap, (now, self._order, _KV, dst, seq))

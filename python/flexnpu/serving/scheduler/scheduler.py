@@ -101,6 +101,7 @@ class Scheduler:
             raise ValueError("scheduler: a decode instance takes sequences via add_prefilled()")
         self._check(seq)
         seq.status = WAITING
+        seq.finish_reason = None
         seq.num_computed_tokens = 0
         self._enqueue(seq)
 
@@ -432,6 +433,30 @@ class Scheduler:
         seq.pending_finish = None
         if self._by_id.pop(seq.request_id, None) is not None and seq.deadline is not None:
             self._num_deadlines -= 1
+
+    def take_out(self, *, decoding: bool) -> list[tuple[Sequence, list[int]]]:
+        """Removes sequences that go on at another instance (a role change), with the blocks
+        that held their KV (back in this pool now: the caller copies them out before this
+        scheduler plans another step). decoding=True: the running sequences in steady decode
+        (KV complete up to their last sampled token; they continue through `add_prefilled`);
+        False: the waiting prompts nothing was computed for (they continue through `add`).
+        Only between steps: no planned step may be in flight, or its tokens would be lost.
+        Each leaves finished "moved"; its counts stay as they were."""
+        self._load = None
+        if decoding:
+            picked = [
+                s
+                for s in self._running
+                if s.pending_finish is None and remaining_tokens(s) == 1
+            ]
+        else:
+            picked = [s for s in self._waiting if s.num_computed_tokens == 0 and not s.blocks]
+        out = []
+        for seq in picked:
+            blocks = list(seq.blocks)
+            self._finish(seq, "moved")
+            out.append((seq, blocks))
+        return out
 
     def finish_all(self, reason: str) -> list[Sequence]:
         """Finish every queued and running sequence (e.g. the engine failed)."""
