@@ -6,8 +6,8 @@ requests (TPOT above the run's p90) by the decode instance that took them and wh
         --variants "adaptive,adaptive (no backlog or hysteresis)"
 
 A decode instance takes handoffs only while its unit is on the decode side of the split; a
-sequence stays with the instance that took it to its end (a unit that moves to prefill drains
-its decodes), so what matters is how many sequences an instance took and when.
+role change moves a unit's decode sequences with their KV to the decode side (serving/cluster.py),
+which counts here as the new instance taking them (the last one that took a request is shown).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class _Recording(AdaptiveSimulation):
         if inst.idx >= self.units:
             home = inst.idx - self.units
             self.decode_steps[home][unit != home] += 1
-            if home < self.advisor.prefill_units:  # its unit now takes prompts: it drains
+            if home < self.cluster.prefill_units:  # its unit now takes prompts
                 self.decode_steps[home][2] += 1
         super()._on_done(inst, plan, ticket, unit, now)
 
