@@ -11,7 +11,7 @@ from pathlib import Path
 from flexnpu.sim.hardware import LINKS, PRESETS, RUNTIMES
 from flexnpu.sim.models import MODELS
 from flexnpu.sim.simulation import POLICIES
-from flexnpu.sim.workload import WORKLOADS
+from flexnpu.sim.workload import WORKLOADS, parse_workload
 
 _EPILOG = """\
 Policies: passthrough (monolithic continuous batching per unit), static-pd (prefill and decode
@@ -51,6 +51,14 @@ def _tuning(items: list[str]) -> dict[str, float | int]:
         else:
             out[key] = number
     return out
+
+
+def _workload_name(text: str) -> str:
+    try:
+        parse_workload(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _window(text: str | None) -> tuple[float, float] | None:
@@ -104,7 +112,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="devices co-run executions (the placer's can_overlap model) instead of FIFO",
     )
     w = p.add_argument_group("workload")
-    w.add_argument("--workload", default="sharegpt", choices=WORKLOADS)
+    w.add_argument(
+        "--workload",
+        default="sharegpt",
+        type=_workload_name,
+        help=f"one of {', '.join(WORKLOADS)}; phase-shift:L (phases of L seconds), burst:CV "
+        "(Gamma gaps with that coefficient of variation)",
+    )
     w.add_argument(
         "--rate",
         type=float,

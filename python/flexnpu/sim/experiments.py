@@ -26,7 +26,7 @@ from flexnpu.sim.simulation import (
     Simulation,
     percentiles,
 )
-from flexnpu.sim.workload import Workload, make_workload
+from flexnpu.sim.workload import Workload, make_workload, workload_cycle_s
 
 # dynamic's virtual layouts: a prefill + a decode instance per unit; static-pd's split; the
 # colocated instances with the split the placement core's SplitAdvisor adapts (sim/adaptive.py).
@@ -221,8 +221,10 @@ def build_simulation(
     prefill_units: int = 0,
     window: tuple[float, float] | None = None,
     scheduler_class: type[Scheduler] | None = None,
+    adaptive_class: type[AdaptiveSimulation] = AdaptiveSimulation,
 ) -> tuple[Simulation, Workload]:
-    """simulate_once's simulation and workload, not run yet (a bench times the run apart)."""
+    """simulate_once's simulation and workload, not run yet (a bench times the run apart;
+    adaptive_class: the split advisor's policies run as this subclass, a bench's recorder)."""
     s = spec
     model, preset = get_model(s.model), get_preset(s.device, s.runtime)
     wl = make_workload(
@@ -260,7 +262,7 @@ def build_simulation(
         scheduler_class=scheduler_class,
     )
     if policy in ADVISED_CORE_POLICY or (policy == "dynamic" and s.dynamic_layout == "adaptive"):
-        sim: Simulation = AdaptiveSimulation(
+        sim: Simulation = adaptive_class(
             split_target_utilization=s.split_target_utilization,
             split_backlog_drain_s=s.split_backlog_drain_s,
             split_hold_s=s.split_hold_s,
@@ -406,13 +408,19 @@ def tune_prefill_units(
     rate: float | None = None,
     objective: str | None = None,
     cache: dict[tuple, dict[str, Any]] | None = None,
+    start: int = 0,
 ) -> tuple[int, list]:
     """The P:D split with the best goodput (then throughput; objective "throughput": the other
-    way round) at `rate` (None: the spec's), seed 0, over a shorter run: all splits for <= 12
-    units, else a coarse grid refined around its best. cache: the candidates' metrics by
-    (policy, rate, split), for calls whose specs differ at most in split_objective."""
+    way round) at `rate` (None: the spec's), the spec's seed, over a shorter run (but one that
+    holds every phase of a phase-shift:L workload): all splits for <= 12 units, else a coarse
+    grid refined around its best; start > 0: a local search from that split instead (one unit
+    at a time while the objective improves; the search passes the split of the rate it tried
+    last). cache: the candidates' metrics by (policy, rate, split), for calls whose specs
+    differ at most in split_objective."""
     units = spec.devices // spec.parallel
-    dur = min(spec.duration, spec.search_duration)
+    dur = min(
+        spec.duration, max(spec.search_duration, workload_cycle_s(spec.workload, spec.duration))
+    )
     objective = objective or spec.split_objective
     tried: dict[int, dict[str, Any]] = {}
     cache = {} if cache is None else cache
@@ -429,7 +437,13 @@ def tune_prefill_units(
             )
         return _objective(tried[n], objective)
 
-    if units <= 12:
+    if 1 <= start < units:
+        best = start
+        for direction in (-1, 1):
+            while 1 <= best + direction < units and evaluate(best + direction) > evaluate(best):
+                best += direction
+        cands = []
+    elif units <= 12:
         cands = list(range(1, units))
     else:
         cands = sorted(
@@ -438,9 +452,10 @@ def tune_prefill_units(
                 for f in (0.125, 0.25, 0.375, 0.5, 0.625, 0.75)
             }
         )
-    best = max(cands, key=evaluate)
+    if cands:
+        best = max(cands, key=evaluate)
     step = max(1, units // 16)
-    while step >= 1 and units > 12:
+    while cands and step >= 1 and units > 12:
         for n in (best - step, best + step):
             if 1 <= n < units:
                 evaluate(n)
@@ -468,21 +483,34 @@ def search_goodput(
     *,
     tune_split: bool = False,
     tune_cache: dict[tuple, dict[str, Any]] | None = None,
+    bracket: float = 0.0,
+    bisections: int = 6,
+    local_split: bool = False,
 ) -> tuple[float, list]:
     """DistServe goodput: the largest rate with >= 90% of requests meeting the first SLO tier
-    (mean attainment over the seeds); bisection between 0 and the first failing doubling.
-    tune_split: static-PD's P:D split is tuned again at every rate tried (tune_prefill_units),
-    as an operator would size a static deployment for its load; prefill_units is then ignored
-    (tune_cache: tune_prefill_units' cache)."""
+    (mean attainment over the seeds); bisection (`bisections` times) between 0 and the first
+    failing doubling. bracket > 1: from the spec's rate up or down by that factor until the
+    attainment changes, then bisection between the last two rates (fewer runs when the rate is
+    a good guess). tune_split: static-PD's P:D split is tuned again at every rate tried
+    (tune_prefill_units), as an operator would size a static deployment for its load;
+    prefill_units is then ignored (tune_cache: tune_prefill_units' cache; local_split: every
+    tuning after the first searches locally from the split of the rate tried last)."""
     tier = spec.slos[0].name
     curve: list[dict[str, Any]] = []
+    last_split = [0]
 
     def attained(rate: float) -> bool:
         split = prefill_units
         if tune_split:
             split, _ = tune_prefill_units(
-                spec, "static-pd", lambda s: None, rate=rate, cache=tune_cache
+                spec,
+                "static-pd",
+                lambda s: None,
+                rate=rate,
+                cache=tune_cache,
+                start=last_split[0] if local_split else 0,
             )
+            last_split[0] = split
         vals = []
         for k in range(spec.seeds):
             r = simulate_once(spec, policy, spec.seed + k, rate=rate, prefill_units=split)
@@ -497,11 +525,24 @@ def search_goodput(
         return a >= 0.9
 
     lo, hi = 0.0, spec.rate
-    while attained(hi):
-        lo, hi = hi, hi * 2
-        if hi > spec.rate * 64:
-            break
-    for _ in range(6):
+    if bracket > 1:
+        if attained(spec.rate):
+            lo, hi = spec.rate, spec.rate * bracket
+            while attained(hi) and hi < spec.rate * 64:
+                lo, hi = hi, hi * bracket
+        else:
+            lo = spec.rate / bracket
+            while not attained(lo):
+                lo, hi = lo / bracket, lo
+                if lo < spec.rate / 64:
+                    lo = 0.0
+                    break
+    else:
+        while attained(hi):
+            lo, hi = hi, hi * 2
+            if hi > spec.rate * 64:
+                break
+    for _ in range(bisections):
         mid = (lo + hi) / 2
         if attained(mid):
             lo = mid

