@@ -50,7 +50,14 @@ from flexnpu.serving.cluster import (
     unit_roles,
 )
 from flexnpu.serving.layout import emulated_time_scale
-from flexnpu.serving.output import IdsOutput, RequestOutput, TokenLogprobs, suppressed_ids
+from flexnpu.serving.output import (
+    IdsOutput,
+    RequestOutput,
+    TokenLogprobs,
+    deliver_finish,
+    observe_token,
+    suppressed_ids,
+)
 from flexnpu.serving.runner import (
     Dispatched,
     ModelSteps,
@@ -488,7 +495,7 @@ class Engine:
             if req.sampling.logprobs is not None:
                 chosen, top = top_logprobs(out, row, req.sampling.logprobs)
                 lp = TokenLogprobs(chosen, top)
-            self._token_metrics(req, now)
+            observe_token(self.metrics, req, now)
             try:
                 reason = req.output.on_token(tok, lp, now)
             except Exception as exc:  # noqa: BLE001 - one bad output fails its request only
@@ -576,14 +583,7 @@ class Engine:
             req.finish_reason = reason
             req.handoff = None
             self._live.pop(req.id, None)
-        now = time.perf_counter()
-        if self.metrics:
-            self.metrics.on_finish(req, now)
-            self.metrics.on_reason(reason.split(":")[0])
-        try:
-            req.output.on_finish(reason, now)
-        except Exception:  # noqa: BLE001 - a broken output must not take the engine down
-            traceback.print_exc()
+        deliver_finish(self.metrics, req, reason, time.perf_counter())
 
     def _fail(self, message: str) -> None:
         """An engine thread failed: every queued and running request gets the error."""
@@ -606,15 +606,6 @@ class Engine:
         self._update_gauges()
 
     # ---- metrics ------------------------------------------------------------------------------
-
-    def _token_metrics(self, req: Request, now: float) -> None:
-        if req.first_token_time is None:
-            req.first_token_time = now
-            if self.metrics:
-                self.metrics.on_first_token(req, now)
-        elif self.metrics and req.last_token_time is not None:
-            self.metrics.on_token(now - req.last_token_time)
-        req.last_token_time = now
 
     def _update_gauges(self) -> None:
         if self.metrics:

@@ -17,9 +17,10 @@ One stop semantics for `engine.generate()` (IdsOutput) and HTTP (TextOutput):
 from __future__ import annotations
 
 import threading
+import traceback
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from flexnpu.serving.sampling import SamplingParams
@@ -195,3 +196,28 @@ class TextOutput:
         ids, self._ids = self._ids, []
         lps, self._lps = self._lps, []
         self._emit(Delta(text, ids, lps, self.num_tokens, reason))
+
+
+def observe_token(metrics: Any, req: Any, now: float) -> None:
+    """A token of `req` arrived at `now`: its first / last token times and, with `metrics`
+    (ServingMetrics or None), TTFT or the inter-token latency. The engine and the multi-host
+    front keep their requests' token timing this one way."""
+    if req.first_token_time is None:
+        req.first_token_time = now
+        if metrics:
+            metrics.on_first_token(req, now)
+    elif metrics and req.last_token_time is not None:
+        metrics.on_token(now - req.last_token_time)
+    req.last_token_time = now
+
+
+def deliver_finish(metrics: Any, req: Any, reason: str, now: float) -> None:
+    """`req` finished with `reason`: its metrics, then its output told; a broken output prints
+    its traceback and takes nothing else down."""
+    if metrics:
+        metrics.on_finish(req, now)
+        metrics.on_reason(reason.split(":")[0])
+    try:
+        req.output.on_finish(reason, now)
+    except Exception:  # noqa: BLE001 - a broken output must not take the server down
+        traceback.print_exc()

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from flexnpu.serving.engine import EngineDeadError
 from flexnpu.serving.multihost.replica import ReplicaInfo, ReplicaStatus, RequestEvents
-from flexnpu.serving.output import RequestOutput
+from flexnpu.serving.output import RequestOutput, deliver_finish, observe_token
 from flexnpu.serving.sampling import SamplingParams
 from flexnpu.serving.scheduler import QueueFullError
 
@@ -414,7 +414,7 @@ class ClusterFront:
             return
         for token, lp in ev.tokens:
             now = time.perf_counter()
-            self._token_metrics(req, now)
+            observe_token(self.metrics, req, now)
             req.num_tokens += 1
             try:
                 reason = req.output.on_token(token, lp, now)
@@ -509,14 +509,7 @@ class ClusterFront:
             rep = self._replicas.get(req.replica or "")
             if rep is not None:
                 rep.requests.discard(req.id)
-        now = time.perf_counter()
-        if self.metrics is not None:
-            self.metrics.on_finish(req, now)
-            self.metrics.on_reason(reason.split(":")[0])
-        try:
-            req.output.on_finish(reason, now)
-        except Exception:  # noqa: BLE001 - a broken output must not take the front down
-            traceback.print_exc()
+        deliver_finish(self.metrics, req, reason, time.perf_counter())
 
     def _count(self, event: str) -> None:
         """A cluster event for ClusterMetrics (a plain ServingMetrics has no such series)."""
@@ -524,11 +517,3 @@ class ClusterFront:
         if hook is not None:
             hook()
 
-    def _token_metrics(self, req: ClusterRequest, now: float) -> None:
-        if req.first_token_time is None:
-            req.first_token_time = now
-            if self.metrics is not None:
-                self.metrics.on_first_token(req, now)
-        elif self.metrics is not None and req.last_token_time is not None:
-            self.metrics.on_token(now - req.last_token_time)
-        req.last_token_time = now
