@@ -71,8 +71,14 @@ def front(cluster):
     from flexnpu.serving.multihost.ray_replicas import RayLauncher
     from flexnpu.serving.multihost.replica import ReplicaSpec
 
+    # The replicas' platform is set, not inherited: Ray's workers get the environment of the
+    # process that started the cluster (in the whole suite, a module sets JAX_PLATFORMS=cpu).
     spec = ReplicaSpec(
-        model="random:tiny", seed=1, engine_config=_engine_config(), served_model_name="tiny"
+        model="random:tiny",
+        seed=1,
+        engine_config=_engine_config(),
+        served_model_name="tiny",
+        env={"JAX_PLATFORMS": "flexnpu"},
     )
     metrics = ClusterMetrics("tiny")
     f = ClusterFront(
