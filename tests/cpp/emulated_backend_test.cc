@@ -14,6 +14,7 @@
 #include "compile_options_proto.h"
 #include "pjrt_flexnpu/backend/emulated/emulated_backend.h"
 #include "pjrt_flexnpu/backend/factory.h"
+#include "pjrt_flexnpu/backend/physical_backend.h"
 #include "xla_passes/analysis.h"
 #include "xla_passes/roofline.h"
 
@@ -61,16 +62,7 @@ module @bandwidth_bound attributes {mhlo.num_partitions = 1 : i32, mhlo.num_repl
   }
 })";
 
-PJRT_NamedValue Int(const char* name, int64_t v) {
-  PJRT_NamedValue o{};
-  o.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-  o.name = name;
-  o.name_size = std::strlen(name);
-  o.type = PJRT_NamedValue_kInt64;
-  o.int64_value = v;
-  o.value_size = 1;
-  return o;
-}
+PJRT_NamedValue Int(const char* name, int64_t v) { return flexnpu::Int64NamedValue(name, v); }
 PJRT_NamedValue Float(const char* name, float v) {
   PJRT_NamedValue o = Int(name, 0);
   o.type = PJRT_NamedValue_kFloat;

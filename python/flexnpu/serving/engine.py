@@ -256,7 +256,6 @@ class Engine:
             runner = Runner(steps, placed[dev], dev, shapes, dtype)
             self.instances.append(_Instance(i, i % units, role, runner, Scheduler(sc)))
         self.units = units
-        self.decoders = [x for x in self.instances if x.role is Role.DECODE]
         # Routing and role changes: the cluster layer, under self._lock (its schedulers change
         # on the instance threads: every pick reads every load). The adaptive layout's advisor
         # is made at warm-up, which measures the prefill throughput it needs.
@@ -283,7 +282,7 @@ class Engine:
 
     @property
     def split(self) -> bool:
-        return bool(self.decoders)
+        return any(x.role is Role.DECODE for x in self.instances)
 
     def _warmup_runners(self) -> list[Runner]:
         """One runner per device: the instances on one device (the adaptive layout's prefill
