@@ -35,6 +35,9 @@ StatusOr<SplitAdvisor> SplitAdvisor::Create(const SplitConfig& c) {
     return InvalidArgument(where + "deadband_units must be >= 0, got " +
                            std::to_string(c.deadband_units));
   }
+  if (c.chunk_tokens < 0 || c.tpot_target_ns < 0) {
+    return InvalidArgument(where + "chunk_tokens and tpot_target_ns must be >= 0 (0: unchecked)");
+  }
   if (c.initial_prefill_units < 0 || c.initial_prefill_units >= c.units) {
     return InvalidArgument(where + "initial_prefill_units must be in [0, units - 1] (0: units "
                            "/ 2), got " + std::to_string(c.initial_prefill_units));
@@ -46,6 +49,10 @@ SplitAdvisor::SplitAdvisor(const SplitConfig& c)
     : config_(c),
       prefill_units_(c.initial_prefill_units ? c.initial_prefill_units
                                              : std::max(1, c.units / 2)),
+      colocates_(c.colocate_at_capacity &&
+                 (!c.chunk_tokens || !c.tpot_target_ns ||
+                  static_cast<double>(c.chunk_tokens) / c.prefill_tokens_per_s * 1e9 <=
+                      static_cast<double>(c.tpot_target_ns))),
       proposal_(prefill_units_) {}
 
 Status SplitAdvisor::OnPrompt(int64_t tokens) {
@@ -110,7 +117,7 @@ void SplitAdvisor::Propose(int64_t decode_sequences, int64_t queued_prompt_token
   prefill_need_ = demand / config_.prefill_tokens_per_s;
   decode_need_ = static_cast<double>(decode_sequences) / config_.decode_sequences_per_unit;
   const double prefill_want = prefill_need_ / config_.target_utilization;
-  if (config_.colocate_at_capacity && prefill_want + decode_need_ > units - 1) {
+  if (colocates_ && prefill_want + decode_need_ > units - 1) {
     proposal_ = 0;
     return;
   }

@@ -18,8 +18,11 @@
 //                   (units at a full prefill batch; sized on arrivals alone, a backlog built
 //                   at the overload edge would never drain; backlog_drain_ns 0: not counted)
 //   decode need   = decode sequences held / decode_sequences_per_unit
-//   colocate_at_capacity and prefill need / target_utilization + decode need > units - 1
-//   (less than a whole unit to spare): every unit MIXED.
+//   colocates() and prefill need / target_utilization + decode need > units - 1 (less than a
+//   whole unit to spare): every unit MIXED. colocates(): colocate_at_capacity, unless a
+//   co-located step's prompt chunk alone (chunk_tokens / prefill_tokens_per_s) would take
+//   longer than tpot_target_ns: then every decode beside it would miss that target, and a
+//   split serves better (measured: docs/results.md, "The advisor with co-location").
 //   else prefill need / target_utilization + decode need <= units:
 //       proposal = ceil(prefill need / target_utilization)  (decode gets the rest: more units
 //                  cut TPOT)
@@ -62,6 +65,8 @@ struct SplitConfig {
   int64_t hold_ns = 2'000'000'000;        // hysteresis hold of a reversal, >= 0 (0: off)
   int deadband_units = 1;                 // a reversal this large or smaller always waits, >= 0
   bool colocate_at_capacity = false;      // every unit MIXED while the needs fill the cluster
+  int64_t chunk_tokens = 0;               // a co-located step's prompt chunk, >= 0 (0: unchecked)
+  int64_t tpot_target_ns = 0;             // the decodes' time per token, >= 0 (0: unchecked)
 };
 
 class SplitAdvisor {
@@ -86,6 +91,7 @@ class SplitAdvisor {
   int prefill_units() const { return prefill_units_; }
   int mixed_units() const { return mixed_units_; }  // 0, or units() when co-located
   int decode_units() const { return config_.units - prefill_units_ - mixed_units_; }
+  bool colocates() const { return colocates_; }  // co-location can happen (see above)
   // The last decision's rule output (before the hysteresis): prefill units, 0 when it asked
   // for co-location.
   int proposal() const { return proposal_; }
@@ -104,6 +110,7 @@ class SplitAdvisor {
   SplitConfig config_;
   int prefill_units_;
   int mixed_units_ = 0;
+  bool colocates_;
   int proposal_;
   double prefill_need_ = 0;  // units, of the last decision
   double decode_need_ = 0;

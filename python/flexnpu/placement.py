@@ -230,8 +230,9 @@ class SplitAdvisor:
     (co-located), the rest handoffs. `backlog_drain_ns`: the queued prompt tokens count in the
     prefill need, drained over this; `hold_ns`: hysteresis, a reversal of the last change
     waits this long (both 0: neither fix); `colocate_at_capacity`: every unit co-located while
-    the two needs fill the cluster. ValueError names a bad value; a rejected call keeps the
-    state."""
+    the two needs fill the cluster, unless a prompt chunk of `chunk_tokens` alone takes longer
+    than `tpot_target_ns` (`colocates` says). ValueError names a bad value; a rejected call
+    keeps the state."""
 
     def __init__(
         self,
@@ -247,6 +248,8 @@ class SplitAdvisor:
         hold_ns: int = 2_000_000_000,
         deadband_units: int = 1,
         colocate_at_capacity: bool = False,
+        chunk_tokens: int = 0,
+        tpot_target_ns: int = 0,
     ) -> None:
         self._advisor = native("SplitAdvisor", "the placement core").SplitAdvisor(
             int(units),
@@ -260,6 +263,8 @@ class SplitAdvisor:
             int(hold_ns),
             int(deadband_units),
             bool(colocate_at_capacity),
+            int(chunk_tokens),
+            int(tpot_target_ns),
         )
         # The bound methods: the simulator calls them per arrival.
         self.on_prompt: Callable[[int], None] = self._advisor.on_prompt  # (tokens)
@@ -270,6 +275,11 @@ class SplitAdvisor:
     @property
     def prefill_units(self) -> int:
         return self._advisor.prefill_units
+
+    @property
+    def colocates(self) -> bool:
+        """Whether co-location can happen (asked for, and a chunk fits the TPOT target)."""
+        return self._advisor.colocates
 
     @property
     def mixed_units(self) -> int:

@@ -269,13 +269,31 @@ TEST(SplitAdvisor, CoLocatesAtOnceWhileTheNeedsFillTheClusterAndLeavesAfterTheHo
   EXPECT_EQ(a.prefill_units(), 4);
   EXPECT_EQ(a.mixed_units(), 0);
   EXPECT_EQ(a.changes(), 3u);
-  // Without the option the same needs share the units by need (8 prefill: 6 / 9 of 10, up).
+  // Without the option the same needs share the units by need (7 prefill: 6 / 9 of 10) ...
   c.colocate_at_capacity = false;
   SplitAdvisor split = Make(c);
+  EXPECT_FALSE(split.colocates());
   ASSERT_TRUE(split.Update(0, 0, 0, nullptr).ok());
   Second(split, kSec, 600'000, 3000);
   EXPECT_EQ(split.mixed_units(), 0);
   EXPECT_EQ(split.prefill_units(), 7);
+  // ... and so they do when a co-located step's chunk alone would miss the TPOT target:
+  // 20k tokens at 100k/s take 200 ms, over 100 ms; 5k tokens (50 ms) are within it.
+  c.colocate_at_capacity = true;
+  c.tpot_target_ns = 100'000'000;
+  c.chunk_tokens = 20'000;
+  SplitAdvisor slow_chunk = Make(c);
+  EXPECT_FALSE(slow_chunk.colocates());
+  ASSERT_TRUE(slow_chunk.Update(0, 0, 0, nullptr).ok());
+  Second(slow_chunk, kSec, 600'000, 3000);
+  EXPECT_EQ(slow_chunk.mixed_units(), 0);
+  EXPECT_EQ(slow_chunk.prefill_units(), 7);
+  c.chunk_tokens = 5'000;
+  SplitAdvisor fast_chunk = Make(c);
+  EXPECT_TRUE(fast_chunk.colocates());
+  ASSERT_TRUE(fast_chunk.Update(0, 0, 0, nullptr).ok());
+  Second(fast_chunk, kSec, 600'000, 3000);
+  EXPECT_EQ(fast_chunk.mixed_units(), 10);
 }
 
 TEST(SplitAdvisor, AHeldReversalMovesByTheLeastItWasAskedFor) {
@@ -343,6 +361,9 @@ TEST(SplitAdvisor, RejectsBadConfigAndInputsByName) {
   c = Config24();
   c.deadband_units = -1;
   expect_invalid(c, "deadband_units must be >= 0");
+  c = Config24();
+  c.tpot_target_ns = -1;
+  expect_invalid(c, "chunk_tokens and tpot_target_ns must be >= 0");
 
   SplitAdvisor a = Make(Config24());
   Status s = a.OnPrompt(-1);

@@ -188,11 +188,14 @@ def _plain_simulation(policy: str):
 
 
 def test_co_located_at_capacity_the_split_returns_and_no_token_is_lost():
-    """phase-shift at 4/3 the rate: the prompt-heavy phase fills the cluster, which the
-    advisor co-locates (every unit's back instance prefills in chunks beside its decodes);
+    """phase-shift at 4/3 the rate, 2048-token chunks (a co-located step keeps TPOT 100 ms):
+    the prompt-heavy phase fills the cluster, which the advisor co-locates (every unit's back
+    instance prefills in chunks beside its decodes);
     the output-heavy phase splits it again. Every finished request has all its tokens, and a
     seed gives the same run."""
-    spec = SimSpec(**dict(PHASES, rate=200.0, split_colocate=True)).resolved()
+    spec = SimSpec(
+        **dict(PHASES, rate=200.0, split_colocate=True, max_num_batched_tokens=2048)
+    ).resolved()
     r = simulate_once(spec, "dynamic", 0)
     timeline = r.split_timeline
     assert any(m == 8 and p == 0 for _, p, m in timeline), timeline

@@ -185,6 +185,7 @@ def test_hysteresis_lets_trends_through_and_holds_reversals():
         ({"hold_ns": -1}, r"hold_ns must be >= 0 \(0: off\)"),
         ({"backlog_drain_ns": -1}, "backlog_drain_ns must be >= 0"),
         ({"initial_prefill_units": 10}, r"initial_prefill_units must be in \[0, units - 1\]"),
+        ({"chunk_tokens": -1}, "chunk_tokens and tpot_target_ns must be >= 0"),
     ],
 )
 def test_bad_config_is_named(kw, message):
@@ -228,3 +229,16 @@ def test_co_locates_every_unit_while_the_needs_fill_the_cluster():
         adv.update(2 * SEC, 3000)  # 6 / 0.75 + 3 = 11: less than a unit to spare
     assert (a.prefill_units, a.mixed_units, a.proposal) == (0, 10, 0)
     assert b.mixed_units == 0 and b.prefill_units == 7  # shared by need, 6 / 9 of 10 units
+    # A prompt chunk that alone takes longer than the TPOT target: no co-location.
+    slow = SplitAdvisor(
+        **TEN, colocate_at_capacity=True, chunk_tokens=20_000, tpot_target_ns=SEC // 10
+    )
+    fast = SplitAdvisor(
+        **TEN, colocate_at_capacity=True, chunk_tokens=5_000, tpot_target_ns=SEC // 10
+    )
+    assert (a.colocates, b.colocates, slow.colocates, fast.colocates) == (
+        True,
+        False,
+        False,
+        True,
+    )

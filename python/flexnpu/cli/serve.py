@@ -151,7 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="adaptive: every device co-located (prefill chunks beside decodes) while the "
-        "prefill and decode needs fill the devices (default: on)",
+        "prefill and decode needs fill the devices, unless a full prompt chunk takes longer "
+        "than --split-tpot-target (default: on)",
+    )
+    e.add_argument(
+        "--split-tpot-target",
+        type=float,
+        default=0.1,
+        metavar="SECONDS",
+        help="adaptive: the time per output token a co-located step must keep (default 0.1; "
+        "0: not checked)",
     )
     e.add_argument(
         "--devices",
@@ -261,6 +270,7 @@ def engine_config(
             prefill_tokens_per_s=args.prefill_tokens_per_s,
             split_hold_s=args.split_hold,
             split_colocate=args.split_colocate,
+            split_tpot_target_s=args.split_tpot_target,
         )
     else:
         layout_kw = dict(layout="colocated", num_devices=args.devices or default_instances)
@@ -403,8 +413,10 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
             f"{engine.split_settings.prefill_tokens_per_s:,.0f} tokens/s; "
             + (
                 "all co-located while the needs fill them"
-                if ec.split_colocate
+                if engine.cluster.advisor.colocates
                 else "no co-location"
+                if not ec.split_colocate
+                else "no co-location: a full prompt chunk takes longer than --split-tpot-target"
             ),
             flush=True,
         )

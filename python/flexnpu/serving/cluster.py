@@ -153,8 +153,12 @@ class SplitSettings:
     tick_s: float = SPLIT_TICK_S
     backlog_drain_s: float = SPLIT_BACKLOG_DRAIN_S
     hold_s: float = SPLIT_HOLD_S
-    # Every unit co-located (MIXED) while the prefill and decode needs fill the cluster.
+    # Every unit co-located (MIXED) while the prefill and decode needs fill the cluster,
+    # unless a prompt chunk of chunk_tokens alone takes longer than tpot_target_s (device
+    # seconds; either 0: not checked).
     colocate_at_capacity: bool = False
+    chunk_tokens: int = 0
+    tpot_target_s: float = 0.0
     # Wall seconds per device second: emulated devices run time_scale x slower than the
     # accelerator they model, and the advisor's periods (above, in device seconds) stretch
     # with them, so that it decides as it would on that accelerator.
@@ -378,4 +382,6 @@ def _make_advisor(units: int, s: SplitSettings) -> Any:
         backlog_drain_ns=round(s.backlog_drain_s * ns),
         hold_ns=round(s.hold_s * ns),
         colocate_at_capacity=s.colocate_at_capacity,
+        chunk_tokens=s.chunk_tokens,
+        tpot_target_ns=round(s.tpot_target_s * ns),
     )

@@ -109,7 +109,8 @@ class EngineConfig:
     prefill_tokens_per_s: float = 0.0
     split_hold_s: float = 2.0  # the advisor's hysteresis hold (0: off)
     split_backlog_drain_s: float = 2.0  # queued prompts drained over this (0: not counted)
-    split_colocate: bool = True  # every device co-located while the needs fill the cluster
+    split_colocate: bool = True  # every device co-located while the needs fill the cluster ...
+    split_tpot_target_s: float = 0.1  # ... unless a full prompt chunk takes longer (0: unchecked)
     keep_cluster_log: bool = False  # the cluster layer's decisions, for tests
 
     def validate(self) -> None:
@@ -126,8 +127,10 @@ class EngineConfig:
             raise ValueError(f"request_timeout must be > 0, got {self.request_timeout}")
         if not self.prefill_tokens_per_s >= 0:
             raise ValueError(f"prefill_tokens_per_s must be >= 0, got {self.prefill_tokens_per_s}")
-        if not (self.split_hold_s >= 0 and self.split_backlog_drain_s >= 0):
-            raise ValueError("split_hold_s and split_backlog_drain_s must be >= 0")
+        if not (self.split_hold_s >= 0 and self.split_backlog_drain_s >= 0
+                and self.split_tpot_target_s >= 0):
+            raise ValueError("split_hold_s, split_backlog_drain_s and split_tpot_target_s must "
+                             "be >= 0")
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -321,6 +324,7 @@ class Engine:
                 prefill_tokens_per_s=rate, decode_batch=ec.max_num_seqs,
                 hold_s=ec.split_hold_s, backlog_drain_s=ec.split_backlog_drain_s,
                 colocate_at_capacity=ec.split_colocate,
+                chunk_tokens=ec.max_num_batched_tokens, tpot_target_s=ec.split_tpot_target_s,
                 time_scale=emulated_time_scale(self.instances[0].device))
         self.cluster = Cluster(self.instances, self.units, advisor, incremental=False,
                                keep_log=ec.keep_cluster_log)

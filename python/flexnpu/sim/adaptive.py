@@ -49,6 +49,7 @@ class AdaptiveSimulation(Simulation):
         split_backlog_drain_s: float = SPLIT_BACKLOG_DRAIN_S,
         split_hold_s: float = SPLIT_HOLD_S,
         split_colocate: bool = False,
+        split_tpot_target_s: float = 0.0,
         prefill_tokens_per_s: float = 0.0,
         **kw: Any,
     ) -> None:
@@ -64,6 +65,7 @@ class AdaptiveSimulation(Simulation):
         self.split_backlog_drain_s = split_backlog_drain_s
         self.split_hold_s = split_hold_s
         self.split_colocate = split_colocate
+        self.split_tpot_target_s = split_tpot_target_s
         self.prefill_tokens_per_s = prefill_tokens_per_s  # 0: from the step-time model
         super().__init__(num_prefill=num_prefill, dynamic_layout="colocated", **kw)
 
@@ -90,6 +92,8 @@ class AdaptiveSimulation(Simulation):
             backlog_drain_s=self.split_backlog_drain_s,
             hold_s=self.split_hold_s,
             colocate_at_capacity=self.split_colocate,
+            chunk_tokens=self.back[0].sched.config.max_num_batched_tokens,
+            tpot_target_s=self.split_tpot_target_s,
         )
 
     def _run(self, wl: Any) -> Any:

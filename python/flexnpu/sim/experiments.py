@@ -268,6 +268,7 @@ def build_simulation(
             split_backlog_drain_s=s.split_backlog_drain_s,
             split_hold_s=s.split_hold_s,
             split_colocate=s.split_colocate,
+            split_tpot_target_s=s.slos[0].tpot_s,  # what co-located steps must keep
             **kw,
         )
     else:
