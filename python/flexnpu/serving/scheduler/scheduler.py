@@ -106,10 +106,11 @@ class Scheduler:
         self._enqueue(seq)
 
     def add_prefilled(self, seq: Sequence) -> None:
-        """A decode instance takes a sequence prefilled elsewhere (its KV arrives with it)."""
+        """A decode (or mixed) instance takes a sequence prefilled elsewhere (its KV arrives
+        with it: another instance's, or another engine's)."""
         self._load = None
-        if self.config.role is not DECODE:
-            raise ValueError("scheduler: add_prefilled() is for decode instances")
+        if self.config.role is PREFILL:
+            raise ValueError("scheduler: add_prefilled() is for decode instances (or mixed ones)")
         if seq.num_output_tokens < 1:
             raise ValueError("scheduler: a prefilled sequence has at least its first token")
         self._check(seq, bounded=False)  # backpressure applies at the front door only
