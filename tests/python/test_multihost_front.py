@@ -490,3 +490,37 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, npu_dev
         assert float(line.split()[-1]) == weight
     finally:
         f.stop()
+
+
+def test_serve_ray_host_layout_errors() -> None:
+    code, line = _serve_without_ray("'--ray', '--layout', 'static-colocate'")
+    assert code == 2 and line == (
+        "flexnpu serve: --ray --layout static-colocate: across hosts the layouts are "
+        "colocated, split, adaptive (each host's engine is colocated over its devices)"
+    ), line
+    code, line = _serve_without_ray("'--ray', '--layout', 'adaptive', '--prefill-hosts', '2'")
+    assert code == 2 and line == (
+        "flexnpu serve: --prefill-hosts 2: expected N >= 1 with --layout split"
+    ), line
+    code, line = _serve_without_ray("'--ray', '--prefill-devices', '1'")
+    assert code == 2 and "--prefill-devices/--decode-devices split one host's devices" in line
+    code, line = _serve_without_ray("'--prefill-hosts', '1', '--model', 'random:tiny'")
+    assert code == 2 and line == (
+        "flexnpu serve: --prefill-hosts splits the hosts of a Ray cluster: it needs --ray"
+    ), line
+
+
+def test_host_counts_against_the_layout() -> None:
+    from flexnpu.cli.errors import CliError
+    from flexnpu.cli.serve_ray import check_hosts
+
+    check_hosts("colocated", 1, 1)
+    check_hosts("split", 2, 3)
+    with pytest.raises(
+        CliError,
+        match=r"--prefill-hosts 3: the cluster has 3 hosts offering "
+        r"flexnpu_devices; expected 1 to 2 \(the others decode\)",
+    ):
+        check_hosts("split", 3, 3)
+    with pytest.raises(CliError, match="--layout adaptive across hosts needs at least 2 hosts"):
+        check_hosts("adaptive", 1, 1)
