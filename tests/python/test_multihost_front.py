@@ -61,6 +61,7 @@ class _FakeReplica:
 
     def submit(self, rid, prompt_ids, sampling, timeout_s, priority, export=False) -> None:
         self.submitted.append(rid)
+        self.work = (list(prompt_ids), sampling.max_tokens)  # the last submit's
         if export:
             self.exports.append(rid)
 
@@ -327,6 +328,40 @@ def test_prefill_host_dying_before_the_handoff_reroutes(split_front) -> None:
     assert r1.reroutes == 1 and b.submitted == [r1.id] and b.exports == []
     b.emit(r1.id, [1, 2], "length")
     assert o1.done.wait(TIMEOUT_S) and o1.finish == "length"
+
+
+def test_recompute_continues_running_requests_elsewhere(split_front) -> None:
+    f, a, b, _ = split_front
+    f.config.recompute = True
+    (r1, o1), (r2, _) = _submit(f), _submit(f)
+    a.prefilled(r1.id, 7)
+    _wait(lambda: len(b.continued) == 1)
+    b.emit(r1.id, [8])
+    _wait(lambda: r1.num_tokens == 2)
+    # The decode host dies: r1 goes on at the host left, its prompt followed by the tokens it
+    # streamed, for the tokens it has left (8 in all).
+    b.die("ActorDiedError: gone")
+    _wait(lambda: r1.recomputes == 1)
+    assert r1.replica == a.name and a.work == ([5, 5, 5, 7, 8], 6) and not o1.done.is_set()
+    a.emit(r1.id, [9, 10], "length")
+    assert o1.done.wait(TIMEOUT_S) and (o1.tokens, o1.finish) == ([7, 8, 9, 10], "length")
+    # r2, prefilled after that with no decode host left, goes on where its KV is.
+    a.prefilled(r2.id, 6)
+    _wait(lambda: len(a.continued) == 1)
+    assert a.continued == [(r2.id, None, a.name)] and r2.handoffs == [(a.name, a.name)]
+
+
+def test_failed_kv_handoff_is_computed_again(split_front) -> None:
+    f, a, b, _ = split_front
+    f.config.recompute = True
+    r, out = _submit(f)
+    a.prefilled(r.id, 7)
+    _wait(lambda: len(b.continued) == 1)
+    b.emit(r.id, [], f"error: the KV handoff from replica {a.name} failed: KeyError: gone")
+    _wait(lambda: r.recomputes == 1)
+    # Sent to the prefill host again (its prompt and first token), to stop after it again.
+    assert r.replica == a.name and a.exports == [r.id, r.id] and a.work == ([5, 5, 5, 7], 7)
+    assert not out.done.is_set()
 
 
 def test_kv_transfers_and_host_roles_in_the_metrics(split_front) -> None:

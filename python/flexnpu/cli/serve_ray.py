@@ -67,6 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "prompt's KV moved between hosts through Ray (default 1; implies --layout split)",
     )
     g.add_argument(
+        "--ray-recompute",
+        action="store_true",
+        help="a request running on a replica that dies (or whose KV handoff fails) is "
+        "computed again on another, from its prompt and the tokens streamed so far, instead "
+        "of failing",
+    )
+    g.add_argument(
         "--ray-discover-s",
         type=float,
         default=2.0,
@@ -244,6 +251,7 @@ def _serve(
         layout=layout,
         prefill_hosts=prefill_hosts,
         split_hold_s=args.split_hold,
+        recompute=args.ray_recompute,
     )
     front = ClusterFront(RayLauncher(spec), None, config)
     try:

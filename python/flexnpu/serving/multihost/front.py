@@ -18,8 +18,9 @@ engine replica per host.
   (detokenization, stop strings) here; a stop decided here aborts the request on its replica.
 - Faults: a replica whose poll fails (its actor or node died, or it stopped answering) is
   dropped; its requests that have not produced a token yet are sent to the other replicas, the
-  others finish "error: replica <name> on host <host> died: <why>". The front is healthy while
-  one replica lives.
+  others finish "error: replica <name> on host <host> died: <why>" (or, with `recompute`, are
+  sent too, their prompt followed by the tokens streamed so far: they go on where they were).
+  The front is healthy while one replica lives.
 - Growth: a watcher thread looks for hosts that offer devices and have no replica yet (a node
   that joins later) and starts one there.
 
@@ -29,6 +30,7 @@ inject another), so this module does not import Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import socket
 import threading
@@ -51,6 +53,7 @@ from flexnpu.serving.sampling import SamplingParams
 from flexnpu.serving.scheduler import QueueFullError, Role
 
 HOST_LAYOUTS = ("colocated", "split", "adaptive")
+KV_HANDOFF_FAILED = "error: the KV handoff from replica "  # a replica's finish (replica.py)
 _FULL = 1 << 62  # the load key of a host whose queue is full: never the least loaded
 
 
@@ -108,6 +111,16 @@ class ClusterRequest:
     num_tokens: int = 0  # tokens delivered to the output
     reroutes: int = 0
     handoffs: list[tuple[str, str]] = field(default_factory=list)  # (from, to) replica names
+    token_ids: list[int] = field(default_factory=list)  # delivered to the output
+    recomputes: int = 0
+    # What the replicas compute: the prompt and sampling, or after a recompute the prompt
+    # followed by the tokens streamed before it and what is left of the sampling's budget.
+    sent_prompt_ids: list[int] | None = None
+    sent_sampling: SamplingParams | None = None
+
+    def work(self) -> tuple[list[int], SamplingParams]:
+        return self.sent_prompt_ids or self.prompt_ids, self.sent_sampling or self.sampling
+
     first_token_time: float | None = None
     last_token_time: float | None = None
     finish_reason: str | None = None
@@ -157,6 +170,9 @@ class FrontConfig:
     # adaptive: hosts -> the advisor (cluster.Cluster's `split`; None: the placement core's,
     # sized by the replicas' measured prefill rates). A test's script, say.
     split_advisor: Callable[[int], Any] | None = None
+    # A dead replica's running requests (and those whose KV handoff failed) are computed again
+    # elsewhere, from their prompt and the tokens streamed so far, instead of failing.
+    recompute: bool = False
 
     def validate(self) -> None:
         if self.layout not in HOST_LAYOUTS:
@@ -512,9 +528,8 @@ class ClusterFront:
         rep.sent += 1
         rep.unacked_tokens.append(len(req.prompt_ids))
         del rep.unacked_tokens[:-256]  # only the not yet taken ones are read
-        rep.handle.submit(
-            req.id, req.prompt_ids, req.sampling, self._timeout_s(req), req.priority, export
-        )
+        prompt_ids, sampling = req.work()
+        rep.handle.submit(req.id, prompt_ids, sampling, self._timeout_s(req), req.priority, export)
 
     def _timeout_s(self, req: ClusterRequest) -> float | None:
         if req.deadline is None:
@@ -541,10 +556,11 @@ class ClusterFront:
             req.replica = dst.info.name
             req.handoffs.append((src.info.name, dst.info.name))
             kv = None if dst is src else src.handle.kv_source(req.id)
+            prompt_ids, sampling = req.work()
             dst.handle.submit_prefilled(
                 req.id,
-                req.prompt_ids,
-                req.sampling,
+                prompt_ids,
+                sampling,
                 done,
                 kv,
                 src.info.name,
@@ -586,6 +602,7 @@ class ClusterFront:
             now = time.perf_counter()
             observe_token(self.metrics, req, now)
             req.num_tokens += 1
+            req.token_ids.append(token)
             try:
                 reason = req.output.on_token(token, lp, now)
             except Exception as exc:  # noqa: BLE001 - one bad output fails its request only
@@ -597,7 +614,31 @@ class ClusterFront:
         if ev.prefilled is not None:
             self._hand_off(rep, req, ev.prefilled)
         if ev.finish is not None:
+            if (
+                ev.finish.startswith(KV_HANDOFF_FAILED)
+                and self.config.recompute
+                and self._recompute(req)
+            ):
+                return
             self._finish(req, ev.finish)
+
+    def _recompute(self, req: ClusterRequest) -> bool:
+        """Sends a request that streamed tokens to a live replica again: its prompt followed
+        by those tokens, for what is left of its tokens (greedy, it goes on as it would have;
+        seeded sampling too: a token's randomness is its position's). False if none takes it."""
+        prompt_ids = req.prompt_ids + req.token_ids
+        sp = req.sampling
+        left = sp.max_tokens - len(req.token_ids)
+        if left < 1:
+            return False
+        req.sent_prompt_ids = prompt_ids
+        req.sent_sampling = dataclasses.replace(
+            sp, max_tokens=left, min_tokens=max(0, sp.min_tokens - len(req.token_ids))
+        )
+        if not self._reroute(req):
+            return False
+        req.recomputes += 1
+        return True
 
     def _kv_received(self, dst: _Replica, received: Any) -> None:
         hook = getattr(self.metrics, "on_kv_transfer", None)
@@ -638,6 +679,9 @@ class ClusterFront:
             if req.done:
                 continue
             if req.num_tokens == 0 and self._reroute(req):
+                rerouted += 1
+                continue
+            if req.num_tokens and self.config.recompute and self._recompute(req):
                 rerouted += 1
                 continue
             failed += 1
