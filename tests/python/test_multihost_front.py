@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from _serving import greedy
 from _subprocess import run_python
 
 TIMEOUT_S = 30
@@ -462,12 +463,6 @@ def _tiny_engine_config():
     )
 
 
-def _greedy(n):
-    from flexnpu.serving.sampling import SamplingParams
-
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-
-
 @pytest.mark.parametrize("layout", ["split", "adaptive"])
 def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, npu_devices) -> None:
     """Two replicas over engines in this process (the tiny model): in the split layout every
@@ -496,7 +491,7 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, npu_dev
     )
     one.warmup()
     one.start()
-    want = [one.generate(p, _greedy(n))[0] for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+    want = [one.generate(p, greedy(n))[0] for p, n in zip(PROMPTS, LENGTHS, strict=True)]
     one.stop()
 
     spec = ReplicaSpec(model="random:tiny", seed=1, engine_config=ec, compilation_cache=None)
@@ -509,8 +504,8 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, npu_dev
     try:
         sent = []
         for p, n in zip(PROMPTS, LENGTHS, strict=True):
-            out = IdsOutput(_greedy(n), f.eos_ids)
-            sent.append((f.submit(p, _greedy(n), out), out))
+            out = IdsOutput(greedy(n), f.eos_ids)
+            sent.append((f.submit(p, greedy(n), out), out))
         for _, out in sent:
             assert out.done.wait(TIMEOUT_S * 4), "a request hung"
         assert [out.ids for _, out in sent] == want

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from _serving import greedy, submit_greedy, wait_all
 
 ray = pytest.importorskip(
     "ray", reason="the Ray cluster tests need the [ray] extra: pip install '.[ray]'"
@@ -43,12 +44,6 @@ def _engine_config():
         num_devices=1,
         kv_handoff=True,
     )
-
-
-def _greedy(max_tokens: int):
-    from flexnpu.serving.sampling import SamplingParams
-
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -109,25 +104,20 @@ def single_host(npu_devices):
     eng.warmup()
     eng.start()
     answers = [
-        eng.generate(p, _greedy(n), timeout=DONE_TIMEOUT_S)[0]
+        eng.generate(p, greedy(n), timeout=DONE_TIMEOUT_S)[0]
         for p, n in zip(PROMPTS, LENGTHS, strict=True)
     ]
-    long = eng.generate(PROMPTS[2], _greedy(LONG), timeout=DONE_TIMEOUT_S)[0]
+    long = eng.generate(PROMPTS[2], greedy(LONG), timeout=DONE_TIMEOUT_S)[0]
     yield m, answers, long
     eng.stop()
 
 
 def _submit(front, prompt, max_tokens):
-    from flexnpu.serving.output import IdsOutput
-
-    out = IdsOutput(_greedy(max_tokens), front.eos_ids)
-    return front.submit(prompt, _greedy(max_tokens), out), out
+    return submit_greedy(front, prompt, max_tokens)
 
 
 def _wait_all(outs) -> None:
-    deadline = time.monotonic() + DONE_TIMEOUT_S
-    for out in outs:
-        assert out.done.wait(max(deadline - time.monotonic(), 0.0)), "a request hung"
+    wait_all(outs, DONE_TIMEOUT_S)
 
 
 def _counter(text: str, name: str) -> float:

@@ -411,18 +411,7 @@ class Engine:
             if cluster.on_arrival(len(prompt_ids), at):
                 self._on_split()
             inst = cluster.route_arrival(req.id)
-            self._live[req.id] = req
-            req.instance = inst
-        try:
-            with inst.lock:
-                inst.sched.add(req.seq)
-        except BaseException:
-            with self._lock:
-                self._live.pop(req.id, None)
-            raise
-        inst.wake.set()
-        self._update_gauges()
-        return req
+        return self._place(req, inst)
 
     def submit_prefilled(self, prefilled: PrefilledSequence, sampling: SamplingParams,
                          output: RequestOutput, *, deadline: float | None = None,
@@ -445,15 +434,26 @@ class Engine:
         with self._lock:
             inst = (cluster.route_handoff(req.id) if cluster.back_router is not None
                     else cluster.route_arrival(req.id))
-            req.handoff = jax.device_put(kv, inst.device)
+        req.handoff = jax.device_put(kv, inst.device)  # (a host copy: not under the lock)
+        return self._place(req, inst)
+
+    def _place(self, req: Request, inst: _Instance) -> Request:
+        """A new request to `inst`'s scheduler: a prompt, or a prefilled sequence (its KV in
+        `req.handoff`)."""
+        assert req.seq is not None
+        with self._lock:
             self._live[req.id] = req
             req.instance = inst
-            try:
-                with inst.lock:
+        try:
+            with inst.lock:
+                if req.handoff is not None:
                     inst.sched.add_prefilled(req.seq)
-            except BaseException:
+                else:
+                    inst.sched.add(req.seq)
+        except BaseException:
+            with self._lock:
                 self._live.pop(req.id, None)
-                raise
+            raise
         inst.wake.set()
         self._update_gauges()
         return req

@@ -525,10 +525,10 @@ class ClusterFront:
         """Sends the request to `rep` (lock held)."""
         req.replica = rep.info.name
         rep.requests.add(req.id)
-        rep.sent += 1
-        rep.unacked_tokens.append(len(req.prompt_ids))
-        del rep.unacked_tokens[:-256]  # only the not yet taken ones are read
         prompt_ids, sampling = req.work()
+        rep.sent += 1
+        rep.unacked_tokens.append(len(prompt_ids))
+        del rep.unacked_tokens[:-256]  # only the not yet taken ones are read
         rep.handle.submit(req.id, prompt_ids, sampling, self._timeout_s(req), req.priority, export)
 
     def _timeout_s(self, req: ClusterRequest) -> float | None:
