@@ -463,21 +463,11 @@ def _tiny_engine_config():
     )
 
 
-@pytest.mark.parametrize("layout", ["split", "adaptive"])
-def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, npu_devices) -> None:
-    """Two replicas over engines in this process (the tiny model): in the split layout every
-    prompt is prefilled on the first and decoded on the second, its KV fetched from host arrays;
-    in the adaptive one (a scripted advisor: one host takes prompts) the same. Greedy ids equal
-    one engine's, and the KV bytes counted are what the prompts' KV blocks weigh."""
-    from _serving import ScriptedSplit
-
-    from flexnpu.serving import kvcache
+@pytest.fixture(scope="module")
+def one_engine(npu_devices):
+    """The tiny model's greedy answers from one engine with the replicas' options."""
     from flexnpu.serving.engine import Engine
     from flexnpu.serving.loading import load_model
-    from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
-    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
-    from flexnpu.serving.multihost.replica import ReplicaSpec
-    from flexnpu.serving.output import IdsOutput
     from flexnpu.serving.runner import ModelSteps
 
     m = load_model("random:tiny", seed=1, log=lambda *_: None)
@@ -491,9 +481,26 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, npu_dev
     )
     one.warmup()
     one.start()
-    want = [one.generate(p, greedy(n))[0] for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+    yield m, [one.generate(p, greedy(n))[0] for p, n in zip(PROMPTS, LENGTHS, strict=True)]
     one.stop()
 
+
+@pytest.mark.parametrize("layout", ["split", "adaptive"])
+def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, one_engine) -> None:
+    """Two replicas over engines in this process (the tiny model): in the split layout every
+    prompt is prefilled on the first and decoded on the second, its KV fetched from host arrays;
+    in the adaptive one (a scripted advisor: one host takes prompts) the same. Greedy ids equal
+    one engine's, and the KV bytes counted are what the prompts' KV blocks weigh."""
+    from _serving import ScriptedSplit
+
+    from flexnpu.serving import kvcache
+    from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
+    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
+    from flexnpu.serving.multihost.replica import ReplicaSpec
+    from flexnpu.serving.output import IdsOutput
+
+    m, want = one_engine
+    ec = _tiny_engine_config()
     spec = ReplicaSpec(model="random:tiny", seed=1, engine_config=ec, compilation_cache=None)
     launcher = _InProcessLauncher([_Node("aaaa", "host-a"), _Node("bbbb", "host-b")], spec)
     metrics = ClusterMetrics("tiny")
