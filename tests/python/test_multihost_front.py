@@ -561,3 +561,41 @@ def test_host_counts_against_the_layout() -> None:
         check_hosts("split", 3, 3)
     with pytest.raises(CliError, match="--layout adaptive across hosts needs at least 2 hosts"):
         check_hosts("adaptive", 1, 1)
+
+
+def test_adaptive_hosts_change_sides_and_drain() -> None:
+    """Three hosts, the advisor scripted: 1 prefill host, then 2. A host that joins the prefill
+    side takes prompts from the next arrival on and no more handoffs; what it holds stays."""
+    from _serving import ScriptedSplit
+
+    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
+
+    script = ScriptedSplit(1)
+    launcher = _FakeLauncher([_Node(x * 4, f"host-{x}") for x in "abc"])
+    f = ClusterFront(
+        launcher,
+        None,
+        FrontConfig(poll_wait_s=0.01, layout="adaptive", split_advisor=lambda n: script),
+        log=lambda *_: None,
+    )
+    f.start()
+    try:
+        a, b, c = (launcher.replicas[x * 4] for x in "abc")
+        assert [role for _, _, role in f.host_roles()] == ["prefill", "decode", "decode"]
+        r1, _ = _submit(f)
+        a.prefilled(r1.id, 7)
+        _wait(lambda: len(b.continued) + len(c.continued) == 1)
+        first_decoder = b if b.continued else c
+        script.ask = 2  # b joins the prefill side at the next arrival
+        r2, _ = _submit(f)
+        r3, _ = _submit(f)
+        assert [role for _, _, role in f.host_roles()] == ["prefill", "prefill", "decode"]
+        assert {r2.replica, r3.replica} == {a.name, b.name} and b.exports
+        # Handoffs go to the decode side only (c), whatever b holds.
+        for r in (r2, r3):
+            (a if r.replica == a.name else b).prefilled(r.id, 5)
+        _wait(lambda: len(c.continued) == 2 + (first_decoder is c))
+        assert all(rid != r2.id and rid != r3.id for rid, _, _ in b.continued)
+        assert r1.replica == first_decoder.name  # it stays where it decodes
+    finally:
+        f.stop()
