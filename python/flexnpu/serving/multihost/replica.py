@@ -30,6 +30,8 @@ from flexnpu.serving.output import IdsOutput, TokenLogprobs
 from flexnpu.serving.sampling import SamplingParams
 
 DEVICES_RESOURCE = "flexnpu_devices"  # the Ray custom resource a host offers its devices as
+# A prefilled KV nobody fetched this long is dropped (the replica meant to fetch it died).
+EXPORT_TTL_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,8 @@ class ReplicaServer:
         self._lock = threading.Lock()
         self._requests: dict[int, Any] = {}  # front id -> engine Request
         self._submitted = 0
-        self._exports: dict[int, Any] = {}  # front id -> PrefilledSequence kept for take_kv
+        # front id -> (when, PrefilledSequence) kept for take_kv, oldest first
+        self._exports: dict[int, tuple[float, Any]] = {}
         self._continuing: set[int] = set()  # submit_prefilled taken, its KV being fetched
         self._prefilled_taken = 0
         self._fetcher: ThreadPoolExecutor | None = None
@@ -351,7 +354,12 @@ class ReplicaServer:
     def _exported(self, rid: int, prefilled: Any) -> None:
         with self._lock:
             self._requests.pop(rid, None)
-            self._exports[rid] = prefilled
+            now = time.monotonic()
+            for old, (when, _) in list(self._exports.items()):
+                if now - when < EXPORT_TTL_S:
+                    break
+                del self._exports[old]
+            self._exports[rid] = (now, prefilled)
         done = PrefillDone(
             tuple(prefilled.output_ids),
             prefilled.seed_words,
@@ -363,13 +371,13 @@ class ReplicaServer:
     def take_kv(self, rid: int) -> tuple[Any, Any]:
         """The KV request `rid` was prefilled with here, as host arrays (given once)."""
         with self._lock:
-            prefilled = self._exports.pop(rid, None)
-        if prefilled is None:
+            kept = self._exports.pop(rid, None)
+        if kept is None:
             raise KeyError(
                 f"replica {self.name} holds no prefilled KV of request {rid} (aborted, "
                 "or already taken)"
             )
-        return prefilled.host_kv()
+        return kept[1].host_kv()
 
     def fetch_kv(self, source: Any) -> tuple[Any, Any]:
         """The KV `submit_prefilled` was given a handle of: here the arrays themselves, or a
@@ -420,7 +428,7 @@ class ReplicaServer:
         try:
             if kv is None:
                 with self._lock:
-                    prefilled = self._exports.pop(rid)
+                    prefilled = self._exports.pop(rid)[1]
             else:
                 t0 = time.perf_counter()
                 k, v = self.fetch_kv(kv)
