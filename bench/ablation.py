@@ -44,6 +44,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "split_backlog_drain_s": 0.0,
         "split_hold_s": 0.0,
     },
+    "elastic-pd (co-located at capacity)": {"policies": ("elastic-pd",), "split_colocate": True},
+    "adaptive (co-located at capacity)": {"policies": ("adaptive",), "split_colocate": True},
 }
 # Names earlier JSON files recorded variants under (--merge reads them as the new name).
 OLD_VARIANT_NAMES = {"adaptive (split.h rule)": "adaptive (no backlog or hysteresis)"}

@@ -80,7 +80,8 @@ def inspect(spec: experiments.SimSpec, seed: int, rate: float, out: Any) -> dict
     )
     timeline = r.split_timeline
     print(
-        "  split (time s: prefill units): " + ", ".join(f"{t:.0f}:{n}" for t, n in timeline),
+        "  split (time s: prefill units, or M: all co-located): "
+        + ", ".join(f"{t:.0f}:{'M' if m else n}" for t, n, m in timeline),
         file=out,
     )
     # The slow requests: which decode instance took them, and when.

@@ -756,6 +756,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument(
         "--prefill-devices", type=int, default=1, help="split layout: prefill devices of --devices"
     )
+    e.add_argument(
+        "--split-colocate",
+        action="store_true",
+        help="adaptive layout: serve --split-colocate (every device co-located while the needs "
+        "fill the cluster), and the simulator's advisor likewise",
+    )
     p.add_argument("--model", default=None, help="serve --model (default: SmolLM2 GGUF)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument(

@@ -118,7 +118,13 @@ def split_metrics(port: int) -> dict[str, float]:
     """The server's split gauges and role-change counters from /metrics."""
     import httpx
 
-    names = ("prefill_units", "decode_units", "split_changes_total", "moved_sequences_total")
+    names = (
+        "prefill_units",
+        "mixed_units",
+        "decode_units",
+        "split_changes_total",
+        "moved_sequences_total",
+    )
     out: dict[str, float] = {}
     for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
         for n in names:
@@ -144,7 +150,8 @@ def measure(config: str, args: argparse.Namespace, work: Path) -> dict:
     for r in reqs:
         r.planned *= k  # wall clock
     split = f"{args.prefill_devices}p" if args.layout == "split" else ""
-    name = f"{config}_{args.layout}{split}_x{k:g}"
+    colocate = args.layout == "adaptive" and args.split_colocate
+    name = f"{config}_{args.layout}{split}{'-colocating' if colocate else ''}_x{k:g}"
     shape = "; then ".join(
         f"rate {c.rate} req/s, prompt median {c.prompt_median}, output median {c.output_median}"
         for c in phases
@@ -163,6 +170,8 @@ def measure(config: str, args: argparse.Namespace, work: Path) -> dict:
             "--decode-devices",
             str(args.devices - args.prefill_devices),
         ]
+    if colocate:
+        layout.append("--split-colocate")
     env = {
         "JAX_PLATFORMS": "flexnpu",
         "FLEXNPU_BACKEND": args.platform,
@@ -191,6 +200,7 @@ def measure(config: str, args: argparse.Namespace, work: Path) -> dict:
         "layout": args.layout,
         "devices": args.devices,
         "prefill_devices": args.prefill_devices if args.layout == "split" else 0,
+        "split_colocate": colocate,
         "time_scale": k,
         "seed": args.seed,
         "load_average": loads,
@@ -213,6 +223,8 @@ def simulate(m: dict, model: str, trace: Path, out: Path) -> dict:
     extra = ("--runtime", "flexnpu")
     if split:
         extra += ("--prefill-units", str(m["prefill_devices"]))
+    if m.get("split_colocate"):
+        extra += ("--split-colocate",)
     return run_simulate(
         trace,
         max(sent) - min(sent) + 1e-3,

@@ -90,49 +90,69 @@ Status SplitAdvisor::Update(int64_t now_ns, int64_t decode_sequences,
   pending_ = 0;
   last_ns_ = now_ns;
   ++decisions_;
-  proposal_ = Propose(decode_sequences, queued_prompt_tokens);
-  const bool moved = Apply(now_ns, proposal_);
+  Propose(decode_sequences, queued_prompt_tokens);
+  const bool moved = Apply(now_ns);
   if (changed) *changed = moved;
   return Status::Ok();
 }
 
-int SplitAdvisor::Propose(int64_t decode_sequences, int64_t queued_prompt_tokens) const {
+namespace {
+constexpr int kLeaveMixed = 2;  // ask_direction_ of splits asked while co-located
+}  // namespace
+
+void SplitAdvisor::Propose(int64_t decode_sequences, int64_t queued_prompt_tokens) {
   const int units = config_.units;
   const double queued = static_cast<double>(queued_prompt_tokens);
   double demand = rate_;  // prompt tokens per second to prefill
   if (config_.backlog_drain_ns) {
     demand += queued / (static_cast<double>(config_.backlog_drain_ns) * 1e-9);
   }
-  const double prefill_need = demand / config_.prefill_tokens_per_s;
-  const double decode_need =
-      static_cast<double>(decode_sequences) / config_.decode_sequences_per_unit;
-  const double prefill_want = prefill_need / config_.target_utilization;
+  prefill_need_ = demand / config_.prefill_tokens_per_s;
+  decode_need_ = static_cast<double>(decode_sequences) / config_.decode_sequences_per_unit;
+  const double prefill_want = prefill_need_ / config_.target_utilization;
+  if (config_.colocate_at_capacity && prefill_want + decode_need_ > units - 1) {
+    proposal_ = 0;
+    return;
+  }
   int want;
-  if (prefill_want + decode_need <= units) {
+  if (prefill_want + decode_need_ <= units) {
     want = static_cast<int>(std::ceil(prefill_want));
   } else {  // overloaded: share the units in proportion to the needs
-    const double share = units * prefill_need / (prefill_need + decode_need);
+    const double share = units * prefill_need_ / (prefill_need_ + decode_need_);
     const bool backlog =
         config_.backlog_drain_ns &&
         queued > config_.prefill_tokens_per_s * static_cast<double>(config_.tick_ns) * 1e-9;
     want = static_cast<int>(backlog ? std::ceil(share) : std::lround(share));
   }
-  return std::clamp(want, 1, units - 1);
+  proposal_ = std::clamp(want, 1, units - 1);
 }
 
-bool SplitAdvisor::Apply(int64_t now_ns, int proposal) {
-  const int move = proposal - prefill_units_;
+bool SplitAdvisor::Apply(int64_t now_ns) {
+  if (proposal_ == 0) {  // co-locate: the needs fill the cluster, at once
+    ask_direction_ = 0;
+    if (mixed_units_) return false;
+    prefill_units_ = 0;
+    mixed_units_ = config_.units;
+    last_direction_ = 0;
+    last_change_ns_ = now_ns;
+    ++changes_;
+    return true;
+  }
+  if (mixed_units_) return Leave(now_ns);
+  const int move = proposal_ - prefill_units_;
   if (move == 0) {
     ask_direction_ = 0;
     return false;
   }
   const int direction = move > 0 ? 1 : -1;
   const int size = std::abs(move);
-  const bool at_once = direction != -last_direction_ ||
+  const bool over_capacity = direction > 0 ? prefill_need_ > prefill_units_
+                                           : decode_need_ > decode_units();
+  const bool at_once = direction != -last_direction_ || over_capacity ||
                        (size > config_.deadband_units &&
                         now_ns - last_change_ns_ >= config_.hold_ns);
   if (!config_.hold_ns || at_once) {
-    Change(now_ns, proposal, direction);
+    Change(now_ns, proposal_, direction);
     return true;
   }
   if (direction != ask_direction_) {  // a new ask: held from now
@@ -144,6 +164,17 @@ bool SplitAdvisor::Apply(int64_t now_ns, int proposal) {
   }
   if (now_ns - ask_since_ns_ < config_.hold_ns) return false;
   Change(now_ns, prefill_units_ + direction * ask_least_, direction);
+  return true;
+}
+
+bool SplitAdvisor::Leave(int64_t now_ns) {
+  if (ask_direction_ != kLeaveMixed) {
+    ask_direction_ = kLeaveMixed;
+    ask_since_ns_ = now_ns;
+  }
+  if (config_.hold_ns && now_ns - ask_since_ns_ < config_.hold_ns) return false;
+  mixed_units_ = 0;
+  Change(now_ns, proposal_, 0);
   return true;
 }
 

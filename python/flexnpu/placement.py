@@ -222,14 +222,16 @@ class Core:
 
 
 class SplitAdvisor:
-    """How many units of a prefill/decode deployment should take new prompts now (the C++
-    advisor in pjrt_flexnpu/placement/split.h; see there for the rule). The serving layer
-    reports each prompt (`on_prompt`) and, when `due`, the decode sequences it holds and the
-    prompt tokens queued on its prefill instances (`update`); it routes new prompts to the
-    prefill instances of the first `prefill_units` units and handoffs to the decode instances
-    of the others. `backlog_drain_ns`: the queued prompt tokens count in the prefill need,
-    drained over this; `hold_ns`: hysteresis, a reversal of the last change waits this long
-    (both 0: neither fix). ValueError names a bad value; a rejected call keeps the state."""
+    """Which units of a prefill/decode deployment take new prompts now, which decode and which
+    do both (the C++ advisor in pjrt_flexnpu/placement/split.h; see there for the rule). The
+    serving layer reports each prompt (`on_prompt`) and, when `due`, the decode sequences it
+    holds and the prompt tokens queued on its prefill instances (`update`); units
+    [0, prefill_units) take prompts, the next `mixed_units` both prompts and handoffs
+    (co-located), the rest handoffs. `backlog_drain_ns`: the queued prompt tokens count in the
+    prefill need, drained over this; `hold_ns`: hysteresis, a reversal of the last change
+    waits this long (both 0: neither fix); `colocate_at_capacity`: every unit co-located while
+    the two needs fill the cluster. ValueError names a bad value; a rejected call keeps the
+    state."""
 
     def __init__(
         self,
@@ -244,6 +246,7 @@ class SplitAdvisor:
         backlog_drain_ns: int = 2_000_000_000,
         hold_ns: int = 2_000_000_000,
         deadband_units: int = 1,
+        colocate_at_capacity: bool = False,
     ) -> None:
         self._advisor = native("SplitAdvisor", "the placement core").SplitAdvisor(
             int(units),
@@ -256,6 +259,7 @@ class SplitAdvisor:
             int(backlog_drain_ns),
             int(hold_ns),
             int(deadband_units),
+            bool(colocate_at_capacity),
         )
         # The bound methods: the simulator calls them per arrival.
         self.on_prompt: Callable[[int], None] = self._advisor.on_prompt  # (tokens)
@@ -268,8 +272,14 @@ class SplitAdvisor:
         return self._advisor.prefill_units
 
     @property
+    def mixed_units(self) -> int:
+        """0, or every unit while co-located."""
+        return self._advisor.mixed_units
+
+    @property
     def proposal(self) -> int:
-        """The last decision's rule output, before the hysteresis held it back or not."""
+        """The last decision's rule output (prefill units; 0: co-locate), before the hysteresis
+        held it back or not."""
         return self._advisor.proposal
 
     @property

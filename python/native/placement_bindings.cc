@@ -261,7 +261,7 @@ void RegisterPlacement(nb::module_& m) {
            [](placement::SplitAdvisor* self, int units, double prefill_tokens_per_s,
               double decode_sequences_per_unit, double target_utilization, int64_t average_ns,
               int64_t tick_ns, int initial_prefill_units, int64_t backlog_drain_ns,
-              int64_t hold_ns, int deadband_units) {
+              int64_t hold_ns, int deadband_units, bool colocate_at_capacity) {
              placement::SplitConfig c;
              c.units = units;
              c.prefill_tokens_per_s = prefill_tokens_per_s;
@@ -273,6 +273,7 @@ void RegisterPlacement(nb::module_& m) {
              c.backlog_drain_ns = backlog_drain_ns;
              c.hold_ns = hold_ns;
              c.deadband_units = deadband_units;
+             c.colocate_at_capacity = colocate_at_capacity;
              auto a = placement::SplitAdvisor::Create(c);
              Check(a.status());
              new (self) placement::SplitAdvisor(std::move(*a));
@@ -283,7 +284,8 @@ void RegisterPlacement(nb::module_& m) {
            nb::arg("initial_prefill_units") = 0,
            nb::arg("backlog_drain_ns") = placement::SplitConfig{}.backlog_drain_ns,
            nb::arg("hold_ns") = placement::SplitConfig{}.hold_ns,
-           nb::arg("deadband_units") = placement::SplitConfig{}.deadband_units)
+           nb::arg("deadband_units") = placement::SplitConfig{}.deadband_units,
+           nb::arg("colocate_at_capacity") = false)
       .def("on_prompt",
            [](placement::SplitAdvisor& a, int64_t tokens) { Check(a.OnPrompt(tokens)); },
            nb::arg("tokens"))
@@ -298,6 +300,7 @@ void RegisterPlacement(nb::module_& m) {
            nb::arg("now_ns"), nb::arg("decode_sequences"), nb::arg("queued_prompt_tokens") = 0,
            "-> whether the split changed")
       .def_prop_ro("prefill_units", &placement::SplitAdvisor::prefill_units)
+      .def_prop_ro("mixed_units", &placement::SplitAdvisor::mixed_units)
       .def_prop_ro("proposal", &placement::SplitAdvisor::proposal)
       .def_prop_ro("units", &placement::SplitAdvisor::units)
       .def_prop_ro("prompt_tokens_per_s", &placement::SplitAdvisor::prompt_tokens_per_s)

@@ -215,17 +215,67 @@ TEST(SplitAdvisor, HysteresisLetsTrendsThroughAndHoldsReversals) {
   // ... and goes at once when the last change is 2 s old.
   EXPECT_TRUE(Second(a, 4 * kSec, 200'000, 0));
   EXPECT_EQ(a.prefill_units(), 3);
-  EXPECT_FALSE(Second(a, 5 * kSec, 600'000, 0));  // back up to 8 within 1 s: held ...
-  EXPECT_EQ(a.prefill_units(), 3);
-  EXPECT_TRUE(Second(a, 6 * kSec, 450'000, 0));  // ... 2 s after the change 6 goes at once
-  EXPECT_EQ(a.prefill_units(), 6);
-  for (int t = 7; t <= 8; ++t) {  // a one-unit reversal (5) waits until asked for 2 s
-    EXPECT_FALSE(Second(a, t * kSec, 330'000, 0));
-    EXPECT_EQ(a.proposal(), 5);
+  // A one-unit reversal up (4) within 1 s, the prefill side within its capacity: held ...
+  EXPECT_FALSE(Second(a, 5 * kSec, 280'000, 0));
+  EXPECT_EQ(a.proposal(), 4);
+  // ... but a reversal that feeds a side over its capacity goes at once (6 units of need on 3).
+  EXPECT_TRUE(Second(a, 6 * kSec, 600'000, 0));
+  EXPECT_EQ(a.prefill_units(), 8);
+  for (int t = 7; t <= 8; ++t) {  // a one-unit reversal (7) waits until asked for 2 s
+    EXPECT_FALSE(Second(a, t * kSec, 520'000, 0));
+    EXPECT_EQ(a.proposal(), 7);
   }
-  EXPECT_TRUE(Second(a, 9 * kSec, 330'000, 0));
-  EXPECT_EQ(a.prefill_units(), 5);
+  EXPECT_TRUE(Second(a, 9 * kSec, 520'000, 0));
+  EXPECT_EQ(a.prefill_units(), 7);
   EXPECT_EQ(a.changes(), 5u);
+}
+
+TEST(SplitAdvisor, AReversalToADecodeSideOverItsCapacityIsNotHeld) {
+  SplitConfig c = Config10(3);
+  c.average_ns = 1;
+  c.deadband_units = 9;  // every reversal would wait the hold
+  SplitAdvisor a = Make(c);
+  ASSERT_TRUE(a.Update(0, 0, 0, nullptr).ok());
+  EXPECT_TRUE(Second(a, kSec, 900'000, 0));  // prompt-heavy: up to 9, one decode unit
+  EXPECT_EQ(a.decode_units(), 1);
+  // 1000 sequences fill that one unit: the way back (3 / 0.75 = 4 prefill) waits ...
+  EXPECT_FALSE(Second(a, 2 * kSec, 300'000, 1000));
+  // ... until they are more than it holds.
+  EXPECT_TRUE(Second(a, 3 * kSec, 300'000, 2500));
+  EXPECT_EQ(a.prefill_units(), 4);
+}
+
+TEST(SplitAdvisor, CoLocatesAtOnceWhileTheNeedsFillTheClusterAndLeavesAfterTheHold) {
+  SplitConfig c = Config10(0);
+  c.average_ns = 1;
+  c.colocate_at_capacity = true;
+  SplitAdvisor a = Make(c);
+  ASSERT_TRUE(a.Update(0, 0, 0, nullptr).ok());
+  EXPECT_TRUE(Second(a, kSec, 300'000, 2000));  // 3 / 0.75 + 2 = 6 units of 10: a split
+  EXPECT_EQ(a.prefill_units(), 4);
+  EXPECT_EQ(a.mixed_units(), 0);
+  EXPECT_EQ(a.decode_units(), 6);
+  // 6 / 0.75 + 3 = 11 > 9 (less than a unit to spare): every unit co-located, at once.
+  EXPECT_TRUE(Second(a, 2 * kSec, 600'000, 3000));
+  EXPECT_EQ(a.proposal(), 0);
+  EXPECT_EQ(a.prefill_units(), 0);
+  EXPECT_EQ(a.mixed_units(), 10);
+  EXPECT_EQ(a.decode_units(), 0);
+  EXPECT_FALSE(Second(a, 3 * kSec, 600'000, 3000));  // still full: nothing changes
+  // A split is asked from 4 s; left when it was asked for 2 s, at the last one asked.
+  EXPECT_FALSE(Second(a, 4 * kSec, 300'000, 2000));
+  EXPECT_FALSE(Second(a, 5 * kSec, 150'000, 2000));
+  EXPECT_TRUE(Second(a, 6 * kSec, 300'000, 2000));
+  EXPECT_EQ(a.prefill_units(), 4);
+  EXPECT_EQ(a.mixed_units(), 0);
+  EXPECT_EQ(a.changes(), 3u);
+  // Without the option the same needs share the units by need (8 prefill: 6 / 9 of 10, up).
+  c.colocate_at_capacity = false;
+  SplitAdvisor split = Make(c);
+  ASSERT_TRUE(split.Update(0, 0, 0, nullptr).ok());
+  Second(split, kSec, 600'000, 3000);
+  EXPECT_EQ(split.mixed_units(), 0);
+  EXPECT_EQ(split.prefill_units(), 7);
 }
 
 TEST(SplitAdvisor, AHeldReversalMovesByTheLeastItWasAskedFor) {

@@ -129,11 +129,12 @@ class FakeEngine:
 
 class ScriptedSplit:
     """A split advisor whose decisions a test makes (the cluster layer takes any object with
-    the placement core's SplitAdvisor calls): `prefill_units` becomes `ask` at the next
-    arrival."""
+    the placement core's SplitAdvisor calls): the split becomes `ask` at the next arrival,
+    prefill units, or (prefill units, mixed units)."""
 
     def __init__(self, prefill_units: int) -> None:
         self.prefill_units = self.ask = prefill_units
+        self.mixed_units = 0
 
     def on_prompt(self, tokens: int) -> None:
         pass
@@ -142,8 +143,9 @@ class ScriptedSplit:
         return True
 
     def update(self, now_ns: int, decode_sequences: int, queued_prompt_tokens: int = 0) -> bool:
-        changed = self.ask != self.prefill_units
-        self.prefill_units = self.ask
+        p, m = self.ask if isinstance(self.ask, tuple) else (self.ask, 0)
+        changed = (p, m) != (self.prefill_units, self.mixed_units)
+        self.prefill_units, self.mixed_units = p, m
         return changed
 
 

@@ -38,39 +38,66 @@ def _check_conservation(cluster: Cluster, live: set[int]) -> None:
     assert sorted(held) == sorted(live)
 
 
-def test_role_changes_move_every_sequence_once_with_its_blocks() -> None:
-    rng = random.Random(3)
+# Splits the random role changes pick from: prefill units, or (prefill, mixed): every unit
+# co-located, and co-located units beside prefill and decode ones.
+SPLITS = [1, 2, 3, (0, 4), (1, 2), (0, 2)]
+
+
+def _unit_role(advisor: ScriptedSplit, unit: int) -> Role:
+    p, m = advisor.prefill_units, advisor.mixed_units
+    return Role.PREFILL if unit < p else Role.MIXED if unit < p + m else Role.DECODE
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_role_changes_move_every_sequence_once_with_its_blocks(seed: int) -> None:
+    rng = random.Random(seed)
     advisor = ScriptedSplit(2)
     cluster = _cluster(4, advisor)
     live: set[int] = set()
     now = 0.0
     rid = 0
     kv_of: dict[int, list[int]] = {}  # request -> the positions its KV holds (as block count)
-    for round_ in range(40):
+    seen: set = set()
+    rebalanced = 0
+    order = rng.sample(SPLITS, len(SPLITS))  # every split, in a random order, twice over
+    for round_ in range(90):
         now += 0.1
         if round_ % 7 == 3:
-            advisor.ask = rng.choice([1, 2, 3])
+            advisor.ask = order[(round_ // 7) % len(order)]
         changed = cluster.on_arrival(10, now)
         x = cluster.route_arrival(rid)
-        assert not x.draining and x.role is Role.PREFILL and x.unit < advisor.prefill_units
+        # A prefill unit's prefill instance, or a co-located unit's back instance.
+        unit_role = _unit_role(advisor, x.unit)
+        assert x.role is (Role.PREFILL if unit_role is Role.PREFILL else Role.MIXED)
+        assert unit_role is not Role.DECODE
         x.sched.add(Sequence(rid, rng.randint(4, 40), rng.randint(20, 60), now))
         live.add(rid)
         rid += 1
         if changed:
-            assert cluster.split_timeline[-1] == (now, advisor.prefill_units)
-        # Every instance runs a step; prefilled sequences go to the decode side; instances
-        # outside their side give up what can move.
+            split = (advisor.prefill_units, advisor.mixed_units)
+            assert cluster.split_timeline[-1] == (now, *split)
+            seen.add(split)
+        # Every instance runs a step; prefilled sequences go to the back instances; instances
+        # outside their old roles give up what can move.
         for inst in cluster.instances:
             for seq, blocks in cluster.take_moves(inst):
-                if inst.role is Role.DECODE:
+                if seq.needs_kv_insert:  # queued for a slot: units joined the decode side
+                    assert not blocks and inst.role is Role.MIXED
+                    dst = cluster.route_handoff(seq.request_id)
+                    dst.sched.add_prefilled(seq)
+                    rebalanced += 1
+                elif blocks:  # a decode: its unit takes prefilled ones no more
+                    assert inst.role is Role.MIXED
+                    assert _unit_role(advisor, inst.unit) is Role.PREFILL
                     assert seq.num_computed_tokens == seq.num_tokens - 1
                     assert len(blocks) * 4 >= seq.num_computed_tokens  # its KV came along
                     dst = cluster.route_handoff(seq.request_id)
-                    assert not dst.draining and dst.unit >= advisor.prefill_units
+                    assert dst.role is Role.MIXED
+                    assert _unit_role(advisor, dst.unit) is not Role.PREFILL
                     dst.sched.add_prefilled(seq)
                     kv_of[seq.request_id] = blocks
-                else:
-                    assert seq.num_computed_tokens == 0 and not blocks
+                else:  # a queued (or preempted) prompt: its instance takes prompts no more
+                    assert seq.num_computed_tokens == 0
                     cluster.route_arrival(seq.request_id).sched.add(seq)
             plan = inst.sched.schedule(now)
             for seq in inst.sched.on_step_done(plan, now):
@@ -81,6 +108,8 @@ def test_role_changes_move_every_sequence_once_with_its_blocks() -> None:
             inst.changed.append(inst)
         _check_conservation(cluster, live)
     assert cluster.moves > 0 and kv_of
+    assert (0, 4) in seen and any(p and m for p, m in seen)
+    assert rebalanced > 0
     log = cluster.decisions.log
     assert [k for k, *_ in log].count("split") == len(cluster.split_timeline) - 1
 
@@ -105,9 +134,12 @@ def test_layout_errors_are_named() -> None:
 # goes up in the first phase and down in the second.
 TRACE = [(4.0 * i, 90 if i < 7 else 4, 3) for i in range(14)]
 SETTINGS = SplitSettings(prefill_tokens_per_s=20.0, decode_batch=4, hold_s=0.0)
+# A unit sized at 8 tokens/s: the first phase fills the cluster, which co-locates every unit.
+COLOCATING = SplitSettings(prefill_tokens_per_s=8.0, decode_batch=4, hold_s=0.0,
+                           colocate_at_capacity=True)
 
 
-def _simulated_decisions() -> list:
+def _simulated_decisions(settings: SplitSettings) -> list:
     from flexnpu.sim.adaptive import AdaptiveSimulation
     from flexnpu.sim.hardware import get_preset
     from flexnpu.sim.models import get_model
@@ -118,8 +150,8 @@ def _simulated_decisions() -> list:
         model=get_model("qwen2.5-7b"), preset=get_preset("h100"), devices=4, parallel=1,
         policy="elastic-pd", instance=InstanceConfig(max_num_seqs=4, max_num_batched_tokens=32,
                                                      block_size=8, max_model_len=128),
-        prefill_tokens_per_s=SETTINGS.prefill_tokens_per_s, split_hold_s=SETTINGS.hold_s,
-        keep_cluster_log=True)
+        prefill_tokens_per_s=settings.prefill_tokens_per_s, split_hold_s=settings.hold_s,
+        split_colocate=settings.colocate_at_capacity, keep_cluster_log=True)
     wl = Workload(np.array([t for t, _, _ in TRACE]), np.array([p for _, p, _ in TRACE]),
                   np.array([o for _, _, o in TRACE]), duration=TRACE[-1][0] + 1)
     result = sim.run(wl)
@@ -127,7 +159,10 @@ def _simulated_decisions() -> list:
     return sim.cluster.decisions.log
 
 
-def test_engine_and_simulator_make_the_same_decisions_on_one_trace(npu_devices) -> None:
+@pytest.mark.parametrize("settings", [SETTINGS, COLOCATING], ids=["split", "colocating"])
+def test_engine_and_simulator_make_the_same_decisions_on_one_trace(
+    npu_devices, settings: SplitSettings
+) -> None:
     from flexnpu.serving.engine import Engine, EngineConfig
     from flexnpu.serving.loading import load_model
     from flexnpu.serving.sampling import SamplingParams
@@ -137,7 +172,7 @@ def test_engine_and_simulator_make_the_same_decisions_on_one_trace(npu_devices) 
     eng = Engine(None, tiny.params,
                  EngineConfig(max_num_seqs=4, max_model_len=128, max_num_batched_tokens=32,
                               block_size=8, layout="adaptive", keep_cluster_log=True),
-                 devices=npu_devices[:4], model_config=tiny.config, split_advisor=SETTINGS,
+                 devices=npu_devices[:4], model_config=tiny.config, split_advisor=settings,
                  cluster_clock=lambda: clock[0])
     eng.start()
     try:
@@ -150,9 +185,12 @@ def test_engine_and_simulator_make_the_same_decisions_on_one_trace(npu_devices) 
         served = list(eng.cluster.decisions.log)
     finally:
         eng.stop()
-    simulated = _simulated_decisions()
-    splits = [n for kind, n, _ in simulated if kind == "split"]
-    assert max(splits) > 2 and splits[-1] == 1, simulated  # the split moved both ways
+    simulated = _simulated_decisions(settings)
+    splits = [split for kind, split, _ in simulated if kind == "split"]
+    if settings.colocate_at_capacity:  # co-located, then split again
+        assert (0, 4) in splits and splits[-1][1] == 0, simulated
+    else:  # the split moved both ways
+        assert max(p for p, _ in splits) > 2 and splits[-1] == (1, 0), simulated
     assert served == simulated
 
 
@@ -175,7 +213,7 @@ def test_engine_routes_concurrent_arrivals_through_the_cluster_lock(npu_devices)
 
     def client(k: int) -> None:
         for j in range(3):
-            advisor.ask = 1 + (k + j) % 2
+            advisor.ask = (1, 2, (0, 3))[(k + j) % 3]  # split, and every unit co-located
             out = eng.generate([5 + k, 6 + j, 7], SamplingParams(max_tokens=12, temperature=0.0,
                                                                   ignore_eos=True), timeout=120)
             with lock:

@@ -597,5 +597,12 @@ def test_adaptive_hosts_change_sides_and_drain() -> None:
         _wait(lambda: len(c.continued) == 2 + (first_decoder is c))
         assert all(rid != r2.id and rid != r3.id for rid, _, _ in b.continued)
         assert r1.replica == first_decoder.name  # it stays where it decodes
+        # b co-located (mixed): prompts that go there run there, not handed off.
+        script.ask = (1, 1)
+        sent = [_submit(f)[0] for _ in range(2)]
+        assert [role for _, _, role in f.host_roles()] == ["prefill", "mixed", "decode"]
+        on_b = [r for r in sent if r.replica == b.name]
+        assert on_b and not set(b.exports) & {r.id for r in on_b}
+        assert {r.replica for r in sent} == {a.name, b.name}
     finally:
         f.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -430,10 +431,12 @@ def test_stop_aborts_what_is_queued_and_refuses_new_requests(tiny, npu_devices) 
 
 def test_adaptive_layout_moves_decodes_with_their_kv_when_the_split_changes(
         tiny, npu_devices, ref_devices) -> None:
-    """4 devices, each with a prefill and a decode instance. Sequences decode on units 1-3
-    while unit 0 prefills; then units 0-2 take prompts: the decodes of units 1 and 2 move to
-    unit 3 with their KV mid-stream, and back out when the split returns. Every token equals
-    the plain model's, no request is lost or finishes twice, and the KV pools end empty."""
+    """4 devices, each with a prefill and a back (mixed) instance. Sequences decode on units
+    1-3 while unit 0 prefills; then units 0-2 take prompts: the decodes of units 1 and 2 move
+    to unit 3 with their KV mid-stream, and back out when the split returns; then every unit
+    is co-located (prompts go to the back instances, which prefill beside their decodes), and
+    the split returns. Every token equals the plain model's, no request is lost or finishes
+    twice, and the KV pools end empty."""
     import jax
 
     from flexnpu.serving.loading import greedy_generate
@@ -448,7 +451,7 @@ def test_adaptive_layout_moves_decodes_with_their_kv_when_the_split_changes(
     eng = _engine(tiny, npu_devices[:4], layout="adaptive", split_advisor=script,
                   keep_cluster_log=True)
     try:
-        assert [x.role.value for x in eng.instances] == ["prefill"] * 4 + ["decode"] * 4
+        assert [x.role.value for x in eng.instances] == ["prefill"] * 4 + ["mixed"] * 4
         assert [x.device for x in eng.instances] == list(npu_devices[:4]) * 2
         outs = [_Collect() for _ in PROMPTS]
         for p, n, o in zip(PROMPTS, lengths, outs, strict=True):
@@ -459,10 +462,11 @@ def test_adaptive_layout_moves_decodes_with_their_kv_when_the_split_changes(
             while min(len(o.ids) for o in outs) < k and time.monotonic() < deadline:
                 time.sleep(0.01)
 
-        def arrival() -> None:  # one more request: the advisor decides at arrivals
+        def arrival() -> Any:  # one more request: the advisor decides at arrivals
             extra = _Collect()
-            eng.submit([5, 6, 7], _greedy(2), extra)
+            req = eng.submit([5, 6, 7], _greedy(2), extra)
             assert extra.done.wait(60) and extra.reasons == ["length"]
+            return req
 
         wait_tokens(4)
         script.ask = 3  # units 0-2 take prompts; unit 3 decodes
@@ -470,12 +474,18 @@ def test_adaptive_layout_moves_decodes_with_their_kv_when_the_split_changes(
         wait_tokens(16)
         script.ask = 1
         arrival()
+        wait_tokens(20)
+        script.ask = (0, 4)  # every unit co-located
+        assert arrival().instance.role.value == "mixed"
+        wait_tokens(24)
+        script.ask = 2
+        arrival()
         for o in outs:
             assert o.done.wait(120), "request did not finish"
             assert o.reasons == ["length"], o.reasons
         assert [o.ids for o in outs] == want
         log = eng.cluster.decisions.log
-        assert [n for kind, n, _ in log if kind == "split"] == [3, 1]
+        assert [n for kind, n, _ in log if kind == "split"] == [(3, 0), (1, 0), (0, 4), (2, 0)]
         handoffs = [rid for kind, rid, _ in log if kind == "handoff"]
         moved = {rid for rid in handoffs if handoffs.count(rid) > 1}
         assert moved and eng.cluster.moves >= len(moved)

@@ -157,7 +157,7 @@ def test_prefill_and_decode_roles_hand_off():
     assert done == [r] and r.finish_reason == "length" and r.num_output_tokens == 4
     with pytest.raises(ValueError, match="add_prefilled"):
         dec.add(seq("z", 3, 3))
-    with pytest.raises(ValueError, match="decode instances"):
+    with pytest.raises(ValueError, match="for decode and mixed instances"):
         pre.add_prefilled(seq("y", 3, 3))
 
 

@@ -97,14 +97,14 @@ def test_adaptive_split_moves_units_to_decode_in_the_output_heavy_phase():
     spec = SimSpec(**PHASES).resolved()
     r = simulate_once(spec, "dynamic", 0)
     timeline = r.split_timeline
-    assert timeline[0] == (0.0, 4)  # units / 2 before the first decision
+    assert timeline[0] == (0.0, 4, 0)  # units / 2 before the first decision
 
     def late_split(t0: float, t1: float) -> list[int]:
-        return [n for t, n in timeline if t0 <= t < t1]
+        return [n for t, n, _ in timeline if t0 <= t < t1]
 
     # Set after the last change before t (the split in force at t).
     def split_at(t: float) -> int:
-        return [n for s, n in timeline if s <= t][-1]
+        return [n for s, n, _ in timeline if s <= t][-1]
 
     assert split_at(9.5) > split_at(19.5) >= 1, timeline
     assert late_split(12.0, 20.0), "the advisor kept deciding in phase 2"
@@ -185,3 +185,20 @@ def _plain_simulation(policy: str):
                         max_model_len=4096)
     return Simulation(model=get_model("qwen2.5-7b"), preset=get_preset("h100"), devices=4,
                       parallel=1, policy=policy, instance=ic)
+
+
+def test_co_located_at_capacity_the_split_returns_and_no_token_is_lost():
+    """phase-shift at 4/3 the rate: the prompt-heavy phase fills the cluster, which the
+    advisor co-locates (every unit's back instance prefills in chunks beside its decodes);
+    the output-heavy phase splits it again. Every finished request has all its tokens, and a
+    seed gives the same run."""
+    spec = SimSpec(**dict(PHASES, rate=200.0, split_colocate=True)).resolved()
+    r = simulate_once(spec, "dynamic", 0)
+    timeline = r.split_timeline
+    assert any(m == 8 and p == 0 for _, p, m in timeline), timeline
+    assert timeline[-1][2] == 0 and timeline[-1][0] > 10, timeline  # split in phase 2
+    assert all(q.finish >= 0 or q.dropped for q in r.requests)
+    assert all(q.n_out == q.output for q in r.requests if q.finish >= 0)
+    again = simulate_once(spec, "dynamic", 0)
+    assert again.split_timeline == timeline
+    assert [q.finish for q in again.requests] == [q.finish for q in r.requests]

@@ -162,15 +162,15 @@ def test_hysteresis_lets_trends_through_and_holds_reversals():
     assert a.update(3 * SEC, 0) is False and a.prefill_units == 9
     a.on_prompt(200_000)  # the last change is 2 s old: a large reversal goes at once
     assert a.update(4 * SEC, 0) is True and a.prefill_units == 3
-    a.on_prompt(600_000)  # back up to 8 within 1 s: held ...
-    assert a.update(5 * SEC, 0) is False and a.prefill_units == 3
-    a.on_prompt(450_000)  # ... 2 s after the change the proposal (6) goes at once
-    assert a.update(6 * SEC, 0) is True and a.prefill_units == 6
-    for t in (7, 8):  # a one-unit reversal (5) waits until asked for 2 s
-        a.on_prompt(330_000)
-        assert a.update(t * SEC, 0) is False and a.proposal == 5
-    a.on_prompt(330_000)
-    assert a.update(9 * SEC, 0) is True and a.prefill_units == 5
+    a.on_prompt(280_000)  # a one-unit reversal up (4) within 1 s, prefill within capacity: held
+    assert a.update(5 * SEC, 0) is False and a.proposal == 4
+    a.on_prompt(600_000)  # ... but one that feeds a side over its capacity (6 on 3) goes at once
+    assert a.update(6 * SEC, 0) is True and a.prefill_units == 8
+    for t in (7, 8):  # a one-unit reversal (7) waits until asked for 2 s
+        a.on_prompt(520_000)
+        assert a.update(t * SEC, 0) is False and a.proposal == 7
+    a.on_prompt(520_000)
+    assert a.update(9 * SEC, 0) is True and a.prefill_units == 7
     assert a.changes == 5
 
 
@@ -213,3 +213,18 @@ def test_simulate_rejects_a_negative_hold_or_drain_by_flag():
         SimSpec(split_hold_s=-1.0).resolved()
     with pytest.raises(ValueError, match="--split-backlog-drain must be >= 0 seconds"):
         SimSpec(split_backlog_drain_s=float("nan")).resolved()
+
+
+def test_co_locates_every_unit_while_the_needs_fill_the_cluster():
+    a = SplitAdvisor(**TEN, average_ns=1, colocate_at_capacity=True)
+    b = SplitAdvisor(**TEN, average_ns=1)  # the same without co-location
+    for adv in (a, b):
+        adv.update(0, 0)
+        adv.on_prompt(300_000)
+        adv.update(SEC, 2000)  # 3 / 0.75 + 2 = 6 of 10 units: a split
+    assert (a.prefill_units, a.mixed_units) == (4, 0)
+    for adv in (a, b):
+        adv.on_prompt(600_000)
+        adv.update(2 * SEC, 3000)  # 6 / 0.75 + 3 = 11: less than a unit to spare
+    assert (a.prefill_units, a.mixed_units, a.proposal) == (0, 10, 0)
+    assert b.mixed_units == 0 and b.prefill_units == 7  # shared by need, 6 / 9 of 10 units

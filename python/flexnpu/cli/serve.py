@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="adaptive: a reversal of the last split change waits this long (0: at once)",
     )
     e.add_argument(
+        "--split-colocate",
+        action="store_true",
+        help="adaptive: every device co-located (prefill chunks beside decodes) while the "
+        "prefill and decode needs fill the cluster",
+    )
+    e.add_argument(
         "--devices",
         type=int,
         default=0,
@@ -253,6 +259,7 @@ def engine_config(
             num_devices=args.devices,
             prefill_tokens_per_s=args.prefill_tokens_per_s,
             split_hold_s=args.split_hold,
+            split_colocate=args.split_colocate,
         )
     else:
         layout_kw = dict(layout="colocated", num_devices=args.devices or default_instances)

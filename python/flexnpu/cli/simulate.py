@@ -214,6 +214,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "waits until asked for this many seconds (0: no hysteresis; default 2)",
     )
     r.add_argument(
+        "--split-colocate",
+        action="store_true",
+        help="adaptive / elastic-pd advisor: every unit co-located (prefill chunks beside "
+        "decodes) while the prefill and decode needs fill the cluster",
+    )
+    r.add_argument(
         "--drain",
         type=float,
         default=600.0,
@@ -296,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
             split_target_utilization=args.split_target,
             split_backlog_drain_s=args.split_backlog_drain,
             split_hold_s=args.split_hold,
+            split_colocate=args.split_colocate,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             block_size=args.block_size,

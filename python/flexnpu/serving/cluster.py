@@ -13,13 +13,17 @@ Layouts, over `units` physical units (a unit: one device, or a tensor-parallel g
 - static-colocate: every unit hosts a PREFILL and a DECODE instance (instance i on unit
   i mod units), every prefill instance takes prompts and every decode instance prefilled
   sequences: the paper's static co-location (both phases share each device);
-- adaptive: static-colocate's instances, and the split advisor (flexnpu.placement.SplitAdvisor,
-  the C++ rule of placement/split.h) decides how many units take new prompts: prompts go to the
-  prefill instances of units [0, n), prefilled sequences to the decode instances of [n, units).
-  When a unit leaves the decode side its decode instance's running sequences move, KV and all,
-  to the decode side (`take_moves`), and when it leaves the prefill side its prefill instance's
-  queued prompts go back to the router; what cannot move (a prompt half computed, a sequence
-  mid-handoff) drains where it is.
+- adaptive: every unit hosts a PREFILL instance and a MIXED one (its back instance), and the
+  split advisor (flexnpu.placement.SplitAdvisor, the C++ rule of placement/split.h) gives each
+  unit a role: units [0, p) PREFILL (prompts go to their prefill instances), [p, p + m) MIXED
+  (prompts and handoffs go to their back instances, which prefill in chunks beside their
+  decodes: co-location), the rest DECODE (handoffs go to their back instances). Prefilled
+  sequences go to the back instances of the MIXED and DECODE units. When a unit turns PREFILL
+  its back instance's running decodes move, KV and all, to the others (`take_moves`) and its
+  queued prompts go back to the router; when it stops taking prompts, the queued prompts of the
+  instance that took them go back to the router; when units join the decode side, the
+  handoffs queued at the others for a batch slot are routed again (their KV moves with them);
+  what cannot move (a prompt half computed, a sequence mid-handoff) drains where it is.
 """
 
 from __future__ import annotations
@@ -80,7 +84,8 @@ def unit_roles(layout: str, units: int, prefill_units: int = 0) -> list[Role]:
         if not 1 <= prefill_units < units:
             raise ValueError(f"prefill units must be in [1, {units - 1}], got {prefill_units}")
         return [Role.PREFILL] * prefill_units + [Role.DECODE] * (units - prefill_units)
-    return [Role.PREFILL] * units + [Role.DECODE] * units
+    back = Role.MIXED if layout == "adaptive" else Role.DECODE
+    return [Role.PREFILL] * units + [back] * units
 
 
 class Router:
@@ -98,8 +103,9 @@ class Router:
         self.insts = insts
         self.incremental = incremental
         self.changed: list[ClusterInstance] = []
-        for i, x in enumerate(insts):
-            x.pos, x.changed = i, self.changed
+        if incremental:
+            for i, x in enumerate(insts):
+                x.pos, x.changed = i, self.changed
         self.keys = [(x.sched.load_key(), i) for i, x in enumerate(insts)]
         self.heap = sorted(self.keys)
         # Stale entries above the top are dropped only by a rebuild, past this size.
@@ -147,6 +153,8 @@ class SplitSettings:
     tick_s: float = SPLIT_TICK_S
     backlog_drain_s: float = SPLIT_BACKLOG_DRAIN_S
     hold_s: float = SPLIT_HOLD_S
+    # Every unit co-located (MIXED) while the prefill and decode needs fill the cluster.
+    colocate_at_capacity: bool = False
     # Wall seconds per device second: emulated devices run time_scale x slower than the
     # accelerator they model, and the advisor's periods (above, in device seconds) stretch
     # with them, so that it decides as it would on that accelerator.
@@ -157,7 +165,7 @@ class SplitSettings:
 class ClusterDecisions:
     """What the layer decided, in order (the engine keeps it on request; the simulator's and
     the engine's logs are compared by the tests): ("arrival", request id, instance),
-    ("handoff", request id, instance), ("split", prefill units, time)."""
+    ("handoff", request id, instance), ("split", (prefill units, mixed units), time)."""
 
     log: list[tuple[str, Any, int | float]] = field(default_factory=list)
 
@@ -166,8 +174,8 @@ class Cluster:
     """Routing and role changes over `instances` (ClusterInstance, in layout order). The
     caller serialises calls. `split`: the adaptive layout's advisor, as SplitSettings (the
     placement core's SplitAdvisor) or any object with its calls (on_prompt, due, update,
-    prefill_units: e.g. a test's script); its instances must be unit_roles("adaptive",
-    units). None: the split is the layout's."""
+    prefill_units, and mixed_units if it co-locates: e.g. a test's script); its instances
+    must be unit_roles("adaptive", units). None: the split is the layout's."""
 
     def __init__(
         self,
@@ -181,15 +189,25 @@ class Cluster:
         self.instances = list(instances)
         self.units = units
         self.incremental = incremental
+        adaptive = split is not None
+        # Instances that may take prompts, and that may take prefilled sequences (the
+        # adaptive layout's MIXED back instances do both, as their unit's role says).
         self.front = [x for x in self.instances if x.role is not Role.DECODE]
-        self.back = [x for x in self.instances if x.role is Role.DECODE]
+        self.back = [
+            x
+            for x in self.instances
+            if x.role is Role.DECODE or (adaptive and x.role is Role.MIXED)
+        ]
         if not self.front:
             raise ValueError("a cluster needs an instance that takes prompts")
         self.decisions = ClusterDecisions() if keep_log else None
-        self.split_timeline: list[tuple[float, int]] = []  # (time, prefill units)
+        # (time, prefill units, mixed units)
+        self.split_timeline: list[tuple[float, int, int]] = []
         self.moves = 0  # sequences moved by role changes
         self.advisor: Any = None
         self._outside: list[ClusterInstance] = []  # `changed` of instances no router takes
+        # Instances whose queued handoffs go out once (units joined the decode side).
+        self._rebalance: set[int] = set()
         if split is not None:
             roles = [x.role for x in self.instances]
             if units < 2 or roles != unit_roles("adaptive", units):
@@ -215,11 +233,15 @@ class Cluster:
         now_ns = int(now * 1e9)
         if not adv.due(now_ns):
             return False
-        # Decode need: the sequences the decode side holds and the prompts being computed
+        # Decode need: the sequences the back instances hold and the prompts being computed
         # (they decode next); the prompts still queued count as prefill backlog.
-        held = sum(x.sched.num_running + x.sched.num_waiting for x in self.back)
-        held += sum(x.sched.num_running for x in self.front)
-        queued = sum(x.sched.waiting_tokens for x in self.front)
+        held = queued = 0
+        for x in self.instances:
+            sched = x.sched
+            queued += sched.waiting_tokens
+            held += sched.num_running
+            if x.role is not Role.PREFILL:
+                held += sched.num_waiting
         if adv.update(now_ns, held, queued):
             self._apply_split(now)
             return True
@@ -243,39 +265,98 @@ class Cluster:
 
     @property
     def prefill_units(self) -> int:
-        """Units taking new prompts (the advisor's split; the layout's without one)."""
+        """Units taking only new prompts (the advisor's split; the layout's without one)."""
         if self.advisor is not None:
             return int(self.advisor.prefill_units)
         return len(self.front) if self.back else 0
 
+    @property
+    def mixed_units(self) -> int:
+        """Units taking prompts and prefilled sequences (co-located)."""
+        if self.advisor is not None:
+            return int(getattr(self.advisor, "mixed_units", 0))
+        return 0 if self.back else len(self.front)
+
     # ---- role changes ---------------------------------------------------------------------------
 
     def take_moves(self, inst: ClusterInstance) -> list[tuple[Sequence, list[int]]]:
-        """What `inst` gives up now that it is outside its side of the split, with the KV
-        blocks each held: a decode instance its running sequences in steady decode (to go on
-        at `route_handoff()`'s instance, KV copied), a prefill instance its queued prompts
-        nothing was computed for (to go to `route_arrival()`'s, no KV). Call it only between
-        the instance's steps (none in flight); empty when it is on its side."""
+        """What `inst` gives up after a role change, with the KV blocks each held: running
+        sequences in steady decode, when it no longer takes prefilled sequences (each goes on
+        at `route_handoff()`'s instance, KV copied); queued prompts nothing was computed for,
+        when it no longer takes prompts (each goes to `route_arrival()`'s, no KV; a preempted
+        one is computed again there); handoffs queued for a batch slot, when units joined the
+        decode side (each goes to `route_handoff()`'s instance; its KV is the executor's, not
+        in blocks yet). See `is_handoff`. Call it only between the instance's steps (none in
+        flight); empty when it gives up nothing."""
         if not inst.draining:
             return []
-        taken = inst.sched.take_out(decoding=inst.role is Role.DECODE)
+        sched = inst.sched
+        if inst.role is Role.PREFILL:
+            taken = sched.take_out(decoding=False)
+        elif inst.role is Role.DECODE or inst.unit < self.prefill_units:
+            taken = sched.take_out(decoding=True)
+            if inst.role is Role.MIXED:
+                taken += sched.take_out(decoding=False)
+        else:  # a back instance taking handoffs: once, its queued prompts if its unit
+            # decodes only, and its queued handoffs if units joined the decode side
+            p = self.prefill_units
+            taken = [] if p <= inst.unit < p + self.mixed_units else sched.take_out(decoding=False)
+            if inst.idx in self._rebalance:
+                self._rebalance.discard(inst.idx)
+                taken += sched.take_out(decoding=False, handoffs=True)
+            inst.draining = False
         inst.changed.append(inst)
         self.moves += len(taken)
         return taken
 
+    @staticmethod
+    def is_handoff(seq: Sequence, blocks: list[int]) -> bool:
+        """Whether a sequence `take_moves` gave up goes on at `route_handoff()`'s instance
+        (a decode with its KV blocks, or a handoff still queued), else at
+        `route_arrival()`'s (a queued prompt)."""
+        return bool(blocks) or seq.needs_kv_insert
+
     def _apply_split(self, now: float | None) -> None:
-        n, units = int(self.advisor.prefill_units), self.units
+        p, m, units = self.prefill_units, self.mixed_units, self.units
+        if not (p >= 0 and m >= 0 and p + m <= units and p + m > 0 and p < units):
+            raise ValueError(f"split advisor: {p} prefill and {m} mixed units of {units}")
+        before = set() if now is None else {id(x) for x in self.back_router.insts}
+        takes_prompts, takes_handoffs = [], []
         for x in self.instances:
             x.changed = self._outside
-            x.draining = (x.unit < n) != (x.role is Role.PREFILL)
-        self.front_router = Router([x for x in self.front if not x.draining], self.incremental)
-        self.back_router = Router([x for x in self.back if not x.draining], self.incremental)
+            if x.role is Role.PREFILL:
+                prompts, handoffs = x.unit < p, False
+            else:
+                prompts, handoffs = p <= x.unit < p + m, x.unit >= p
+            # Outside its old roles: gives up what it took that it takes no more.
+            x.draining = (not prompts and x.role is not Role.DECODE) or not (
+                handoffs or x.role is Role.PREFILL
+            )
+            if prompts:
+                takes_prompts.append(x)
+            if handoffs:
+                takes_handoffs.append(x)
+        # Units joined the decode side: the handoffs queued elsewhere for a batch slot go
+        # through the router again (the least loaded of all: the new units first).
+        if any(id(x) not in before for x in takes_handoffs):
+            for x in takes_handoffs:
+                if id(x) in before and x.sched.num_waiting:
+                    x.draining = True
+                    self._rebalance.add(x.idx)
+        if takes_prompts == takes_handoffs:  # every unit co-located: one router
+            self.front_router = self.back_router = Router(takes_prompts, self.incremental)
+        else:
+            # An instance in both routers could not tell both of its changes: neither is then
+            # incremental (only a scripted advisor mixes co-located units with a split).
+            both = {id(x) for x in takes_prompts} & {id(x) for x in takes_handoffs}
+            incremental = self.incremental and not both
+            self.front_router = Router(takes_prompts, incremental)
+            self.back_router = Router(takes_handoffs, incremental)
         self._outside.clear()
         at = 0.0 if now is None else now
-        self.split_timeline.append((at, n))
+        self.split_timeline.append((at, p, m))
         if self.decisions is not None and now is not None:
-            self.decisions.log.append(("split", n, now))
-        assert 0 < n < units
+            self.decisions.log.append(("split", (p, m), now))
 
 
 def _make_advisor(units: int, s: SplitSettings) -> Any:
@@ -296,4 +377,5 @@ def _make_advisor(units: int, s: SplitSettings) -> Any:
         initial_prefill_units=s.initial_prefill_units,
         backlog_drain_ns=round(s.backlog_drain_s * ns),
         hold_ns=round(s.hold_s * ns),
+        colocate_at_capacity=s.colocate_at_capacity,
     )

@@ -115,6 +115,7 @@ class EngineConfig:
     prefill_tokens_per_s: float = 0.0
     split_hold_s: float = 2.0  # the advisor's hysteresis hold (0: off)
     split_backlog_drain_s: float = 2.0  # queued prompts drained over this (0: not counted)
+    split_colocate: bool = False  # every device co-located while the needs fill the cluster
     keep_cluster_log: bool = False  # the cluster layer's decisions, for tests
     # Compile the KV handoff programs in every layout: prefilled sequences go to or come from
     # other engines (submit(export=...), submit_prefilled).
@@ -309,7 +310,7 @@ class Engine:
             self.cluster = Cluster(self.instances, units, incremental=False,
                                    keep_log=config.keep_cluster_log)
             if metrics and config.layout == "split":
-                metrics.set_split(config.prefill_devices, units)
+                metrics.set_split(config.prefill_devices, 0, units)
         self.healthy = True
         self.error: str | None = None
         self._ids = itertools.count()
@@ -362,11 +363,13 @@ class Engine:
             advisor = self.split_settings = SplitSettings(
                 prefill_tokens_per_s=rate, decode_batch=ec.max_num_seqs,
                 hold_s=ec.split_hold_s, backlog_drain_s=ec.split_backlog_drain_s,
+                colocate_at_capacity=ec.split_colocate,
                 time_scale=emulated_time_scale(self.instances[0].device))
         self.cluster = Cluster(self.instances, self.units, advisor, incremental=False,
                                keep_log=ec.keep_cluster_log)
         if self.metrics:
-            self.metrics.set_split(self.cluster.prefill_units, self.units)
+            self.metrics.set_split(self.cluster.prefill_units, self.cluster.mixed_units,
+                                   self.units)
 
     def start(self) -> None:
         self._make_cluster()
@@ -639,8 +642,9 @@ class Engine:
 
     def _handoff(self, src: _Instance, req: Request, blocks: list[int]) -> None:
         """A prefilled (or moved) sequence's KV to the decode instance the cluster layer
-        picks (jax.device_put; on the same device it stays there), or to its `export`."""
-        k, v = src.runner.extract_kv(blocks)
+        picks (jax.device_put; on the same device it stays there), or to its `export`. No
+        blocks: a handoff that was queued at `src`, its KV still in `req.handoff`."""
+        k, v = src.runner.extract_kv(blocks) if blocks else req.handoff
         if req.export is not None:
             self._export(req, k, v)
             return
@@ -676,8 +680,8 @@ class Engine:
         self._finish(req, "prefilled")
 
     def _move_out(self, inst: _Instance) -> None:
-        """A role change, on `inst`'s thread with no step in flight: its running decodes go to
-        the decode side with their KV, its queued prompts back to the router."""
+        """A role change, on `inst`'s thread with no step in flight: the decodes it gives up go
+        to the decode side with their KV, its queued prompts back to the router."""
         with self._lock:
             cluster = self._cluster()
             with inst.lock:
@@ -686,7 +690,7 @@ class Engine:
             req: Request = seq.payload
             if req.done:
                 continue
-            if inst.role is Role.DECODE:
+            if cluster.is_handoff(seq, blocks):  # goes on where the layer hands it, KV and all
                 self._handoff(inst, req, blocks)
                 continue
             try:
@@ -707,7 +711,7 @@ class Engine:
         up work."""
         cluster = self._cluster()
         if self.metrics:
-            self.metrics.set_split(cluster.prefill_units, self.units)
+            self.metrics.set_split(cluster.prefill_units, cluster.mixed_units, self.units)
         for x in self.instances:
             if x.draining:
                 x.wake.set()

@@ -48,12 +48,15 @@ class ServingMetrics:
         self.generation_tokens = counter("generation_tokens", "Generated tokens.")
         # The split of the adaptive layout (and of the static ones): scraped over time, the
         # split's history.
-        self.prefill_units = gauge("prefill_units", "Devices taking new prompts.")
-        self.decode_units = gauge("decode_units", "Devices taking prefilled sequences.")
+        self.prefill_units = gauge("prefill_units", "Devices taking only new prompts.")
+        self.mixed_units = gauge("mixed_units",
+                                 "Devices taking new prompts and prefilled sequences "
+                                 "(co-located).")
+        self.decode_units = gauge("decode_units", "Devices taking only prefilled sequences.")
         self.split_changes = counter("split_changes", "Changes of the prefill:decode split.")
         self.moved = counter("moved_sequences", "Sequences moved by role changes (decodes "
                              "with their KV, queued prompts).")
-        self._split: tuple[int, int] | None = None
+        self._split: tuple[int, int, int] | None = None
         finished = Counter("flexnpu:request_success", "Finished requests by reason.",
                            ["model_name", "finished_reason"], registry=r)
         self._finished = finished
@@ -79,12 +82,14 @@ class ServingMetrics:
         self.waiting.set(waiting)
         self.kv_usage.set(kv_usage)
 
-    def set_split(self, prefill_units: int, units: int) -> None:
-        if self._split is not None and self._split != (prefill_units, units):
+    def set_split(self, prefill_units: int, mixed_units: int, units: int) -> None:
+        split = (prefill_units, mixed_units, units)
+        if self._split is not None and self._split != split:
             self.split_changes.inc()
-        self._split = (prefill_units, units)
+        self._split = split
         self.prefill_units.set(prefill_units)
-        self.decode_units.set(units - prefill_units)
+        self.mixed_units.set(mixed_units)
+        self.decode_units.set(units - prefill_units - mixed_units)
 
     def on_moves(self, n: int) -> None:
         self.moved.inc(n)

@@ -48,6 +48,7 @@ class AdaptiveSimulation(Simulation):
         split_target_utilization: float = SPLIT_TARGET_UTILIZATION,
         split_backlog_drain_s: float = SPLIT_BACKLOG_DRAIN_S,
         split_hold_s: float = SPLIT_HOLD_S,
+        split_colocate: bool = False,
         prefill_tokens_per_s: float = 0.0,
         **kw: Any,
     ) -> None:
@@ -62,6 +63,7 @@ class AdaptiveSimulation(Simulation):
         self.split_target = split_target_utilization
         self.split_backlog_drain_s = split_backlog_drain_s
         self.split_hold_s = split_hold_s
+        self.split_colocate = split_colocate
         self.prefill_tokens_per_s = prefill_tokens_per_s  # 0: from the step-time model
         super().__init__(num_prefill=num_prefill, dynamic_layout="colocated", **kw)
 
@@ -87,6 +89,7 @@ class AdaptiveSimulation(Simulation):
             target_utilization=self.split_target,
             backlog_drain_s=self.split_backlog_drain_s,
             hold_s=self.split_hold_s,
+            colocate_at_capacity=self.split_colocate,
         )
 
     def _run(self, wl: Any) -> Any:

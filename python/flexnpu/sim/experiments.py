@@ -105,6 +105,7 @@ class SimSpec:
     split_target_utilization: float = SPLIT_TARGET_UTILIZATION  # adaptive layout's advisor
     split_backlog_drain_s: float = SPLIT_BACKLOG_DRAIN_S  # 0: prompt backlog not counted
     split_hold_s: float = SPLIT_HOLD_S  # 0: no hysteresis
+    split_colocate: bool = False  # every unit co-located while the needs fill the cluster
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
     block_size: int = 0
@@ -266,6 +267,7 @@ def build_simulation(
             split_target_utilization=s.split_target_utilization,
             split_backlog_drain_s=s.split_backlog_drain_s,
             split_hold_s=s.split_hold_s,
+            split_colocate=s.split_colocate,
             **kw,
         )
     else:
@@ -297,13 +299,14 @@ def run_metrics(r: RunResult, spec: SimSpec, duration: float) -> dict[str, Any]:
         if q.dropped:
             dropped[q.dropped] = dropped.get(q.dropped, 0) + 1
     units = len(r.busy_s)
-    split = getattr(r, "split_timeline", None)  # the adaptive layout's [(time_s, prefill)]
+    # The adaptive layout's [(time_s, prefill units, mixed units)].
+    split = getattr(r, "split_timeline", None)
     extra = (
         {}
         if split is None
         else {
-            "split_timeline": [[round(t, 3), n] for t, n in split],
-            "prefill_units_range": [min(n for _, n in split), max(n for _, n in split)]
+            "split_timeline": [[round(t, 3), n, m] for t, n, m in split],
+            "prefill_units_range": [min(n for _, n, _ in split), max(n for _, n, _ in split)]
             if split
             else None,
         }

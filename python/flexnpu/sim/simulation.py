@@ -128,7 +128,9 @@ def make_layout(policy: str, units: int, num_prefill: int, dynamic_layout: str) 
             else "dynamic"
         )
         return Layout(roles, core, chunked=False, mixed=False, num_prefill=num_prefill)
-    roles = unit_roles("static-colocate", units)  # home of virtual v: v mod units
+    # Home of virtual v: v mod units.
+    advised = policy in ADVISED_CORE_POLICY or dynamic_layout == "adaptive"
+    roles = unit_roles("adaptive" if advised else "static-colocate", units)
     core = ADVISED_CORE_POLICY.get(policy, policy)
     return Layout(roles, core, chunked=False, mixed=False, num_prefill=units)
 
@@ -271,7 +273,9 @@ class Simulation:
         self.co_run = co_run
         self.drain_s = drain_s
         self.window = timeline_window
-        self.layout = make_layout(policy, self.units, num_prefill, dynamic_layout)
+        self.layout = make_layout(
+            policy, self.units, num_prefill, "adaptive" if self.advised else dynamic_layout
+        )
         self.kv_per_token = model.kv_bytes_per_token
         roles = self.layout.roles
         v = len(roles)
@@ -300,8 +304,11 @@ class Simulation:
             )
             for i, r in enumerate(roles)
         ]
+        # The instances that take prompts, and those that take prefilled sequences (a layout
+        # with prefill instances: the others).
         self.front = [x for x in self.instances if x.role is not Role.DECODE]
-        self.back = [x for x in self.instances if x.role is Role.DECODE]
+        has_prefill = any(r is Role.PREFILL for r in roles)
+        self.back = [x for x in self.instances if has_prefill and x.role is not Role.PREFILL]
 
     # ---- configuration ---------------------------------------------------------------------
 
@@ -345,6 +352,8 @@ class Simulation:
                 max_prefill_seqs=self.preset.runtime.max_prefill_seqs,
                 role=role,
             )
+        # A decode instance, or the adaptive layout's back instance.
+        back = role is Role.DECODE or (shares_unit and role is Role.MIXED)
         return SchedulerConfig(
             max_num_seqs=ic.prefill_max_num_seqs if prefill else ic.max_num_seqs,
             max_num_batched_tokens=ic.max_num_batched_tokens,
@@ -352,11 +361,13 @@ class Simulation:
             num_blocks=blocks,
             max_model_len=ic.max_model_len,
             max_waiting=ic.max_waiting,
-            chunked_prefill=self.layout.chunked,
+            # The adaptive layout's back instance (MIXED beside a prefill instance) prefills in
+            # chunks beside its decodes while its unit is co-located.
+            chunked_prefill=self.layout.chunked or (shares_unit and role is Role.MIXED),
             # A decode instance joins handed-off sequences to the running batch (continuous
             # batching); with mixed_batches=False the scheduler would give them steps of
             # their own and stall the running decodes.
-            mixed_batches=self.layout.mixed or role is Role.DECODE,
+            mixed_batches=self.layout.mixed or back,
             max_prefill_seqs=self.preset.runtime.max_prefill_seqs,
             role=role,
         )
@@ -656,8 +667,8 @@ class Simulation:
         """A role change: `inst`'s decodes go to the decode side with their KV, its queued
         prompts back to the router (the cluster layer decides which and where)."""
         cluster = self.cluster
-        for seq, _ in cluster.take_moves(inst):
-            if inst.role is _PREFILL_ROLE:
+        for seq, blocks in cluster.take_moves(inst):
+            if not cluster.is_handoff(seq, blocks):  # a queued prompt (or a preempted one)
                 dst = cluster.route_arrival(seq.request_id)
                 dst.sched.add(seq)
                 if dst.inflight < dst.max_inflight:

@@ -79,12 +79,13 @@ class ClusterMetrics(ServingMetrics):
         self.kv_transfers.labels(*labels).inc()
 
     def set_host_roles(self, roles: list[tuple[str, str, str]]) -> None:
-        """(host, replica, role) of every live host; also the prefill/decode unit gauges,
-        counted in hosts (a mixed host is neither)."""
+        """(host, replica, role) of every live host; also the prefill/mixed/decode unit
+        gauges, counted in hosts."""
         self.host_role.clear()
         for host, replica, role in roles:
             self.host_role.labels(host, replica, role).set(1)
         self.prefill_units.set(sum(role == "prefill" for _, _, role in roles))
+        self.mixed_units.set(sum(role == "mixed" for _, _, role in roles))
         self.decode_units.set(sum(role == "decode" for _, _, role in roles))
 
     def render(self) -> bytes:

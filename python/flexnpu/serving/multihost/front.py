@@ -185,20 +185,21 @@ class FrontConfig:
 
 class _HostLoad:
     """One side of a host as the cluster layer's routers and advisor read it (a Scheduler's
-    load numbers): the prompt side from the replica's last poll plus the submits it has not
-    reported taking; the decode side its running sequences plus the handoffs it has not
-    reported taking. A colocated host's one instance reads as the prompt side."""
+    load numbers), from the replica's last poll plus what the front sent it that it has not
+    reported taking: submits, and on the decode side handoffs too. A colocated host's one
+    instance reads as the prompt side."""
 
     def __init__(self, rep: _Replica, decode: bool) -> None:
         self.rep, self.decode = rep, decode
 
     def load_key(self) -> tuple[int, int, float]:
-        rep, st = self.rep, self.rep.status
-        if self.decode:
-            return self.pending_handoffs, st.num_running, st.kv_usage
+        rep = self.rep
         if rep.queue_full():
             return _FULL, 0, 0.0
-        return rep.route_key()
+        waiting, running, kv = rep.route_key()
+        if self.decode:  # (a co-located unit's back instance takes prompts too)
+            waiting += self.pending_handoffs
+        return waiting, running, kv
 
     @property
     def pending_handoffs(self) -> int:
@@ -435,10 +436,10 @@ class ClusterFront:
         decode or mixed (takes prompts and decodes them)."""
         with self._lock:
             cluster, units = self._cluster, list(self._units)
-            n = cluster.prefill_units if cluster is not None else 0
-            mixed = cluster is None or (cluster.back_router is None and cluster.advisor is None)
+            p = cluster.prefill_units if cluster is not None else 0
+            m = cluster.mixed_units if cluster is not None else len(units)
         return [
-            (r.info.host, r.info.name, "mixed" if mixed else "prefill" if i < n else "decode")
+            (r.info.host, r.info.name, "prefill" if i < p else "mixed" if i < p + m else "decode")
             for i, r in enumerate(units)
         ]
 
@@ -497,8 +498,10 @@ class ClusterFront:
                 time_scale=units[0].info.time_scale,
             )
         roles = unit_roles(layout, n, min(cfg.prefill_hosts, n - 1))
+        # An instance that takes prefilled sequences reads as its host's decode side (the
+        # adaptive layout's back instances, on units n..2n-1).
         insts = [
-            ClusterInstance(i, i % n, role, _HostLoad(units[i % n], role is Role.DECODE))
+            ClusterInstance(i, i % n, role, _HostLoad(units[i % n], role is Role.DECODE or i >= n))
             for i, role in enumerate(roles)
         ]
         self._cluster = Cluster(insts, n, split, incremental=False)
@@ -519,7 +522,7 @@ class ClusterFront:
                 f"every replica's queue is full ({len(entry)} replicas take prompts, "
                 f"max_waiting {rep.info.engine_config.max_waiting} each)"
             )
-        return rep, cluster.back_router is not None
+        return rep, inst.role is Role.PREFILL  # a prefill instance hands the sequence off
 
     def _send(self, rep: _Replica, req: ClusterRequest, export: bool) -> None:
         """Sends the request to `rep` (lock held)."""

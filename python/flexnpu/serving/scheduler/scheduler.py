@@ -107,10 +107,10 @@ class Scheduler:
 
     def add_prefilled(self, seq: Sequence) -> None:
         """A decode (or mixed) instance takes a sequence prefilled elsewhere (its KV arrives
-        with it: another instance's, or another engine's)."""
+        with it)."""
         self._load = None
         if self.config.role is PREFILL:
-            raise ValueError("scheduler: add_prefilled() is for decode instances (or mixed ones)")
+            raise ValueError("scheduler: add_prefilled() is for decode and mixed instances")
         if seq.num_output_tokens < 1:
             raise ValueError("scheduler: a prefilled sequence has at least its first token")
         self._check(seq, bounded=False)  # backpressure applies at the front door only
@@ -435,16 +435,22 @@ class Scheduler:
         if self._by_id.pop(seq.request_id, None) is not None and seq.deadline is not None:
             self._num_deadlines -= 1
 
-    def take_out(self, *, decoding: bool) -> list[tuple[Sequence, list[int]]]:
+    def take_out(
+        self, *, decoding: bool, handoffs: bool = False
+    ) -> list[tuple[Sequence, list[int]]]:
         """Removes sequences that go on at another instance (a role change), with the blocks
         that held their KV (back in this pool now: the caller copies them out before this
         scheduler plans another step). decoding=True: the running sequences in steady decode
         (KV complete up to their last sampled token; they continue through `add_prefilled`);
-        False: the waiting prompts nothing was computed for (they continue through `add`).
+        False: the waiting prompts nothing was computed for (they continue through `add`);
+        handoffs=True instead: the handed-off sequences still waiting for a batch slot (no
+        blocks yet: their KV is still the caller's; they continue through `add_prefilled`).
         Only between steps: no planned step may be in flight, or its tokens would be lost.
         Each leaves finished "moved"; its counts stay as they were."""
         self._load = None
-        if decoding:
+        if handoffs:
+            picked = [s for s in self._waiting if s.needs_kv_insert]
+        elif decoding:
             picked = [
                 s
                 for s in self._running

@@ -12,9 +12,12 @@ from flexnpu.serving.scheduler.sequence import Sequence
 
 class WaitQueue:
     """Waiting sequences by (priority, arrival order); preempted ones go back in front of their
-    priority class. Removal (abort) is lazy. `live` (the ids of the queued sequences) and
-    `tokens` (the KV positions they have yet to compute: prompts, recomputes after preemption,
-    one for a handed-off sequence) are read directly where every step reads them."""
+    priority class. Removal (abort) is lazy: `live` maps the id of each queued sequence to the
+    key of its current heap entry (a sequence removed and queued again, e.g. a prompt moved
+    away by a role change and handed back after its prefill, leaves a stale entry that must
+    stay dead). `live` and `tokens` (the KV positions they have yet to compute: prompts,
+    recomputes after preemption, one for a handed-off sequence) are read directly where every
+    step reads them."""
 
     __slots__ = ("_heap", "_order", "_front", "live", "tokens")
 
@@ -22,7 +25,7 @@ class WaitQueue:
         self._heap: list[tuple[int, int, Sequence]] = []
         self._order = itertools.count()
         self._front = itertools.count(-1, -1)
-        self.live: set[int] = set()
+        self.live: dict[int, int] = {}
         self.tokens = 0
 
     def __len__(self) -> int:
@@ -31,28 +34,29 @@ class WaitQueue:
     def push(self, seq: Sequence, front: bool = False) -> None:
         key = next(self._front) if front else next(self._order)
         heapq.heappush(self._heap, (seq.priority, key, seq))
-        self.live.add(id(seq))
+        self.live[id(seq)] = key
         self.tokens += remaining_tokens(seq)
 
     def remove(self, seq: Sequence) -> None:
         """Removes a queued sequence."""
-        self.live.discard(id(seq))
+        del self.live[id(seq)]
         self.tokens -= remaining_tokens(seq)
 
     def peek(self) -> Sequence | None:
         heap, live = self._heap, self.live
-        while heap and id(heap[0][2]) not in live:
+        while heap and live.get(id(heap[0][2])) != heap[0][1]:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
     def pop(self) -> Sequence:
         heap, live = self._heap, self.live
-        while id(heap[0][2]) not in live:
+        while live.get(id(heap[0][2])) != heap[0][1]:
             heapq.heappop(heap)
         seq = heapq.heappop(heap)[2]
-        live.discard(id(seq))
+        del live[id(seq)]
         self.tokens -= remaining_tokens(seq)
         return seq
 
     def __iter__(self) -> Iterator[Sequence]:
-        return (s for _, _, s in sorted(self._heap) if id(s) in self.live)
+        live = self.live
+        return (s for _, k, s in sorted(self._heap) if live.get(id(s)) == k)
