@@ -251,6 +251,7 @@ def _serve(
         layout=layout,
         prefill_hosts=prefill_hosts,
         split_hold_s=args.split_hold,
+        split_colocate=args.split_colocate,
         recompute=args.ray_recompute,
     )
     front = ClusterFront(RayLauncher(spec), None, config)

@@ -167,6 +167,7 @@ class FrontConfig:
     layout: str = "colocated"
     prefill_hosts: int = 1
     split_hold_s: float = 2.0  # adaptive: the advisor's hysteresis hold
+    split_colocate: bool = False  # adaptive: every host co-located while the needs fill them
     # adaptive: hosts -> the advisor (cluster.Cluster's `split`; None: the placement core's,
     # sized by the replicas' measured prefill rates). A test's script, say.
     split_advisor: Callable[[int], Any] | None = None
@@ -495,6 +496,7 @@ class ClusterFront:
                 prefill_tokens_per_s=rate,
                 decode_batch=min(r.info.decode_batch for r in units),
                 hold_s=cfg.split_hold_s,
+                colocate_at_capacity=cfg.split_colocate,
                 time_scale=units[0].info.time_scale,
             )
         roles = unit_roles(layout, n, min(cfg.prefill_hosts, n - 1))
