@@ -758,9 +758,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     e.add_argument(
         "--split-colocate",
-        action="store_true",
-        help="adaptive layout: serve --split-colocate (every device co-located while the needs "
-        "fill the cluster), and the simulator's advisor likewise",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="adaptive layout: serve --[no-]split-colocate (every device co-located while the "
+        "needs fill the cluster; serve's default: on), and the simulator's advisor likewise",
     )
     p.add_argument("--model", default=None, help="serve --model (default: SmolLM2 GGUF)")
     p.add_argument("--startup-timeout", type=float, default=300.0)

@@ -170,8 +170,8 @@ def measure(config: str, args: argparse.Namespace, work: Path) -> dict:
             "--decode-devices",
             str(args.devices - args.prefill_devices),
         ]
-    if colocate:
-        layout.append("--split-colocate")
+    if args.layout == "adaptive":
+        layout.append("--split-colocate" if colocate else "--no-split-colocate")
     env = {
         "JAX_PLATFORMS": "flexnpu",
         "FLEXNPU_BACKEND": args.platform,

@@ -92,6 +92,17 @@ def test_the_default_instances_apply_unless_devices_is_given() -> None:
     assert (split.layout, split.prefill_devices, split.decode_devices) == ("split", 1, 3)
 
 
+def test_the_adaptive_layout_co_locates_at_capacity_unless_told_not_to() -> None:
+    on = serve.engine_config(_args("--layout", "adaptive"), 4, default_instances=1)
+    assert (on.layout, on.split_colocate, on.split_hold_s) == ("adaptive", True, 2.0)
+    off = serve.engine_config(
+        _args("--layout", "adaptive", "--no-split-colocate", "--split-hold", "0"),
+        4,
+        default_instances=1,
+    )
+    assert (off.split_colocate, off.split_hold_s) == (False, 0.0)
+
+
 def test_cache_directory_follows_xdg_cache_home(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert compilation_cache.default_directory() == tmp_path / "flexnpu" / "jax-cache"

@@ -148,9 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--split-colocate",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="adaptive: every device co-located (prefill chunks beside decodes) while the "
-        "prefill and decode needs fill the cluster",
+        "prefill and decode needs fill the devices (default: on)",
     )
     e.add_argument(
         "--devices",
@@ -400,7 +401,12 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
         print(
             f"split advisor: {engine.cluster.prefill_units} of {engine.units} devices take "
             f"prompts at first; one device prefills "
-            f"{engine.split_settings.prefill_tokens_per_s:,.0f} tokens/s",
+            f"{engine.split_settings.prefill_tokens_per_s:,.0f} tokens/s; "
+            + (
+                "all co-located while the needs fill them"
+                if ec.split_colocate
+                else "no co-location"
+            ),
             flush=True,
         )
 

@@ -115,7 +115,7 @@ class EngineConfig:
     prefill_tokens_per_s: float = 0.0
     split_hold_s: float = 2.0  # the advisor's hysteresis hold (0: off)
     split_backlog_drain_s: float = 2.0  # queued prompts drained over this (0: not counted)
-    split_colocate: bool = False  # every device co-located while the needs fill the cluster
+    split_colocate: bool = True  # every device co-located while the needs fill the cluster
     keep_cluster_log: bool = False  # the cluster layer's decisions, for tests
     # Compile the KV handoff programs in every layout: prefilled sequences go to or come from
     # other engines (submit(export=...), submit_prefilled).
