@@ -162,3 +162,25 @@ def serve_app_in_thread(app):
         time.sleep(0.05)
     assert srv.started
     return f"http://127.0.0.1:{srv.config.port}", srv, th
+
+
+def greedy(max_tokens: int):
+    """Greedy sampling of exactly `max_tokens` tokens (stop tokens ignored)."""
+    from flexnpu.serving.sampling import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def submit_greedy(engine, prompt: list[int], max_tokens: int):
+    """A greedy request to an engine or a multi-host front: (its request, its IdsOutput)."""
+    from flexnpu.serving.output import IdsOutput
+
+    out = IdsOutput(greedy(max_tokens), engine.eos_ids)
+    return engine.submit(prompt, greedy(max_tokens), out), out
+
+
+def wait_all(outs, timeout_s: float) -> None:
+    """Every IdsOutput finishes within `timeout_s` in all."""
+    deadline = time.monotonic() + timeout_s
+    for out in outs:
+        assert out.done.wait(max(deadline - time.monotonic(), 0.0)), "a request hung"

@@ -1,16 +1,20 @@
 """The multi-host front without Ray: routing by load key, a dead replica's requests (re-routed
-before their first token, failed with its name after), nodes that join, and `serve --ray`'s
-errors when Ray is missing or the options are wrong. Replicas here are scripted fakes; the
-real ones (Ray actors over engines) are tests/python/test_ray_cluster.py's."""
+before their first token, failed with its name after), nodes that join, KV handoff between
+hosts (the split host layout: which replica prefills, which decodes, what a death at each
+point does), and `serve --ray`'s errors when Ray is missing or the options are wrong. Replicas
+here are scripted fakes, and real replicas (ReplicaServer over an engine) in this process; the
+Ray actors are tests/python/test_ray_cluster.py's."""
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
 from dataclasses import dataclass
 
 import pytest
+from _serving import greedy
 from _subprocess import run_python
 
 TIMEOUT_S = 30
@@ -29,6 +33,8 @@ class _FakeReplica:
     def __init__(self, node: _Node) -> None:
         self.name, self.host, self.node = f"flexnpu-replica-{node.node_id}", node.host, node
         self.submitted: list[int] = []
+        self.exports: list[int] = []  # submitted to stop after the prompt
+        self.continued: list[tuple[int, object, str]] = []  # submit_prefilled: (id, kv, source)
         self.aborted: list[int] = []
         self.load = (0, 0, 0.0)
         self._events: queue.Queue = queue.Queue()
@@ -54,8 +60,24 @@ class _FakeReplica:
             0.0,
         )
 
-    def submit(self, rid, prompt_ids, sampling, timeout_s, priority) -> None:
+    def submit(self, rid, prompt_ids, sampling, timeout_s, priority, export=False) -> None:
         self.submitted.append(rid)
+        self.work = (list(prompt_ids), sampling.max_tokens)  # the last submit's
+        if export:
+            self.exports.append(rid)
+
+    def submit_prefilled(self, rid, prompt_ids, sampling, done, kv, source, timeout_s, priority):
+        self.continued.append((rid, kv, source))
+
+    def kv_source(self, rid):
+        return ("kv of", self.name, rid)
+
+    def prefilled(self, rid: int, first: int) -> None:
+        """The request stopped after its prompt here (its first token, then the export)."""
+        from flexnpu.serving.multihost.replica import PrefillDone, RequestEvents
+
+        ev = RequestEvents([(first, None)], None, PrefillDone((first,), (1, 0), 1, 4096))
+        self._events.put({rid: ev})
 
     def abort(self, rid) -> None:
         self.aborted.append(rid)
@@ -247,3 +269,340 @@ def test_serve_ray_unreachable_address_fails_at_once() -> None:
     assert r.returncode == 2 and line.startswith(
         f"flexnpu serve: --ray 127.0.0.1:{port}: cannot reach the Ray cluster's head there"
     ), r.stderr
+
+
+@pytest.fixture
+def split_front():
+    from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
+    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
+
+    launcher = _FakeLauncher([_Node("aaaa", "host-a"), _Node("bbbb", "host-b")])
+    metrics = ClusterMetrics("tiny")
+    f = ClusterFront(
+        launcher,
+        metrics,
+        FrontConfig(poll_wait_s=0.01, discover_interval_s=0.05, layout="split", prefill_hosts=1),
+        log=lambda *_: None,
+    )
+    metrics.attach(f)
+    f.start()
+    yield f, launcher.replicas["aaaa"], launcher.replicas["bbbb"], metrics
+    f.stop()
+
+
+def test_split_prefills_on_one_host_and_decodes_on_the_other(split_front) -> None:
+    f, a, b, metrics = split_front
+    assert f.host_roles() == [
+        ("host-a", a.name, "prefill"),
+        ("host-b", b.name, "decode"),
+    ]
+    (r1, o1), (r2, o2) = _submit(f), _submit(f)
+    # Prompts go to the prefill host only (both, though it is the busier one), to stop there.
+    assert a.submitted == a.exports == [r1.id, r2.id] and b.submitted == []
+    a.prefilled(r1.id, 7)
+    _wait(lambda: len(b.continued) == 1)
+    # The decode host fetches the KV from the prefill host: the front passes a handle.
+    assert b.continued == [(r1.id, ("kv of", a.name, r1.id), a.name)]
+    assert r1.replica == b.name and r1.handoffs == [(a.name, b.name)] and o1.tokens == [7]
+    # The prefill host's later events of r1 are stale; the decode host's count.
+    a.emit(r1.id, [1], "abort")
+    b.emit(r1.id, [8, 9], "length")
+    assert o1.done.wait(TIMEOUT_S) and (o1.tokens, o1.finish) == ([7, 8, 9], "length")
+    # The decode host dies holding r2 (handed off): it fails naming that host; a request
+    # submitted then runs colocated on the prefill host (one host left).
+    a.prefilled(r2.id, 5)
+    _wait(lambda: len(b.continued) == 2)
+    b.die("ActorDiedError: gone")
+    assert o2.done.wait(TIMEOUT_S)
+    assert o2.finish == f"error: replica {b.name} on host host-b died: ActorDiedError: gone"
+    r3, _ = _submit(f)
+    assert r3.replica == a.name and a.exports == [r1.id, r2.id]
+    assert f.host_roles() == [("host-a", a.name, "mixed")]
+
+
+def test_prefill_host_dying_before_the_handoff_reroutes(split_front) -> None:
+    f, a, b, _ = split_front
+    r1, o1 = _submit(f)
+    a.die("ActorDiedError: gone")
+    # No token yet: re-routed to the one host left, which now prefills and decodes it.
+    _wait(lambda: r1.replica == b.name)
+    assert r1.reroutes == 1 and b.submitted == [r1.id] and b.exports == []
+    b.emit(r1.id, [1, 2], "length")
+    assert o1.done.wait(TIMEOUT_S) and o1.finish == "length"
+
+
+def test_recompute_continues_running_requests_elsewhere(split_front) -> None:
+    f, a, b, _ = split_front
+    f.config.recompute = True
+    (r1, o1), (r2, _) = _submit(f), _submit(f)
+    a.prefilled(r1.id, 7)
+    _wait(lambda: len(b.continued) == 1)
+    b.emit(r1.id, [8])
+    _wait(lambda: r1.num_tokens == 2)
+    # The decode host dies: r1 goes on at the host left, its prompt followed by the tokens it
+    # streamed, for the tokens it has left (8 in all).
+    b.die("ActorDiedError: gone")
+    _wait(lambda: r1.recomputes == 1)
+    assert r1.replica == a.name and a.work == ([5, 5, 5, 7, 8], 6) and not o1.done.is_set()
+    a.emit(r1.id, [9, 10], "length")
+    assert o1.done.wait(TIMEOUT_S) and (o1.tokens, o1.finish) == ([7, 8, 9, 10], "length")
+    # r2, prefilled after that with no decode host left, goes on where its KV is.
+    a.prefilled(r2.id, 6)
+    _wait(lambda: len(a.continued) == 1)
+    assert a.continued == [(r2.id, None, a.name)] and r2.handoffs == [(a.name, a.name)]
+
+
+def test_failed_kv_handoff_is_computed_again(split_front) -> None:
+    f, a, b, _ = split_front
+    f.config.recompute = True
+    r, out = _submit(f)
+    a.prefilled(r.id, 7)
+    _wait(lambda: len(b.continued) == 1)
+    b.emit(r.id, [], f"error: the KV handoff from replica {a.name} failed: KeyError: gone")
+    _wait(lambda: r.recomputes == 1)
+    # Sent to the prefill host again (its prompt and first token), to stop after it again.
+    assert r.replica == a.name and a.exports == [r.id, r.id] and a.work == ([5, 5, 5, 7], 7)
+    assert not out.done.is_set()
+
+
+def test_kv_transfers_and_host_roles_in_the_metrics(split_front) -> None:
+    f, a, b, metrics = split_front
+    from flexnpu.serving.multihost.replica import KvReceived, RequestEvents
+
+    r, _ = _submit(f)
+    a.prefilled(r.id, 3)
+    _wait(lambda: len(b.continued) == 1)
+    b._events.put({r.id: RequestEvents([(4, None)], None, None, KvReceived(a.name, 4096, 0.25))})
+    _wait(lambda: r.num_tokens == 2)
+    text = metrics.render().decode()
+    pair = (
+        f'destination_host="host-b",destination_replica="{b.name}",host="{metrics.host}",'
+        f'replica="front",source_host="host-a",source_replica="{a.name}"'
+    )
+    assert f"flexnpu:kv_transfer_bytes_total{{{pair}}} 4096.0" in text
+    assert f"flexnpu:kv_transfer_seconds_total{{{pair}}} 0.25" in text
+    assert f"flexnpu:kv_transfers_total{{{pair}}} 1.0" in text
+    assert (
+        f'flexnpu:cluster_host_role{{host="{metrics.host}",replica="front",role="prefill",' in text
+    )
+    assert "flexnpu:prefill_units" in text
+
+
+def test_bad_host_layouts_are_refused() -> None:
+    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
+
+    for cfg, msg in (
+        (FrontConfig(layout="static-colocate"), "host layout 'static-colocate': expected one of"),
+        (FrontConfig(layout="split", prefill_hosts=0), "prefill hosts must be >= 1, got 0"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            ClusterFront(_FakeLauncher([]), None, cfg)
+
+
+class _InProcessReplica:
+    """A real replica (ReplicaServer over an engine) in this process, behind the front's
+    replica interface: the KV handle it gives is a call of its take_kv."""
+
+    def __init__(self, server, node: _Node) -> None:
+        self.server, self.name, self.host = server, server.name, node.host
+
+    def start(self):
+        return self.server.start()
+
+    def submit(self, *args) -> None:
+        self.server.submit(*args)
+
+    def submit_prefilled(self, *args) -> None:
+        self.server.submit_prefilled(*args)
+
+    def kv_source(self, rid):
+        return functools.partial(self.server.take_kv, rid)
+
+    def abort(self, rid) -> None:
+        self.server.abort(rid)
+
+    def poll(self, wait_s, timeout_s):
+        return self.server.poll(wait_s)
+
+    def metrics_text(self, timeout_s):
+        return self.server.metrics_text()
+
+    def kill(self) -> None:
+        self.server.stop()
+
+
+class _InProcessLauncher(_FakeLauncher):
+    def __init__(self, nodes, spec) -> None:
+        super().__init__(nodes)
+        self.spec = spec
+
+    def launch(self, node):
+        from flexnpu.serving.multihost.replica import ReplicaServer
+
+        server = ReplicaServer(self.spec, f"flexnpu-replica-{node.node_id}", node.node_id, 1)
+        rep = self.replicas[node.node_id] = _InProcessReplica(server, node)
+        return rep
+
+
+# Prompt lengths around the block size (8) and the chunk (32); 70 takes three chunks.
+PROMPTS = [[(7 * i + j) % 250 + 3 for j in range(n)] for i, n in enumerate((5, 12, 70, 9, 33))]
+LENGTHS = [20, 6, 14, 3, 25]
+
+
+def _tiny_engine_config():
+    from flexnpu.serving.engine import EngineConfig
+
+    return EngineConfig(
+        max_num_seqs=4,
+        max_model_len=128,
+        max_num_batched_tokens=32,
+        block_size=8,
+        decode_widths=[4],
+        num_devices=1,
+        kv_handoff=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def one_engine(npu_devices):
+    """The tiny model's greedy answers from one engine with the replicas' options."""
+    from flexnpu.serving.engine import Engine
+    from flexnpu.serving.loading import load_model
+    from flexnpu.serving.runner import ModelSteps
+
+    m = load_model("random:tiny", seed=1, log=lambda *_: None)
+    ec = _tiny_engine_config()
+    one = Engine(
+        ModelSteps(m.config, 8, m.vocab_limit),
+        m.params,
+        ec,
+        devices=npu_devices[:1],
+        eos_ids=m.eos_ids,
+    )
+    one.warmup()
+    one.start()
+    yield m, [one.generate(p, greedy(n))[0] for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+    one.stop()
+
+
+@pytest.mark.parametrize("layout", ["split", "adaptive"])
+def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, one_engine) -> None:
+    """Two replicas over engines in this process (the tiny model): in the split layout every
+    prompt is prefilled on the first and decoded on the second, its KV fetched from host arrays;
+    in the adaptive one (a scripted advisor: one host takes prompts) the same. Greedy ids equal
+    one engine's, and the KV bytes counted are what the prompts' KV blocks weigh."""
+    from _serving import ScriptedSplit
+
+    from flexnpu.serving import kvcache
+    from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
+    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
+    from flexnpu.serving.multihost.replica import ReplicaSpec
+    from flexnpu.serving.output import IdsOutput
+
+    m, want = one_engine
+    ec = _tiny_engine_config()
+    spec = ReplicaSpec(model="random:tiny", seed=1, engine_config=ec, compilation_cache=None)
+    launcher = _InProcessLauncher([_Node("aaaa", "host-a"), _Node("bbbb", "host-b")], spec)
+    metrics = ClusterMetrics("tiny")
+    cfg = FrontConfig(poll_wait_s=0.01, layout=layout, split_advisor=lambda n: ScriptedSplit(1))
+    f = ClusterFront(launcher, metrics, cfg, log=lambda *_: None)
+    metrics.attach(f)
+    f.start()
+    try:
+        sent = []
+        for p, n in zip(PROMPTS, LENGTHS, strict=True):
+            out = IdsOutput(greedy(n), f.eos_ids)
+            sent.append((f.submit(p, greedy(n), out), out))
+        for _, out in sent:
+            assert out.done.wait(TIMEOUT_S * 4), "a request hung"
+        assert [out.ids for _, out in sent] == want
+        assert [out.finish_reason for _, out in sent] == ["length"] * len(PROMPTS)
+        a, b = (f"flexnpu-replica-{x}" for x in ("aaaa", "bbbb"))
+        assert [req.handoffs for req, _ in sent] == [[(a, b)]] * len(PROMPTS)
+        per_block = kvcache.bytes_per_block(m.config, 8)
+        weight = sum(-(-len(p) // 8) * per_block for p in PROMPTS)
+        text = metrics.render().decode()
+        line = next(x for x in text.splitlines() if x.startswith("flexnpu:kv_transfer_bytes_total"))
+        assert f'source_replica="{a}"' in line and f'destination_replica="{b}"' in line
+        assert float(line.split()[-1]) == weight
+    finally:
+        f.stop()
+
+
+def test_serve_ray_host_layout_errors() -> None:
+    code, line = _serve_without_ray("'--ray', '--layout', 'static-colocate'")
+    assert code == 2 and line == (
+        "flexnpu serve: --ray --layout static-colocate: across hosts the layouts are "
+        "colocated, split, adaptive (each host's engine is colocated over its devices)"
+    ), line
+    code, line = _serve_without_ray("'--ray', '--layout', 'adaptive', '--prefill-hosts', '2'")
+    assert code == 2 and line == (
+        "flexnpu serve: --prefill-hosts 2: expected N >= 1 with --layout split"
+    ), line
+    code, line = _serve_without_ray("'--ray', '--prefill-devices', '1'")
+    assert code == 2 and "--prefill-devices/--decode-devices split one host's devices" in line
+    code, line = _serve_without_ray("'--prefill-hosts', '1', '--model', 'random:tiny'")
+    assert code == 2 and line == (
+        "flexnpu serve: --prefill-hosts splits the hosts of a Ray cluster: it needs --ray"
+    ), line
+
+
+def test_host_counts_against_the_layout() -> None:
+    from flexnpu.cli.errors import CliError
+    from flexnpu.cli.serve_ray import check_hosts
+
+    check_hosts("colocated", 1, 1)
+    check_hosts("split", 2, 3)
+    with pytest.raises(
+        CliError,
+        match=r"--prefill-hosts 3: the cluster has 3 hosts offering "
+        r"flexnpu_devices; expected 1 to 2 \(the others decode\)",
+    ):
+        check_hosts("split", 3, 3)
+    with pytest.raises(CliError, match="--layout adaptive across hosts needs at least 2 hosts"):
+        check_hosts("adaptive", 1, 1)
+
+
+def test_adaptive_hosts_change_sides_and_drain() -> None:
+    """Three hosts, the advisor scripted: 1 prefill host, then 2. A host that joins the prefill
+    side takes prompts from the next arrival on and no more handoffs; what it holds stays."""
+    from _serving import ScriptedSplit
+
+    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
+
+    script = ScriptedSplit(1)
+    launcher = _FakeLauncher([_Node(x * 4, f"host-{x}") for x in "abc"])
+    f = ClusterFront(
+        launcher,
+        None,
+        FrontConfig(poll_wait_s=0.01, layout="adaptive", split_advisor=lambda n: script),
+        log=lambda *_: None,
+    )
+    f.start()
+    try:
+        a, b, c = (launcher.replicas[x * 4] for x in "abc")
+        assert [role for _, _, role in f.host_roles()] == ["prefill", "decode", "decode"]
+        r1, _ = _submit(f)
+        a.prefilled(r1.id, 7)
+        _wait(lambda: len(b.continued) + len(c.continued) == 1)
+        first_decoder = b if b.continued else c
+        script.ask = 2  # b joins the prefill side at the next arrival
+        r2, _ = _submit(f)
+        r3, _ = _submit(f)
+        assert [role for _, _, role in f.host_roles()] == ["prefill", "prefill", "decode"]
+        assert {r2.replica, r3.replica} == {a.name, b.name} and b.exports
+        # Handoffs go to the decode side only (c), whatever b holds.
+        for r in (r2, r3):
+            (a if r.replica == a.name else b).prefilled(r.id, 5)
+        _wait(lambda: len(c.continued) == 2 + (first_decoder is c))
+        assert all(rid != r2.id and rid != r3.id for rid, _, _ in b.continued)
+        assert r1.replica == first_decoder.name  # it stays where it decodes
+        # b co-located (mixed): prompts that go there run there, not handed off.
+        script.ask = (1, 1)
+        sent = [_submit(f)[0] for _ in range(2)]
+        assert [role for _, _, role in f.host_roles()] == ["prefill", "mixed", "decode"]
+        on_b = [r for r in sent if r.replica == b.name]
+        assert on_b and not set(b.exports) & {r.id for r in on_b}
+        assert {r.replica for r in sent} == {a.name, b.name}
+    finally:
+        f.stop()

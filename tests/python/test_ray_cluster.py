@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from _serving import require, serve_app_in_thread
+from _serving import greedy, require, serve_app_in_thread, submit_greedy, wait_all
 
 ray = pytest.importorskip(
     "ray", reason="the Ray cluster tests need the [ray] extra: pip install '.[ray]'"
@@ -39,12 +39,6 @@ def _engine_config():
         decode_widths=[4],
         num_devices=1,
     )
-
-
-def _greedy(max_tokens: int):
-    from flexnpu.serving.sampling import SamplingParams
-
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -107,23 +101,18 @@ def single_host(npu_devices):
     eng.warmup()
     eng.start()
     yield [
-        eng.generate(p, _greedy(n), timeout=DONE_TIMEOUT_S)[0]
+        eng.generate(p, greedy(n), timeout=DONE_TIMEOUT_S)[0]
         for p, n in zip(PROMPTS, LENGTHS, strict=True)
     ]
     eng.stop()
 
 
 def _submit(front, prompt, max_tokens):
-    from flexnpu.serving.output import IdsOutput
-
-    out = IdsOutput(_greedy(max_tokens), front.eos_ids)
-    return front.submit(prompt, _greedy(max_tokens), out), out
+    return submit_greedy(front, prompt, max_tokens)
 
 
 def _wait_all(outs) -> None:
-    deadline = time.monotonic() + DONE_TIMEOUT_S
-    for out in outs:
-        assert out.done.wait(max(deadline - time.monotonic(), 0.0)), "a request hung"
+    wait_all(outs, DONE_TIMEOUT_S)
 
 
 def test_one_named_replica_per_offering_node(cluster, front) -> None:

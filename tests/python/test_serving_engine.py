@@ -492,3 +492,51 @@ def test_adaptive_layout_moves_decodes_with_their_kv_when_the_split_changes(
         assert eng.num_running() == 0 and eng.kv_usage() == 0
     finally:
         eng.stop()
+
+
+def test_a_prefilled_sequence_continues_in_another_engine(tiny, npu_devices, direct) -> None:
+    """Engine A stops every request at its first token and exports its KV; engine B (another
+    device, another KV pool) continues them from host arrays (as from another host), and A
+    itself from its device arrays: the greedy ids equal the plain model's."""
+    from flexnpu.serving.engine import PrefilledSequence
+
+    a = _engine(tiny, npu_devices[:1], kv_handoff=True)
+    b = _engine(tiny, npu_devices[1:2], kv_handoff=True)
+    try:
+        exported: dict[int, PrefilledSequence] = {}
+        outs = [_Collect() for _ in PROMPTS]
+        for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS, strict=True)):
+            a.submit(p, _greedy(n), outs[i], export=lambda x, i=i: exported.__setitem__(i, x))
+        for o in outs:
+            assert o.done.wait(60), "the prefill did not finish"
+        # Every request stopped after its first token, its KV exported.
+        assert [o.reasons for o in outs] == [["prefilled"]] * len(PROMPTS)
+        assert sorted(exported) == list(range(len(PROMPTS)))
+        conts = [_Collect() for _ in PROMPTS]
+        for i, p in exported.items():
+            assert p.output_ids == outs[i].ids == direct[i][:1]
+            blocks = -(-len(PROMPTS[i]) // 8)
+            k, v = p.host_kv()
+            assert p.num_blocks == blocks and k.shape == (
+                tiny.config.num_layers, blocks * 8, tiny.config.num_kv_heads, tiny.config.head_dim)
+            assert p.nbytes == k.nbytes + v.nbytes
+            target = b if i % 2 == 0 else a
+            if target is b:
+                p = PrefilledSequence(p.prompt_ids, p.output_ids, p.seed_words, p.num_blocks,
+                                      p.block_size, k, v)
+            target.submit_prefilled(p, _greedy(LENGTHS[i]), conts[i])
+        for o in conts:
+            assert o.done.wait(60) and o.reasons == ["length"], o.reasons
+        assert [outs[i].ids + conts[i].ids for i in range(len(PROMPTS))] == direct
+        # Wrong KV shapes are refused with the reason.
+        bad = exported[0]
+        k, v = bad.host_kv()
+        with pytest.raises(ValueError, match="does not fit"):
+            b.submit_prefilled(PrefilledSequence(bad.prompt_ids, bad.output_ids, bad.seed_words,
+                                                 1, 8, k[:1], v[:1]), _greedy(3), _Collect())
+    finally:
+        a.stop()
+        b.stop()
+    with pytest.raises(ValueError, match="kv_handoff"):
+        eng = _engine(tiny, npu_devices[:1], start=False)
+        eng.submit([1, 2], _greedy(2), _Collect(), export=lambda _: None)

@@ -337,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.ray is not None:
             return serve_ray.run(args, sock)
+        serve_ray.check_single_host(args)
         return _load_and_serve(args, sock)
     finally:
         if sock is not None:

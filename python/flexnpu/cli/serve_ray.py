@@ -2,11 +2,14 @@
 (`ray start ... --resources '{"flexnpu_devices": 4}'`): one engine replica per such host, each
 a named Ray actor in its own process on that host (the same model and engine options as plain
 `serve`, its host's backend: FLEXNPU_BACKEND of `ray start`'s environment, or `--ray-env`), and
-the OpenAI-compatible server here in front of them (docs/multihost.md)."""
+the OpenAI-compatible server here in front of them (docs/multihost.md). With --ray, --layout
+is how the cluster layer uses the hosts (colocated, split with --prefill-hosts, adaptive); each
+host's engine is colocated over its own devices."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import socket
@@ -56,6 +59,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "FLEXNPU_BACKEND=emulate:910c; repeatable",
     )
     g.add_argument(
+        "--prefill-hosts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--ray --layout split: the first N hosts prefill, the others decode, each "
+        "prompt's KV moved between hosts through Ray (default 1; implies --layout split)",
+    )
+    g.add_argument(
+        "--ray-recompute",
+        action="store_true",
+        help="a request running on a replica that dies (or whose KV handoff fails) is "
+        "computed again on another, from its prompt and the tokens streamed so far, instead "
+        "of failing",
+    )
+    g.add_argument(
         "--ray-discover-s",
         type=float,
         default=2.0,
@@ -64,13 +82,60 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def replica_engine_config(options: argparse.Namespace, devices: Sequence[Any]) -> Any:
-    """The EngineConfig plain `serve` would build for `devices` (run on each replica)."""
+def replica_engine_config(
+    options: argparse.Namespace, devices: Sequence[Any], kv_handoff: bool = False
+) -> Any:
+    """The EngineConfig plain `serve` would build for `devices` (run on each replica);
+    `kv_handoff`: with the programs that hand prefilled sequences to other hosts."""
     from flexnpu.cli.serve import engine_config
     from flexnpu.serving.layout import default_instances
 
     choice = default_instances(devices)
-    return engine_config(options, len(devices), default_instances=choice.instances)
+    ec = engine_config(options, len(devices), default_instances=choice.instances)
+    return dataclasses.replace(ec, kv_handoff=kv_handoff)
+
+
+def check_single_host(args: argparse.Namespace) -> None:
+    """Multi-host options without --ray."""
+    if args.prefill_hosts:
+        raise CliError("--prefill-hosts splits the hosts of a Ray cluster: it needs --ray")
+
+
+def host_layout(args: argparse.Namespace) -> tuple[str, int]:
+    """(how the cluster layer uses the hosts, prefill hosts) from --layout / --prefill-hosts;
+    each host's engine is colocated over its devices."""
+    from flexnpu.serving.multihost.front import HOST_LAYOUTS
+
+    layout = args.layout or ("split" if args.prefill_hosts else "colocated")
+    if layout not in HOST_LAYOUTS:
+        raise CliError(
+            f"--ray --layout {layout}: across hosts the layouts are {', '.join(HOST_LAYOUTS)} "
+            "(each host's engine is colocated over its devices)"
+        )
+    if args.prefill_devices or args.decode_devices:
+        raise CliError(
+            "--ray: --prefill-devices/--decode-devices split one host's devices; across hosts "
+            "use --layout split --prefill-hosts N (each host's engine is colocated)"
+        )
+    if args.prefill_hosts < 0 or (args.prefill_hosts and layout != "split"):
+        raise CliError(f"--prefill-hosts {args.prefill_hosts}: expected N >= 1 with --layout split")
+    return layout, args.prefill_hosts or 1
+
+
+def check_hosts(layout: str, prefill_hosts: int, hosts: int) -> None:
+    """The host layout against the hosts that offer devices now."""
+    from flexnpu.serving.multihost.replica import DEVICES_RESOURCE
+
+    if layout != "colocated" and hosts < 2:
+        raise CliError(
+            f"--layout {layout} across hosts needs at least 2 hosts offering "
+            f"{DEVICES_RESOURCE}; the cluster has {hosts}"
+        )
+    if layout == "split" and prefill_hosts >= hosts:
+        raise CliError(
+            f"--prefill-hosts {prefill_hosts}: the cluster has {hosts} hosts offering "
+            f"{DEVICES_RESOURCE}; expected 1 to {hosts - 1} (the others decode)"
+        )
 
 
 def _check_reachable(address: str) -> None:
@@ -104,6 +169,7 @@ def run(args: argparse.Namespace, sock: socket.socket | None) -> int:
             "--ray serves --model on every host; --export and --from-export are single-host only"
         )
     env = _env(args.ray_env)
+    layout, prefill_hosts = host_layout(args)
     from flexnpu.serving.multihost.ray_replicas import RayMissingError, import_ray
 
     try:
@@ -111,11 +177,13 @@ def run(args: argparse.Namespace, sock: socket.socket | None) -> int:
     except RayMissingError as e:
         raise CliError(str(e)) from None
     options = argparse.Namespace(**{k: getattr(args, k) for k in _ENGINE_OPTIONS})
+    options.layout = "colocated"  # each host's engine; --layout is the hosts'
+    options.prefill_devices = options.decode_devices = 0
     # Bad engine options are reported here, before any replica loads (checked against one
     # device: the replicas resolve the device-dependent defaults themselves).
     from flexnpu.cli.serve import engine_config
 
-    engine_config(options, max(1, (args.prefill_devices or 0) + (args.decode_devices or 0)))
+    engine_config(options, 1)
     from flexnpu.serving.loading import load_tokenizer
 
     try:
@@ -130,7 +198,7 @@ def run(args: argparse.Namespace, sock: socket.socket | None) -> int:
     except Exception as e:  # noqa: BLE001 - ConnectionError, ValueError, ...
         raise CliError(f"--ray {address}: cannot connect to the Ray cluster: {e}") from e
     try:
-        return _serve(args, sock, tokenizer, env, options, ray)
+        return _serve(args, sock, tokenizer, env, options, ray, layout, prefill_hosts)
     finally:
         ray.shutdown()
 
@@ -142,6 +210,8 @@ def _serve(
     env: dict[str, str],
     options: argparse.Namespace,
     ray: Any,
+    layout: str,
+    prefill_hosts: int,
 ) -> int:
     from flexnpu.cli.serve import serve_state
     from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
@@ -152,7 +222,9 @@ def _serve(
 
     spec = ReplicaSpec(
         model=args.model,
-        engine_config=functools.partial(replica_engine_config, options),
+        engine_config=functools.partial(
+            replica_engine_config, options, kv_handoff=layout != "colocated"
+        ),
         dtype=args.dtype,
         seed=args.seed,
         tokenizer=args.tokenizer,
@@ -164,6 +236,7 @@ def _serve(
         else (args.compilation_cache or "default"),
         backend_log_level=args.backend_log_level,
         env=env,
+        measure_prefill=layout == "adaptive",
     )
     live = [n for n in ray.nodes() if n.get("Alive")]
     offering = [n for n in live if n.get("Resources", {}).get(DEVICES_RESOURCE, 0) > 0]
@@ -172,14 +245,23 @@ def _serve(
         "starting a replica on each",
         flush=True,
     )
-    front = ClusterFront(
-        RayLauncher(spec), None, FrontConfig(discover_interval_s=args.ray_discover_s)
+    check_hosts(layout, prefill_hosts, len(offering))
+    config = FrontConfig(
+        discover_interval_s=args.ray_discover_s,
+        layout=layout,
+        prefill_hosts=prefill_hosts,
+        split_hold_s=args.split_hold,
+        split_colocate=args.split_colocate,
+        recompute=args.ray_recompute,
     )
+    front = ClusterFront(RayLauncher(spec), None, config)
     try:
         front.start()
     except RuntimeError as e:
         front.stop()
         raise CliError(str(e)) from e
+    roles = ", ".join(f"{replica} {role}" for _, replica, role in front.host_roles())
+    print(f"hosts ({layout}): {roles}", flush=True)
     name = front.replicas()[0].model_name  # --served-model-name, else the replicas' model
     metrics = ClusterMetrics(name)
     metrics.attach(front)

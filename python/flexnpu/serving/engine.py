@@ -26,6 +26,11 @@ Robustness: a failure of any engine thread fails every queued and running reques
 (`on_finish("error: ...")`), marks the engine unhealthy and refuses new requests; requests have
 optional deadlines ("timeout"); the waiting queue is bounded (QueueFullError); `abort` frees a
 request's KV blocks at once.
+
+Across engines (hosts, serving/multihost): `submit(..., export=...)` stops a request after its
+prompt (at its first token) and gives its KV and what its decode needs to `export` as a
+PrefilledSequence; `submit_prefilled` continues such a sequence in another engine, its KV written
+into its blocks before the decode step that continues it (as a handoff between instances).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import numpy as np
 
 from flexnpu.serving.cluster import (
     LAYOUTS,
@@ -78,8 +84,8 @@ from flexnpu.serving.scheduler import (
     Sequence,
 )
 
-__all__ = ["Engine", "EngineConfig", "EngineDeadError", "ModelSteps", "QueueFullError",
-           "Request", "RequestTooLongError"]
+__all__ = ["Engine", "EngineConfig", "EngineDeadError", "ModelSteps", "PrefilledSequence",
+           "QueueFullError", "Request", "RequestTooLongError"]
 
 
 class EngineDeadError(RuntimeError):
@@ -112,6 +118,9 @@ class EngineConfig:
     split_colocate: bool = True  # every device co-located while the needs fill the cluster ...
     split_tpot_target_s: float = 0.1  # ... unless a full prompt chunk takes longer (0: unchecked)
     keep_cluster_log: bool = False  # the cluster layer's decisions, for tests
+    # Compile the KV handoff programs in every layout: prefilled sequences go to or come from
+    # other engines (submit(export=...), submit_prefilled).
+    kv_handoff: bool = False
 
     def validate(self) -> None:
         if self.layout not in LAYOUTS:
@@ -174,6 +183,8 @@ class Request:
     finish_reason: str | None = None
     aborted: bool = False
     handoff: tuple[Any, Any] | None = None  # KV on its way to a decode instance
+    # Stops at its first token and gives its KV here instead of decoding (another engine does).
+    export: Callable[[PrefilledSequence], Any] | None = None
     suppressed_ids: tuple[int, ...] = ()  # not sampled before sampling.min_tokens tokens
 
     def known_tokens(self) -> list[int]:
@@ -182,6 +193,38 @@ class Request:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class PrefilledSequence:
+    """A request stopped after its prompt, as another engine continues it: its tokens, its
+    sampling seed and the KV of its computed positions (k, v [layers, positions, kv heads, head
+    dim]: on the exporting engine's device, padded to a handoff bucket, as exported; as host
+    arrays, exactly `num_blocks` blocks, from `host_kv()`)."""
+
+    prompt_ids: list[int]
+    output_ids: list[int]  # sampled so far (the first token)
+    seed_words: tuple[int, int]
+    num_blocks: int  # blocks holding the computed positions
+    block_size: int
+    k: Any
+    v: Any
+
+    @property
+    def num_positions(self) -> int:
+        """KV positions computed: every known token but the last (its KV is the next step's)."""
+        return len(self.prompt_ids) + len(self.output_ids) - 1
+
+    def host_kv(self) -> tuple[np.ndarray, np.ndarray]:
+        """The KV as host arrays of exactly its blocks (waits for the device)."""
+        n = self.num_blocks * self.block_size
+        return np.asarray(self.k)[:, :n], np.asarray(self.v)[:, :n]
+
+    @property
+    def nbytes(self) -> int:
+        """What `host_kv()` weighs."""
+        per_position = math.prod(self.k.shape[2:]) * np.dtype(self.k.dtype).itemsize
+        return 2 * self.k.shape[0] * self.num_blocks * self.block_size * per_position
 
 
 class _Instance(ClusterInstance):
@@ -243,7 +286,7 @@ class Engine:
             max_blocks_per_seq=config.max_blocks_per_seq,
             chunk_buckets=config.resolved_chunk_buckets(),
             handoff_buckets=powers_of_two(1, config.max_blocks_per_seq)
-            if config.layout != "colocated" else (),
+            if config.layout != "colocated" or config.kv_handoff else (),
             decode_widths=config.resolved_decode_widths())
         placed: dict[Any, Any] = {}
         self.instances: list[_Instance] = []
@@ -356,35 +399,64 @@ class Engine:
             self._finish(req, "abort")
 
     def submit(self, prompt_ids: list[int], sampling: SamplingParams, output: RequestOutput,
-               *, deadline: float | None = None, priority: int = 0) -> Request:
+               *, deadline: float | None = None, priority: int = 0,
+               export: Callable[[PrefilledSequence], Any] | None = None) -> Request:
         """Queues a request; its tokens go to `output` on an engine thread. Raises
-        RequestTooLongError (ValueError), QueueFullError, EngineDeadError, ValueError."""
-        if not self.healthy:
-            raise EngineDeadError(f"the engine is not serving: {self.error}")
-        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids out of range [0, {self.cfg.vocab_size}): "
-                             f"{bad[:5]}")
-        suppressed = suppressed_ids(sampling, self.eos_ids)
-        now = time.perf_counter()
-        if deadline is None and self.ec.request_timeout is not None:
-            deadline = now + self.ec.request_timeout
-        seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
-        req = Request(next(self._ids), list(prompt_ids), sampling, output,
-                      (seed & 0xFFFFFFFF, seed >> 32), arrival=now, suppressed_ids=suppressed)
-        req.seq = Sequence(req.id, len(prompt_ids), sampling.max_tokens, now, deadline,
-                           priority, payload=req)
+        RequestTooLongError (ValueError), QueueFullError, EngineDeadError, ValueError.
+        `export`: the request stops at its first token (unless that token finishes it) and
+        its PrefilledSequence goes to `export`, on an engine thread, before `output` hears
+        the finish "prefilled" (the engine needs kv_handoff)."""
+        if export is not None and not self._handoff_programs():
+            raise ValueError("exporting a prefilled sequence needs an engine built with "
+                             "kv_handoff=True (its handoff programs)")
+        req = self._new_request(prompt_ids, [], sampling, output, deadline, priority, None)
+        req.export = export
+        now = req.arrival
         cluster = self._cluster()
         with self._lock:
             at = now if self._cluster_clock is None else self._cluster_clock()
             if cluster.on_arrival(len(prompt_ids), at):
                 self._on_split()
             inst = cluster.route_arrival(req.id)
+        return self._place(req, inst)
+
+    def submit_prefilled(self, prefilled: PrefilledSequence, sampling: SamplingParams,
+                         output: RequestOutput, *, deadline: float | None = None,
+                         priority: int = 0) -> Request:
+        """Continues a sequence another engine prefilled (`export`): its KV (on a device, as
+        exported, or host arrays, e.g. from another host) goes to the instance the cluster
+        layer picks and is written into its blocks before the decode step that continues it;
+        `output` hears the tokens after `prefilled.output_ids`. Raises ValueError (a KV of
+        another shape), RequestTooLongError, EngineDeadError."""
+        if not self._handoff_programs():
+            raise ValueError("continuing a prefilled sequence needs an engine built with "
+                             "kv_handoff=True (its handoff programs)")
+        if not prefilled.output_ids:
+            raise ValueError("a prefilled sequence has at least its first token")
+        kv = self._bucketed_kv(prefilled)
+        req = self._new_request(prefilled.prompt_ids, prefilled.output_ids, sampling, output,
+                                deadline, priority, prefilled.seed_words)
+        assert req.seq is not None
+        cluster = self._cluster()
+        with self._lock:
+            inst = (cluster.route_handoff(req.id) if cluster.back_router is not None
+                    else cluster.route_arrival(req.id))
+        req.handoff = jax.device_put(kv, inst.device)  # (a host copy: not under the lock)
+        return self._place(req, inst)
+
+    def _place(self, req: Request, inst: _Instance) -> Request:
+        """A new request to `inst`'s scheduler: a prompt, or a prefilled sequence (its KV in
+        `req.handoff`)."""
+        assert req.seq is not None
+        with self._lock:
             self._live[req.id] = req
             req.instance = inst
         try:
             with inst.lock:
-                inst.sched.add(req.seq)
+                if req.handoff is not None:
+                    inst.sched.add_prefilled(req.seq)
+                else:
+                    inst.sched.add(req.seq)
         except BaseException:
             with self._lock:
                 self._live.pop(req.id, None)
@@ -392,6 +464,55 @@ class Engine:
         inst.wake.set()
         self._update_gauges()
         return req
+
+    def _handoff_programs(self) -> bool:
+        return bool(self.instances[0].runner.shapes.handoff_buckets)
+
+    def _new_request(self, prompt_ids: list[int], output_ids: list[int],
+                     sampling: SamplingParams, output: RequestOutput, deadline: float | None,
+                     priority: int, seed_words: tuple[int, int] | None) -> Request:
+        if not self.healthy:
+            raise EngineDeadError(f"the engine is not serving: {self.error}")
+        bad = [t for t in [*prompt_ids, *output_ids] if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids out of range [0, {self.cfg.vocab_size}): "
+                             f"{bad[:5]}")
+        suppressed = suppressed_ids(sampling, self.eos_ids)
+        now = time.perf_counter()
+        if deadline is None and self.ec.request_timeout is not None:
+            deadline = now + self.ec.request_timeout
+        if seed_words is None:
+            seed = sampling.seed if sampling.seed is not None else self._seeds.getrandbits(63)
+            seed_words = (seed & 0xFFFFFFFF, seed >> 32)
+        req = Request(next(self._ids), list(prompt_ids), sampling, output, seed_words,
+                      arrival=now, output_ids=list(output_ids), suppressed_ids=suppressed)
+        req.seq = Sequence(req.id, len(prompt_ids), sampling.max_tokens, now, deadline,
+                           priority, payload=req, num_output_tokens=len(output_ids))
+        if output_ids:  # a continuation: its next token's latency is an inter-token one
+            req.first_token_time = req.last_token_time = now
+        return req
+
+    def _bucketed_kv(self, p: PrefilledSequence) -> tuple[Any, Any]:
+        """The KV of `p` padded to one of this engine's handoff buckets (checked against its
+        model and block size)."""
+        bs = self.ec.block_size
+        k, v = p.k, p.v
+        cfg = self.cfg
+        want = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        shape = tuple(k.shape)
+        if (len(shape) != 4 or (shape[0], *shape[2:]) != want or tuple(v.shape) != shape
+                or p.block_size != bs or shape[1] % bs
+                or shape[1] < math.ceil(p.num_positions / bs) * bs):
+            raise ValueError(
+                f"prefilled KV of shape {shape} (block size {p.block_size}) does not fit "
+                f"{p.num_positions} positions of this model ({cfg.num_layers} layers, "
+                f"{cfg.num_kv_heads} KV heads of {cfg.head_dim}) in blocks of {bs}")
+        blocks = shape[1] // bs
+        bucket = self.instances[0].runner.shapes.handoff_bucket(blocks)
+        if bucket != blocks:
+            pad = ((0, 0), (0, (bucket - blocks) * bs), (0, 0), (0, 0))
+            k, v = np.pad(np.asarray(k), pad), np.pad(np.asarray(v), pad)
+        return k, v
 
     def abort(self, req: Request) -> None:
         """Finishes the request ("abort") and frees its KV blocks now (a client went away)."""
@@ -510,6 +631,9 @@ class Engine:
                 stopped[req.id] = reason
             elif inst.role is Role.PREFILL and e.finishes:
                 handoff_blocks[req.id] = list(e.seq.blocks)
+            elif req.export is not None and not e.finishes:  # its first token: stop here
+                stopped[req.id] = "prefilled"
+                handoff_blocks[req.id] = list(e.seq.blocks)
         with inst.lock:
             finished = inst.sched.on_step_done(d.plan, now, stopped)
         for seq in finished:
@@ -522,9 +646,12 @@ class Engine:
 
     def _handoff(self, src: _Instance, req: Request, blocks: list[int]) -> None:
         """A prefilled (or moved) sequence's KV to the decode instance the cluster layer
-        picks (jax.device_put; on the same device it stays there). No blocks: a handoff that
-        was queued at `src`, its KV still in `req.handoff`."""
+        picks (jax.device_put; on the same device it stays there), or to its `export`. No
+        blocks: a handoff that was queued at `src`, its KV still in `req.handoff`."""
         k, v = src.runner.extract_kv(blocks) if blocks else req.handoff
+        if req.export is not None:
+            self._export(req, k, v)
+            return
         with self._lock:
             dst = self._cluster().route_handoff(req.id)
         req.handoff = jax.device_put((k, v), dst.device)
@@ -537,6 +664,24 @@ class Engine:
             with dst.lock:
                 dst.sched.add_prefilled(req.seq)
         dst.wake.set()
+
+    def _export(self, req: Request, k: Any, v: Any) -> None:
+        """Gives a prefilled request's KV (still on its device) to its `export`, then finishes
+        it "prefilled" here."""
+        bs = self.ec.block_size
+        p = PrefilledSequence(list(req.prompt_ids), list(req.output_ids), req.seed_words, 0, bs,
+                              k, v)
+        p.num_blocks = math.ceil(p.num_positions / bs)
+        with self._lock:
+            done = req.done
+        if not done:
+            assert req.export is not None
+            try:
+                req.export(p)
+            except Exception as exc:  # noqa: BLE001 - one bad export fails its request only
+                self._finish(req, f"error: exporting the prefilled sequence failed: {exc}")
+                return
+        self._finish(req, "prefilled")
 
     def _move_out(self, inst: _Instance) -> None:
         """A role change, on `inst`'s thread with no step in flight: the decodes it gives up go

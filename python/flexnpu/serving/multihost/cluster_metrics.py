@@ -33,6 +33,30 @@ class ClusterMetrics(ServingMetrics):
             "flexnpu:cluster_replica_failures", "Replicas found dead (actor or node).", registry=r
         )
         self.replicas = Gauge("flexnpu:cluster_replicas", "Live replicas.", registry=r)
+        pair = ["source_host", "source_replica", "destination_host", "destination_replica"]
+        self.kv_bytes = Counter(
+            "flexnpu:kv_transfer_bytes",
+            "KV bytes handed off between hosts (prefilled on the source, decoded on the "
+            "destination).",
+            pair,
+            registry=r,
+        )
+        self.kv_seconds = Counter(
+            "flexnpu:kv_transfer_seconds",
+            "Seconds the destination spent fetching handed-off KV (call to arrays on its host).",
+            pair,
+            registry=r,
+        )
+        self.kv_transfers = Counter(
+            "flexnpu:kv_transfers", "KV handoffs between hosts.", pair, registry=r
+        )
+        self.host_role = Gauge(
+            "flexnpu:cluster_host_role",
+            "1 for each live host's role in the cluster layer (prefill, decode, or mixed: "
+            "takes prompts and decodes them).",
+            ["role_host", "role_replica", "role"],
+            registry=r,
+        )
         self.host = socket.gethostname()
         self._front: Any = None
 
@@ -45,10 +69,30 @@ class ClusterMetrics(ServingMetrics):
     def on_replica_failure(self) -> None:
         self.replica_failures.inc()
 
+    def on_kv_transfer(
+        self, source: tuple[str, str], destination: tuple[str, str], nbytes: int, seconds: float
+    ) -> None:
+        """A handed-off KV fetched by `destination` from `source` ((host, replica) each)."""
+        labels = (*source, *destination)
+        self.kv_bytes.labels(*labels).inc(nbytes)
+        self.kv_seconds.labels(*labels).inc(seconds)
+        self.kv_transfers.labels(*labels).inc()
+
+    def set_host_roles(self, roles: list[tuple[str, str, str]]) -> None:
+        """(host, replica, role) of every live host; also the prefill/mixed/decode unit
+        gauges, counted in hosts."""
+        self.host_role.clear()
+        for host, replica, role in roles:
+            self.host_role.labels(host, replica, role).set(1)
+        self.prefill_units.set(sum(role == "prefill" for _, _, role in roles))
+        self.mixed_units.set(sum(role == "mixed" for _, _, role in roles))
+        self.decode_units.set(sum(role == "decode" for _, _, role in roles))
+
     def render(self) -> bytes:
         parts: list[tuple[dict[str, str], bytes]] = []
         if self._front is not None:
             self.replicas.set(len(self._front.replicas()))
+            self.set_host_roles(self._front.host_roles())
             parts = [
                 ({"host": info.host, "replica": info.name}, text)
                 for info, text in self._front.replica_metrics()

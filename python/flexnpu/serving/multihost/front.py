@@ -2,17 +2,25 @@
 drives (`submit`, `abort`, `healthy`/`error`, `num_running`/`num_waiting`/`kv_usage`), over one
 engine replica per host.
 
-- Routing: a request goes to the live replica whose least loaded entry instance has the
-  smallest `Scheduler.load_key()` (waiting tokens + waiting requests, then running, then KV
-  usage: the in-host router's key), plus what the front sent it that the replica has not yet
-  reported taking.
+- Routing: the cluster layer (serving/cluster.py) decides over hosts as the engine's does over
+  devices: each live replica is a unit, its load (a Scheduler's numbers, from its polls plus
+  what the front sent it that it has not yet reported taking) what the layer's routers read.
+  colocated (the default): a request goes to the host whose least loaded entry instance has
+  the smallest `Scheduler.load_key()` (waiting tokens + waiting requests, then running, then KV
+  usage: the in-host router's key) and runs there. split (`prefill_hosts`) and adaptive (the
+  split advisor decides how many hosts take prompts): a prompt goes to a prefill host, stops
+  at its first token, and its KV goes to the decode host the layer picks (replica to replica:
+  `take_kv` on one, `submit_prefilled` on the other; the front passes a handle, never the
+  bytes), or stays on its device when the layer picks the same host. A host leaving a side in
+  the adaptive layout drains: what it runs finishes there.
 - Streaming: one poller thread per replica asks it for every new token and finish (one call
   per replica in flight, whatever the number of requests), then runs each request's own output
   (detokenization, stop strings) here; a stop decided here aborts the request on its replica.
 - Faults: a replica whose poll fails (its actor or node died, or it stopped answering) is
   dropped; its requests that have not produced a token yet are sent to the other replicas, the
-  others finish "error: replica <name> on host <host> died: <why>". The front is healthy while
-  one replica lives.
+  others finish "error: replica <name> on host <host> died: <why>" (or, with `recompute`, are
+  sent too, their prompt followed by the tokens streamed so far: they go on where they were).
+  The front is healthy while one replica lives.
 - Growth: a watcher thread looks for hosts that offer devices and have no replica yet (a node
   that joins later) and starts one there.
 
@@ -22,6 +30,7 @@ inject another), so this module does not import Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import socket
 import threading
@@ -31,11 +40,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from flexnpu.serving.cluster import Cluster, ClusterInstance, SplitSettings, unit_roles
 from flexnpu.serving.engine import EngineDeadError
-from flexnpu.serving.multihost.replica import ReplicaInfo, ReplicaStatus, RequestEvents
+from flexnpu.serving.multihost.replica import (
+    PrefillDone,
+    ReplicaInfo,
+    ReplicaStatus,
+    RequestEvents,
+)
 from flexnpu.serving.output import RequestOutput, deliver_finish, observe_token
 from flexnpu.serving.sampling import SamplingParams
-from flexnpu.serving.scheduler import QueueFullError
+from flexnpu.serving.scheduler import QueueFullError, Role
+
+HOST_LAYOUTS = ("colocated", "split", "adaptive")
+KV_HANDOFF_FAILED = "error: the KV handoff from replica "  # a replica's finish (replica.py)
+_FULL = 1 << 62  # the load key of a host whose queue is full: never the least loaded
 
 
 class RemoteReplica(Protocol):
@@ -50,7 +69,20 @@ class RemoteReplica(Protocol):
         sampling: SamplingParams,
         timeout_s: float | None,
         priority: int,
+        export: bool,
     ) -> None: ...
+    def submit_prefilled(
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        done: PrefillDone,
+        kv: Any,
+        source: str,
+        timeout_s: float | None,
+        priority: int,
+    ) -> None: ...
+    def kv_source(self, rid: int) -> Any: ...  # what another replica's submit_prefilled fetches
     def abort(self, rid: int) -> None: ...
     def poll(
         self, wait_s: float, timeout_s: float
@@ -78,6 +110,17 @@ class ClusterRequest:
     replica: str | None = None
     num_tokens: int = 0  # tokens delivered to the output
     reroutes: int = 0
+    handoffs: list[tuple[str, str]] = field(default_factory=list)  # (from, to) replica names
+    token_ids: list[int] = field(default_factory=list)  # delivered to the output
+    recomputes: int = 0
+    # What the replicas compute: the prompt and sampling, or after a recompute the prompt
+    # followed by the tokens streamed before it and what is left of the sampling's budget.
+    sent_prompt_ids: list[int] | None = None
+    sent_sampling: SamplingParams | None = None
+
+    def work(self) -> tuple[list[int], SamplingParams]:
+        return self.sent_prompt_ids or self.prompt_ids, self.sent_sampling or self.sampling
+
     first_token_time: float | None = None
     last_token_time: float | None = None
     finish_reason: str | None = None
@@ -97,6 +140,11 @@ class _Replica:
     live: bool = True
     requests: set[int] = field(default_factory=set)
     thread: threading.Thread | None = None
+    handoffs_sent: int = 0  # submit_prefilled calls sent to it
+
+    def queue_full(self) -> bool:
+        waiting = self.status.num_waiting + self.sent - self.status.submitted
+        return waiting >= self.info.engine_config.max_waiting
 
     def route_key(self) -> tuple[int, int, float]:
         """Its load key with the submits it has not reported taking counted as waiting."""
@@ -113,6 +161,62 @@ class FrontConfig:
     liveness_timeout_s: float = 60.0  # a replica that answers no poll this long is dead
     discover_interval_s: float = 2.0  # how often to look for hosts that joined
     metrics_timeout_s: float = 1.0  # a replica's /metrics part waits at most this
+    # How the cluster layer uses the hosts (HOST_LAYOUTS); split: the first `prefill_hosts`
+    # live hosts take prompts, the others decode (with fewer hosts than that needs: as many as
+    # leave one decoding; one host: colocated).
+    layout: str = "colocated"
+    prefill_hosts: int = 1
+    split_hold_s: float = 2.0  # adaptive: the advisor's hysteresis hold
+    split_colocate: bool = False  # adaptive: every host co-located while the needs fill them
+    # adaptive: hosts -> the advisor (cluster.Cluster's `split`; None: the placement core's,
+    # sized by the replicas' measured prefill rates). A test's script, say.
+    split_advisor: Callable[[int], Any] | None = None
+    # A dead replica's running requests (and those whose KV handoff failed) are computed again
+    # elsewhere, from their prompt and the tokens streamed so far, instead of failing.
+    recompute: bool = False
+
+    def validate(self) -> None:
+        if self.layout not in HOST_LAYOUTS:
+            raise ValueError(
+                f"host layout {self.layout!r}: expected one of {', '.join(HOST_LAYOUTS)}"
+            )
+        if self.prefill_hosts < 1:
+            raise ValueError(f"prefill hosts must be >= 1, got {self.prefill_hosts}")
+
+
+class _HostLoad:
+    """One side of a host as the cluster layer's routers and advisor read it (a Scheduler's
+    load numbers), from the replica's last poll plus what the front sent it that it has not
+    reported taking: submits, and on the decode side handoffs too. A colocated host's one
+    instance reads as the prompt side."""
+
+    def __init__(self, rep: _Replica, decode: bool) -> None:
+        self.rep, self.decode = rep, decode
+
+    def load_key(self) -> tuple[int, int, float]:
+        rep = self.rep
+        if rep.queue_full():
+            return _FULL, 0, 0.0
+        waiting, running, kv = rep.route_key()
+        if self.decode:  # (a co-located unit's back instance takes prompts too)
+            waiting += self.pending_handoffs
+        return waiting, running, kv
+
+    @property
+    def pending_handoffs(self) -> int:
+        return max(0, self.rep.handoffs_sent - self.rep.status.prefilled_taken)
+
+    @property
+    def num_running(self) -> int:
+        return self.rep.status.num_running if self.decode else 0
+
+    @property
+    def num_waiting(self) -> int:
+        return self.pending_handoffs if self.decode else self.rep.status.num_waiting
+
+    @property
+    def waiting_tokens(self) -> int:
+        return 0 if self.decode else self.rep.status.waiting_tokens
 
 
 class ClusterFront:
@@ -126,6 +230,9 @@ class ClusterFront:
         self.launcher = launcher
         self.metrics = metrics  # ServingMetrics of the front (its own latencies, as clients see)
         self.config = config or FrontConfig()
+        self.config.validate()
+        self._cluster: Cluster | None = None  # over the live replicas, rebuilt when they change
+        self._units: list[_Replica] = []  # the cluster's units: live replicas, in join order
         self.log = log
         self.host = socket.gethostname()
         self._lock = threading.RLock()
@@ -222,6 +329,7 @@ class ClusterFront:
                 target=self._poll_loop, args=(rep,), name=f"flexnpu-front-{info.name}", daemon=True
             )
             rep.thread.start()
+            self._rebuild_cluster()
         self.log(
             f"replica {info.name} on host {info.host} (pid {info.pid}): {info.devices}, "
             f"{info.layout}; ready in {info.start_seconds:.1f}s"
@@ -309,11 +417,11 @@ class ClusterFront:
             next(self._ids), list(prompt_ids), sampling, output, deadline, priority
         )
         with self._lock:
-            rep = self._route(req)
-            if rep is None:
+            routed = self._route(req)
+            if routed is None:
                 raise EngineDeadError(f"the cluster is not serving: {self.error}")
             self._requests[req.id] = req
-            self._send(rep, req)
+            self._send(routed[0], req, routed[1])
         self.update_gauges()
         return req
 
@@ -323,6 +431,18 @@ class ClusterFront:
         if rep is not None and rep.live and not req.done:
             rep.handle.abort(req.id)
         self._finish(req, "abort")
+
+    def host_roles(self) -> list[tuple[str, str, str]]:
+        """(host, replica, role) of each live replica in the cluster layer, role: prefill,
+        decode or mixed (takes prompts and decodes them)."""
+        with self._lock:
+            cluster, units = self._cluster, list(self._units)
+            p = cluster.prefill_units if cluster is not None else 0
+            m = cluster.mixed_units if cluster is not None else len(units)
+        return [
+            (r.info.host, r.info.name, "prefill" if i < p else "mixed" if i < p + m else "decode")
+            for i, r in enumerate(units)
+        ]
 
     def num_running(self) -> int:
         return sum(r.status.num_running for r in self._routable())
@@ -355,35 +475,103 @@ class ClusterFront:
         with self._lock:
             return [r for r in self._replicas.values() if r.live and r.status.healthy]
 
-    def _route(self, req: ClusterRequest) -> _Replica | None:
-        """The least loaded routable replica (lock held); QueueFullError when every one's
-        queue is full."""
-        live = self._routable()
-        if not live:
-            return None
-        open_ = [
-            r
-            for r in live
-            if r.status.num_waiting + r.sent - r.status.submitted < r.info.engine_config.max_waiting
-        ]
-        if not open_:
-            raise QueueFullError(
-                f"every replica's queue is full ({len(live)} replicas, "
-                f"max_waiting {live[0].info.engine_config.max_waiting} each)"
+    def _rebuild_cluster(self) -> None:
+        """The cluster layer over the live replicas (lock held; a replica joined or died): a
+        unit per host, in join order. The adaptive layout's advisor starts afresh."""
+        units = [r for r in self._replicas.values() if r.live]
+        self._units = units
+        if not units:
+            self._cluster = None
+            return
+        cfg, n = self.config, len(units)
+        layout = cfg.layout if n >= 2 else "colocated"
+        split: Any = None
+        if layout == "adaptive" and cfg.split_advisor is not None:
+            split = cfg.split_advisor(n)
+        elif layout == "adaptive":
+            rate = min(r.info.prefill_tokens_per_s for r in units)
+            if not rate > 0:
+                raise RuntimeError("the adaptive host layout needs the replicas' prefill rates")
+            split = SplitSettings(
+                prefill_tokens_per_s=rate,
+                decode_batch=min(r.info.decode_batch for r in units),
+                hold_s=cfg.split_hold_s,
+                colocate_at_capacity=cfg.split_colocate,
+                time_scale=units[0].info.time_scale,
             )
-        return min(open_, key=_Replica.route_key)
+        roles = unit_roles(layout, n, min(cfg.prefill_hosts, n - 1))
+        # An instance that takes prefilled sequences reads as its host's decode side (the
+        # adaptive layout's back instances, on units n..2n-1).
+        insts = [
+            ClusterInstance(i, i % n, role, _HostLoad(units[i % n], role is Role.DECODE or i >= n))
+            for i, role in enumerate(roles)
+        ]
+        self._cluster = Cluster(insts, n, split, incremental=False)
 
-    def _send(self, rep: _Replica, req: ClusterRequest) -> None:
+    def _route(self, req: ClusterRequest) -> tuple[_Replica, bool] | None:
+        """The replica the cluster layer gives the prompt (lock held) and whether it stops
+        after the prompt (a decode host continues it); QueueFullError when every entry
+        host's queue is full."""
+        cluster = self._cluster
+        if cluster is None or not self._routable():
+            return None
+        cluster.on_arrival(len(req.prompt_ids), time.perf_counter())  # the advisor's split
+        inst = cluster.route_arrival(req.id)
+        rep = self._units[inst.unit]
+        if rep.queue_full():
+            entry = cluster.front_router.insts
+            raise QueueFullError(
+                f"every replica's queue is full ({len(entry)} replicas take prompts, "
+                f"max_waiting {rep.info.engine_config.max_waiting} each)"
+            )
+        return rep, inst.role is Role.PREFILL  # a prefill instance hands the sequence off
+
+    def _send(self, rep: _Replica, req: ClusterRequest, export: bool) -> None:
         """Sends the request to `rep` (lock held)."""
         req.replica = rep.info.name
         rep.requests.add(req.id)
+        prompt_ids, sampling = req.work()
         rep.sent += 1
-        rep.unacked_tokens.append(len(req.prompt_ids))
+        rep.unacked_tokens.append(len(prompt_ids))
         del rep.unacked_tokens[:-256]  # only the not yet taken ones are read
-        timeout_s = None
-        if req.deadline is not None:
-            timeout_s = max(req.deadline - time.perf_counter(), 0.001)
-        rep.handle.submit(req.id, req.prompt_ids, req.sampling, timeout_s, req.priority)
+        rep.handle.submit(req.id, prompt_ids, sampling, self._timeout_s(req), req.priority, export)
+
+    def _timeout_s(self, req: ClusterRequest) -> float | None:
+        if req.deadline is None:
+            return None
+        return max(req.deadline - time.perf_counter(), 0.001)
+
+    def _hand_off(self, src: _Replica, req: ClusterRequest, done: PrefillDone) -> None:
+        """`req` was prefilled on `src`: the cluster layer picks the host that decodes it
+        (with no decode host left: `src` itself), which fetches the KV from `src` (or, on
+        `src`, keeps it on its device)."""
+        with self._lock:
+            if req.done or req.replica != src.info.name:
+                return
+            cluster = self._cluster
+            dst = src
+            if cluster is not None and cluster.back_router is not None:
+                if cluster.back_router.insts:
+                    dst = self._units[cluster.route_handoff(req.id).unit]
+            if not dst.live:
+                dst = src
+            src.requests.discard(req.id)
+            dst.requests.add(req.id)
+            dst.handoffs_sent += 1
+            req.replica = dst.info.name
+            req.handoffs.append((src.info.name, dst.info.name))
+            kv = None if dst is src else src.handle.kv_source(req.id)
+            prompt_ids, sampling = req.work()
+            dst.handle.submit_prefilled(
+                req.id,
+                prompt_ids,
+                sampling,
+                done,
+                kv,
+                src.info.name,
+                self._timeout_s(req),
+                req.priority,
+            )
 
     # ---- streaming -------------------------------------------------------------------------
 
@@ -399,7 +587,7 @@ class ClusterFront:
                     return
                 rep.status = status
                 for rid, ev in events.items():
-                    self._deliver(rid, ev)
+                    self._deliver(rep, rid, ev)
                 if not status.healthy and rep.live:
                     self._replica_died(rep, f"its engine failed: {status.error}")
                     return
@@ -407,15 +595,19 @@ class ClusterFront:
             traceback.print_exc()
             self._replica_died(rep, "the front's poller failed")
 
-    def _deliver(self, rid: int, ev: RequestEvents) -> None:
+    def _deliver(self, rep: _Replica, rid: int, ev: RequestEvents) -> None:
+        if ev.kv_received is not None:
+            self._kv_received(rep, ev.kv_received)
         with self._lock:
             req = self._requests.get(rid)
-        if req is None or req.done:
+        # Events of a replica the request left (handed off, re-routed) are stale.
+        if req is None or req.done or req.replica != rep.info.name:
             return
         for token, lp in ev.tokens:
             now = time.perf_counter()
             observe_token(self.metrics, req, now)
             req.num_tokens += 1
+            req.token_ids.append(token)
             try:
                 reason = req.output.on_token(token, lp, now)
             except Exception as exc:  # noqa: BLE001 - one bad output fails its request only
@@ -424,8 +616,43 @@ class ClusterFront:
                 self.abort_on_replica(req)
                 self._finish(req, reason)
                 return
+        if ev.prefilled is not None:
+            self._hand_off(rep, req, ev.prefilled)
         if ev.finish is not None:
+            if (
+                ev.finish.startswith(KV_HANDOFF_FAILED)
+                and self.config.recompute
+                and self._recompute(req)
+            ):
+                return
             self._finish(req, ev.finish)
+
+    def _recompute(self, req: ClusterRequest) -> bool:
+        """Sends a request that streamed tokens to a live replica again: its prompt followed
+        by those tokens, for what is left of its tokens (greedy, it goes on as it would have;
+        seeded sampling too: a token's randomness is its position's). False if none takes it."""
+        prompt_ids = req.prompt_ids + req.token_ids
+        sp = req.sampling
+        left = sp.max_tokens - len(req.token_ids)
+        if left < 1:
+            return False
+        req.sent_prompt_ids = prompt_ids
+        req.sent_sampling = dataclasses.replace(
+            sp, max_tokens=left, min_tokens=max(0, sp.min_tokens - len(req.token_ids))
+        )
+        if not self._reroute(req):
+            return False
+        req.recomputes += 1
+        return True
+
+    def _kv_received(self, dst: _Replica, received: Any) -> None:
+        hook = getattr(self.metrics, "on_kv_transfer", None)
+        if hook is None:
+            return
+        with self._lock:
+            src = self._replicas.get(received.source)
+        source = (src.info.host, src.info.name) if src is not None else ("?", received.source)
+        hook(source, (dst.info.host, dst.info.name), received.nbytes, received.seconds)
 
     def abort_on_replica(self, req: ClusterRequest) -> None:
         with self._lock:
@@ -444,6 +671,7 @@ class ClusterFront:
             if not rep.live:
                 return
             rep.live = False
+            self._rebuild_cluster()
             self._last_failure = message
             self.replica_failures += 1
             orphans = [self._requests[i] for i in sorted(rep.requests) if i in self._requests]
@@ -458,6 +686,9 @@ class ClusterFront:
             if req.num_tokens == 0 and self._reroute(req):
                 rerouted += 1
                 continue
+            if req.num_tokens and self.config.recompute and self._recompute(req):
+                rerouted += 1
+                continue
             failed += 1
             self._finish(req, f"error: {message}")
         if orphans:
@@ -469,14 +700,14 @@ class ClusterFront:
             if req.done:
                 return True
             try:
-                rep = self._route(req)
+                routed = self._route(req)
             except QueueFullError:
-                rep = None
-            if rep is None:
+                routed = None
+            if routed is None:
                 return False
             req.reroutes += 1
             self.reroutes += 1
-            self._send(rep, req)
+            self._send(routed[0], req, routed[1])
         self._count("on_reroute")
         return True
 
@@ -516,4 +747,3 @@ class ClusterFront:
         hook = getattr(self.metrics, event, None)
         if hook is not None:
             hook()
-

@@ -3,6 +3,13 @@
 per such host (`flexnpu-replica-<node id prefix>`, pinned to its node, holding all of that
 node's `flexnpu_devices`), running a ReplicaServer in its own process.
 
+A prefilled request's KV goes from replica to replica through Ray's object store: the front
+asks the prefill replica for it (`take_kv`, whose result stays in the object store of the
+prefill host) and hands the decode replica that object reference, inside a list so that Ray
+does not resolve it before the call; the decode replica fetches it (`ray.get`, host to host)
+on a thread of its own. The front never holds the bytes (a KV under Ray's inline limit,
+100 KiB, travels with the reference instead).
+
 Ray is imported only here, and only when used: everything else works without it
 (`pip install "flexnpu[ray]"` adds it)."""
 
@@ -19,6 +26,7 @@ from flexnpu.serving.multihost.replica import (
     ReplicaSpec,
     ReplicaStatus,
     RequestEvents,
+    first_line,
 )
 
 RAY_VERSION = "2.60.0"  # pyproject's [ray] extra
@@ -62,6 +70,15 @@ def replica_name(node_id: str) -> str:
     return ACTOR_PREFIX + node_id[:8]
 
 
+class RayReplicaServer(ReplicaServer):
+    """The replica as a Ray actor: a handed-off KV arrives as an object reference."""
+
+    def fetch_kv(self, source: Any) -> tuple[Any, Any]:
+        import ray
+
+        return ray.get(source[0])
+
+
 class RayLauncher:
     """Finds the offering nodes of the connected Ray cluster and starts replicas on them."""
 
@@ -71,7 +88,7 @@ class RayLauncher:
             raise RuntimeError("RayLauncher: call ray.init first")
         self.spec = spec
         self.start_timeout_s = start_timeout_s
-        self._actor_class = self.ray.remote(concurrency_groups={ORDERED: 1})(ReplicaServer)
+        self._actor_class = self.ray.remote(concurrency_groups={ORDERED: 1})(RayReplicaServer)
 
     def offering_nodes(self) -> list[NodeOffer]:
         offers = []
@@ -140,15 +157,41 @@ class RayReplica:
         except self.ray.exceptions.RayError as e:
             self.kill()
             raise ReplicaDiedError(
-                f"replica {self.name} on host {self.host} failed to start: {_first_line(e)}"
+                f"replica {self.name} on host {self.host} failed to start: {first_line(e)}"
             ) from None
 
     def submit(
-        self, rid: int, prompt_ids: list[int], sampling: Any, timeout_s: float | None, priority: int
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        sampling: Any,
+        timeout_s: float | None,
+        priority: int,
+        export: bool = False,
     ) -> None:
         self.actor.submit.options(concurrency_group=ORDERED).remote(
-            rid, prompt_ids, sampling, timeout_s, priority
+            rid, prompt_ids, sampling, timeout_s, priority, export
         )
+
+    def submit_prefilled(
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        sampling: Any,
+        done: Any,
+        kv: Any,
+        source: str,
+        timeout_s: float | None,
+        priority: int,
+    ) -> None:
+        self.actor.submit_prefilled.options(concurrency_group=ORDERED).remote(
+            rid, prompt_ids, sampling, done, kv, source, timeout_s, priority
+        )
+
+    def kv_source(self, rid: int) -> list[Any]:
+        """The object reference of this replica's prefilled KV of `rid`, in a list (a
+        reference inside an argument reaches the callee as a reference, unresolved)."""
+        return [self.actor.take_kv.remote(rid)]
 
     def abort(self, rid: int) -> None:
         self.actor.abort.options(concurrency_group=ORDERED).remote(rid)
@@ -169,11 +212,11 @@ class RayReplica:
             except errors.ActorUnavailableError as e:
                 if time.monotonic() >= give_up:
                     raise ReplicaDiedError(
-                        f"unreachable for {timeout_s:g}s: {_first_line(e)}"
+                        f"unreachable for {timeout_s:g}s: {first_line(e)}"
                     ) from None
                 time.sleep(min(0.5, max(left, 0.0)))
             except errors.RayError as e:
-                raise ReplicaDiedError(_first_line(e)) from None
+                raise ReplicaDiedError(first_line(e)) from None
 
     def metrics_text(self, timeout_s: float) -> bytes | None:
         try:
@@ -186,11 +229,3 @@ class RayReplica:
             self.ray.kill(self.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone
             pass
-
-
-def _first_line(e: BaseException) -> str:
-    """Ray's errors run to many lines (tracebacks, the actor's fields): the line that says
-    why (an actor's death: "The actor is dead because ..."), else the first."""
-    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-    why = next((x for x in lines if "because" in x), lines[0] if lines else "")
-    return f"{type(e).__name__}: {why}"

@@ -8,9 +8,12 @@ replica in flight, not one per request or token. Stop tokens are decided here (t
 stop generating); stop strings and detokenization stay with the front, which aborts a request
 its own output stopped.
 
-Later steps (KV handoff across hosts) add calls to this interface, e.g. extracting a prefilled
-sequence's KV and inserting it into another replica's engine; nothing here assumes they do not
-exist (requests are keyed by the front's ids, not the engine's)."""
+KV handoff across hosts: `submit(..., export=True)` stops a request at its first token and keeps
+its KV here (the poll says `prefilled`); `take_kv` gives that KV as host arrays (the replica
+that continues the request asks for it: through Ray, the bytes go from this host to that one,
+not through the front); `submit_prefilled` continues a request prefilled elsewhere (its KV
+fetched by `fetch_kv`, or this replica's own export left on its device: the same-host path).
+Requests are keyed by the front's ids, not the engine's."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +30,8 @@ from flexnpu.serving.output import IdsOutput, TokenLogprobs
 from flexnpu.serving.sampling import SamplingParams
 
 DEVICES_RESOURCE = "flexnpu_devices"  # the Ray custom resource a host offers its devices as
+# A prefilled KV nobody fetched this long is dropped (the replica meant to fetch it died).
+EXPORT_TTL_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class ReplicaSpec:
     compilation_cache: str | None = "default"  # "default": the host's user cache; None: off
     backend_log_level: str = "fatal"
     env: dict[str, str] = field(default_factory=dict)  # set before JAX starts, over the host's
+    measure_prefill: bool = False  # time a full prefill step at start (ReplicaInfo)
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,12 @@ class ReplicaInfo:
     max_model_len: int
     engine_config: Any  # EngineConfig
     start_seconds: float
+    # Measured when the spec asks (the front's adaptive layout sizes hosts by it): the host's
+    # prefill throughput at full batches (tokens/s, all its entry instances), its decode batch
+    # (sequences) and wall seconds per device second (emulated devices).
+    prefill_tokens_per_s: float = 0.0
+    decode_batch: int = 0
+    time_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,29 @@ class ReplicaStatus:
     submitted: int
     healthy: bool
     error: str | None
+    waiting_tokens: int = 0  # prompt tokens queued, not yet computed
+    prefilled_taken: int = 0  # submit_prefilled calls taken (the front counts the rest as load)
+
+
+@dataclass(frozen=True)
+class PrefillDone:
+    """A request stopped after its prompt here, its KV kept for `take_kv`: what the replica
+    that continues it needs besides the KV."""
+
+    output_ids: tuple[int, ...]
+    seed_words: tuple[int, int]
+    num_blocks: int
+    nbytes: int  # what take_kv's arrays weigh
+
+
+@dataclass(frozen=True)
+class KvReceived:
+    """A handed-off KV this replica fetched from another: from which, how much, how long the
+    fetch took (from the call to the arrays on this host)."""
+
+    source: str  # the replica it came from
+    nbytes: int
+    seconds: float
 
 
 @dataclass
@@ -84,6 +120,8 @@ class RequestEvents:
 
     tokens: list[tuple[int, TokenLogprobs | None]] = field(default_factory=list)
     finish: str | None = None
+    prefilled: PrefillDone | None = None  # stopped after its prompt (submit(export=True))
+    kv_received: KvReceived | None = None  # its KV came from another replica
 
 
 class _ForwardingOutput(IdsOutput):
@@ -103,7 +141,8 @@ class _ForwardingOutput(IdsOutput):
 
     def on_finish(self, reason: str, now: float) -> None:
         super().on_finish(reason, now)
-        self._events.finish(self._rid, reason)
+        if reason != "prefilled":  # the export's event says it (the request goes on elsewhere)
+            self._events.finish(self._rid, reason)
 
 
 class _EventBuffer:
@@ -119,6 +158,16 @@ class _EventBuffer:
     def finish(self, rid: int, reason: str) -> None:
         with self._cond:
             self._pending.setdefault(rid, RequestEvents()).finish = reason
+            self._cond.notify_all()
+
+    def prefilled(self, rid: int, done: PrefillDone) -> None:
+        with self._cond:
+            self._pending.setdefault(rid, RequestEvents()).prefilled = done
+            self._cond.notify_all()
+
+    def kv_received(self, rid: int, received: KvReceived) -> None:
+        with self._cond:
+            self._pending.setdefault(rid, RequestEvents()).kv_received = received
             self._cond.notify_all()
 
     def take(self, wait_s: float) -> dict[int, RequestEvents]:
@@ -150,6 +199,11 @@ class ReplicaServer:
         self._lock = threading.Lock()
         self._requests: dict[int, Any] = {}  # front id -> engine Request
         self._submitted = 0
+        # front id -> (when, PrefilledSequence) kept for take_kv, oldest first
+        self._exports: dict[int, tuple[float, Any]] = {}
+        self._continuing: set[int] = set()  # submit_prefilled taken, its KV being fetched
+        self._prefilled_taken = 0
+        self._fetcher: ThreadPoolExecutor | None = None
 
     def log(self, line: str) -> None:
         if self._log is None:
@@ -179,6 +233,7 @@ class ReplicaServer:
             compilation_cache.use_directory(cache)
         devices = self._devices(jax.devices())
         from flexnpu.serving.engine import Engine
+        from flexnpu.serving.layout import emulated_time_scale
         from flexnpu.serving.loading import load_model
         from flexnpu.serving.metrics import ServingMetrics
         from flexnpu.serving.runner import ModelSteps
@@ -201,6 +256,11 @@ class ReplicaServer:
         )
         if spec.warmup:
             engine.warmup()
+        rate = 0.0
+        if spec.measure_prefill:
+            entry = [x for x in engine.instances if x.role.value != "decode"]
+            tokens, seconds = entry[0].runner.time_prefill_step()
+            rate = len({x.device for x in entry}) * tokens / seconds
         engine.start()
         self.engine = engine
         where = ", ".join(f"{x.role.value} on {x.device}" for x in engine.instances)
@@ -217,6 +277,9 @@ class ReplicaServer:
             max_model_len=engine.max_model_len,
             engine_config=ec,
             start_seconds=time.perf_counter() - t0,
+            prefill_tokens_per_s=rate,
+            decode_batch=ec.max_num_seqs * len(engine.instances),
+            time_scale=emulated_time_scale(devices[0]),
         )
 
     def _cache_directory(self) -> str | None:
@@ -258,15 +321,22 @@ class ReplicaServer:
         sampling: SamplingParams,
         timeout_s: float | None = None,
         priority: int = 0,
+        export: bool = False,
     ) -> None:
         """Queues the front's request `rid`; its tokens and finish come back through `poll`
         (a refusal, e.g. a full queue, as an "error: ..." finish). `timeout_s`: what is left of
-        its deadline (clocks differ between hosts)."""
+        its deadline (clocks differ between hosts). `export`: it stops at its first token and
+        its KV stays here for `take_kv` or `submit_prefilled` (the poll says `prefilled`)."""
         deadline = time.perf_counter() + timeout_s if timeout_s is not None else None
         out = _ForwardingOutput(rid, sampling, self.engine.eos_ids, self._events)
         try:
             req = self.engine.submit(
-                prompt_ids, sampling, out, deadline=deadline, priority=priority
+                prompt_ids,
+                sampling,
+                out,
+                deadline=deadline,
+                priority=priority,
+                export=(lambda p: self._exported(rid, p)) if export else None,
             )
         except Exception as e:  # noqa: BLE001 - told to the front as the request's finish
             out.on_finish(
@@ -281,9 +351,131 @@ class ReplicaServer:
             if not req.done:
                 self._requests[rid] = req
 
+    def _exported(self, rid: int, prefilled: Any) -> None:
+        with self._lock:
+            self._requests.pop(rid, None)
+            now = time.monotonic()
+            for old, (when, _) in list(self._exports.items()):
+                if now - when < EXPORT_TTL_S:
+                    break
+                del self._exports[old]
+            self._exports[rid] = (now, prefilled)
+        done = PrefillDone(
+            tuple(prefilled.output_ids),
+            prefilled.seed_words,
+            prefilled.num_blocks,
+            prefilled.nbytes,
+        )
+        self._events.prefilled(rid, done)
+
+    def take_kv(self, rid: int) -> tuple[Any, Any]:
+        """The KV request `rid` was prefilled with here, as host arrays (given once)."""
+        with self._lock:
+            kept = self._exports.pop(rid, None)
+        if kept is None:
+            raise KeyError(
+                f"replica {self.name} holds no prefilled KV of request {rid} (aborted, "
+                "or already taken)"
+            )
+        return kept[1].host_kv()
+
+    def fetch_kv(self, source: Any) -> tuple[Any, Any]:
+        """The KV `submit_prefilled` was given a handle of: here the arrays themselves, or a
+        call that returns them (the Ray replica fetches an object reference)."""
+        return source() if callable(source) else source
+
+    def submit_prefilled(
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        done: PrefillDone,
+        kv: Any,
+        source: str,
+        timeout_s: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Continues request `rid`, prefilled by replica `source` (`done`): its KV is fetched
+        (`fetch_kv(kv)`) on a thread of this replica, then the engine decodes it; kv None:
+        this replica's own export, left on its device (no copy through the host). A KV that
+        cannot be fetched finishes the request with an error naming `source`."""
+        deadline = time.perf_counter() + timeout_s if timeout_s is not None else None
+        with self._lock:
+            self._continuing.add(rid)
+            if self._fetcher is None:
+                self._fetcher = ThreadPoolExecutor(2, thread_name_prefix="flexnpu-kv-fetch")
+            fetcher = self._fetcher
+        fetcher.submit(
+            self._continue, rid, prompt_ids, sampling, done, kv, source, deadline, priority
+        )
+
+    def _continue(
+        self,
+        rid: int,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        done: PrefillDone,
+        kv: Any,
+        source: str,
+        deadline: float | None,
+        priority: int,
+    ) -> None:
+        from flexnpu.serving.engine import PrefilledSequence
+
+        out = _ForwardingOutput(rid, sampling, self.engine.eos_ids, self._events)
+        out.num_tokens = len(done.output_ids)  # for min_tokens: those came from `source`
+        received = None
+        try:
+            if kv is None:
+                with self._lock:
+                    prefilled = self._exports.pop(rid)[1]
+            else:
+                t0 = time.perf_counter()
+                k, v = self.fetch_kv(kv)
+                received = KvReceived(source, k.nbytes + v.nbytes, time.perf_counter() - t0)
+                prefilled = PrefilledSequence(
+                    list(prompt_ids),
+                    list(done.output_ids),
+                    tuple(done.seed_words),
+                    done.num_blocks,
+                    self.engine.ec.block_size,
+                    k,
+                    v,
+                )
+        except Exception as e:  # noqa: BLE001 - told to the front as the request's finish
+            with self._lock:
+                self._continuing.discard(rid)
+                self._prefilled_taken += 1
+            out.on_finish(
+                f"error: the KV handoff from replica {source} failed: {first_line(e)}",
+                time.perf_counter(),
+            )
+            return
+        if received is not None:
+            self._events.kv_received(rid, received)
+        with self._lock:
+            self._prefilled_taken += 1
+            if rid not in self._continuing:  # aborted meanwhile
+                return
+            self._continuing.discard(rid)
+            try:
+                req = self.engine.submit_prefilled(
+                    prefilled, sampling, out, deadline=deadline, priority=priority
+                )
+            except Exception as e:  # noqa: BLE001
+                refused = f"error: replica {self.name} refused the request: {first_line(e)}"
+            else:
+                refused = None
+                if not req.done:
+                    self._requests[rid] = req
+        if refused is not None:
+            out.on_finish(refused, time.perf_counter())
+
     def abort(self, rid: int) -> None:
         with self._lock:
             req = self._requests.pop(rid, None)
+            self._exports.pop(rid, None)
+            self._continuing.discard(rid)
         if req is not None:
             self.engine.abort(req)
 
@@ -300,7 +492,7 @@ class ReplicaServer:
     def status(self) -> ReplicaStatus:
         eng = self.engine
         with self._lock:
-            submitted = self._submitted
+            submitted, prefilled_taken = self._submitted, self._prefilled_taken
         return ReplicaStatus(
             load_key=eng.entry_load_key(),
             num_running=eng.num_running(),
@@ -309,6 +501,8 @@ class ReplicaServer:
             submitted=submitted,
             healthy=bool(eng.healthy),
             error=eng.error,
+            waiting_tokens=sum(x.sched.waiting_tokens for x in eng.instances),
+            prefilled_taken=prefilled_taken,
         )
 
     def metrics_text(self) -> bytes:
@@ -317,6 +511,17 @@ class ReplicaServer:
     def stop(self) -> None:
         if self.engine is not None:
             self.engine.stop()
+        if self._fetcher is not None:
+            self._fetcher.shutdown(wait=False, cancel_futures=True)
+
+
+def first_line(e: BaseException) -> str:
+    """An error in one line, named by its type: Ray's errors run to many lines (tracebacks, the
+    actor's fields), so the line that says why (an actor's death: "The actor is dead because
+    ..."), else the first."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    why = next((x for x in lines if "because" in x), lines[0] if lines else "")
+    return f"{type(e).__name__}: {why}"
 
 
 def describe_devices(devices: Sequence[Any]) -> str:
