@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
-JOBS=2
+JOBS=$(nproc)  # a CI machine has 2 cores or more
 
 step() { printf '\n=== %s ===\n' "$*"; }
 
@@ -71,11 +71,11 @@ step "Threaded pytest subset under ThreadSanitizer"
 PYTHON="$PYTHON" tools/tsan_pytest.sh build/tsan
 
 step "Bazel build and tests"
-FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
+FLEXNPU_BAZEL_JOBS="$JOBS" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
 
 if [[ -x xla_passes/fuzz/run_fuzz.sh ]]; then
   step "Fuzzing the HLO reader (${FLEXNPU_FUZZ_SECONDS:-60} s)"
-  PYTHON="$PYTHON" xla_passes/fuzz/run_fuzz.sh "${FLEXNPU_FUZZ_SECONDS:-60}"
+  FLEXNPU_FUZZ_BUILD_JOBS="$JOBS" PYTHON="$PYTHON" xla_passes/fuzz/run_fuzz.sh "${FLEXNPU_FUZZ_SECONDS:-60}"
 fi
 
 step "ruff"
@@ -85,7 +85,8 @@ step "layers (includes and imports run one way)"
 "$PYTHON" tools/check_layers.py
 
 step "pytest"
-"$PYTHON" -m pytest -q
+# The slowest tests in the log, to see where the time goes.
+"$PYTHON" -m pytest -q --durations=25
 
 step "The oldest supported jax/jaxlib"
 # The suite above runs the newest supported jax (pyproject's pin); the installed plugin must also
