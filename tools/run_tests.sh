@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs them all, the same way locally and in CI:
 #   1. the package (pip install ".[test,ray]") and the Debian packages for the C++ tests;
-#   2. C++ unit tests and the C-API tests (CTest), again under ASan + UBSan, and again under
-#      ThreadSanitizer (the C-API tests run executions, moves and readers on many threads),
-#      then the threaded pytest files with that TSan plugin;
+#   2. C++ unit tests and the C-API tests (CTest); the ASan + UBSan and the ThreadSanitizer
+#      builds start in the background (lowest priority) and are tested after pytest (step 6);
 #   3. the Bazel build and tests (offline, Debian's bazel-bootstrap);
 #   4. a bounded fuzz run of the HLO reader, when its script is present;
 #   5. ruff, the layering check (tools/check_layers.py) and pytest (JAX programs on flexnpu vs
 #      the physical backend, errors, threads, ...);
-#   6. the installed plugin under the oldest supported jax/jaxlib (tools/check_jax_versions.sh).
+#   6. the C++ tests under ASan + UBSan and under ThreadSanitizer (the C-API tests run
+#      executions, moves and readers on many threads), then the threaded pytest files with that
+#      TSan plugin;
+#   7. the installed plugin under the oldest supported jax/jaxlib (tools/check_jax_versions.sh).
 # Environment: PYTHON (default python3), FLEXNPU_FUZZ_SECONDS (default 60).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -59,28 +61,30 @@ cmake -S . -B build/ctest -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTH
 ninja -C build/ctest -j"$JOBS" >/dev/null
 ctest --test-dir build/ctest --output-on-failure -j"$JOBS"
 
-step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-cmake -S . -B build/sanitize -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
-  -DFLEXNPU_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null
-ninja -C build/sanitize -j"$JOBS" >/dev/null
-ASAN_OPTIONS=detect_odr_violation=0 ctest --test-dir build/sanitize --output-on-failure -j"$JOBS"
-
-step "C++ tests under ThreadSanitizer"
-# Only FlexNPU is instrumented; the physical backend is not: its accesses are ignored
-# (ignore_noninstrumented_modules, set by tests/cpp/CMakeLists.txt), hand-offs through its
-# callbacks are annotated (base/tsan.h). About 8 min on 2 cores (build) + 35 s (tests).
-cmake -S . -B build/tsan -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
-  -DFLEXNPU_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null
-ninja -C build/tsan -j"$JOBS" >/dev/null
-ctest --test-dir build/tsan --output-on-failure -j"$JOBS"
-
-step "Threaded pytest subset under ThreadSanitizer"
-# The plugin just built in build/tsan, loaded by the uninstrumented CPython and jaxlib with
-# libtsan preloaded (tools/tsan_pytest.sh): concurrent dispatch, zero-copy reads while the dynamic
-# policy moves buffers, the placer under threads. About 3 min on 2 busy cores.
-PYTHON="$PYTHON" tools/tsan_pytest.sh build/tsan
+step "ASan + UBSan and TSan builds, in the background at the lowest priority"
+# Nothing before their tests (after pytest) needs them. At nice 19 they take the CPU time the
+# steps in between leave idle (pytest waits on servers and subprocesses much of its time) and
+# hardly slow those steps down. Their output: build/sanitizer_builds.log, shown if they fail.
+sanitizer_builds() {
+  set -euo pipefail
+  cmake -S . -B build/sanitize -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
+    -DFLEXNPU_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir"
+  nice -n 19 ninja -C build/sanitize -j"$JOBS"
+  # TSan: only FlexNPU is instrumented; the physical backend is not: its accesses are ignored
+  # (ignore_noninstrumented_modules, set by tests/cpp/CMakeLists.txt), hand-offs through its
+  # callbacks are annotated (base/tsan.h). About 8 min on 2 idle cores.
+  cmake -S . -B build/tsan -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
+    -DFLEXNPU_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir"
+  nice -n 19 ninja -C build/tsan -j"$JOBS"
+}
+mkdir -p build
+# Its own session, so that an early exit of this script can stop all of it (ninja, compilers).
+PYTHON="$PYTHON" include_dir="$include_dir" JOBS="$JOBS" \
+  setsid -w bash -c "$(declare -f sanitizer_builds); sanitizer_builds" >build/sanitizer_builds.log 2>&1 &
+sanitizer_builds_pid=$!
+trap 'kill -- "-$sanitizer_builds_pid" 2>/dev/null || true' EXIT
 
 step "Bazel build and tests"
 FLEXNPU_BAZEL_JOBS="$JOBS" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
@@ -99,6 +103,23 @@ step "layers (includes and imports run one way)"
 step "pytest"
 # The slowest tests in the log, to see where the time goes.
 "$PYTHON" -m pytest -q --durations=25
+
+step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+if ! wait "$sanitizer_builds_pid"; then
+  cat build/sanitizer_builds.log >&2
+  echo "run_tests: the ASan + UBSan or TSan build failed (build/sanitizer_builds.log)" >&2
+  exit 1
+fi
+ASAN_OPTIONS=detect_odr_violation=0 ctest --test-dir build/sanitize --output-on-failure -j"$JOBS"
+
+step "C++ tests under ThreadSanitizer"
+ctest --test-dir build/tsan --output-on-failure -j"$JOBS"
+
+step "Threaded pytest subset under ThreadSanitizer"
+# The plugin just built in build/tsan, loaded by the uninstrumented CPython and jaxlib with
+# libtsan preloaded (tools/tsan_pytest.sh): concurrent dispatch, zero-copy reads while the dynamic
+# policy moves buffers, the placer under threads. About 3 min on 2 busy cores.
+PYTHON="$PYTHON" tools/tsan_pytest.sh build/tsan
 
 step "The oldest supported jax/jaxlib"
 # The suite above runs the newest supported jax (pyproject's pin); the installed plugin must also
