@@ -184,3 +184,33 @@ def wait_all(outs, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     for out in outs:
         assert out.done.wait(max(deadline - time.monotonic(), 0.0)), "a request hung"
+
+
+@contextlib.contextmanager
+def tiny_ray_front(engine_config, front_config) -> Iterator:
+    """A started ClusterFront over Ray replicas of random:tiny (the Ray cluster is up and
+    ray.init'ed). The replicas' platform is set, not inherited: Ray's workers get the
+    environment of the process that started the cluster (in the whole suite, a module sets
+    JAX_PLATFORMS=cpu)."""
+    from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
+    from flexnpu.serving.multihost.front import ClusterFront
+    from flexnpu.serving.multihost.ray_replicas import RayLauncher
+    from flexnpu.serving.multihost.replica import ReplicaSpec
+
+    spec = ReplicaSpec(
+        model="random:tiny",
+        seed=1,
+        engine_config=engine_config,
+        served_model_name="tiny",
+        env={"JAX_PLATFORMS": "flexnpu"},
+    )
+    metrics = ClusterMetrics("tiny")
+    f = ClusterFront(
+        RayLauncher(spec, start_timeout_s=600), metrics, front_config, log=lambda *_: None
+    )
+    metrics.attach(f)
+    try:
+        f.start()
+        yield f
+    finally:
+        f.stop()

@@ -12,7 +12,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from _serving import greedy, require, serve_app_in_thread, submit_greedy, wait_all
+from _serving import (
+    greedy,
+    require,
+    serve_app_in_thread,
+    submit_greedy,
+    tiny_ray_front,
+    wait_all,
+)
 
 ray = pytest.importorskip(
     "ray", reason="the Ray cluster tests need the [ray] extra: pip install '.[ray]'"
@@ -60,31 +67,11 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def front(cluster):
-    from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
-    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
-    from flexnpu.serving.multihost.ray_replicas import RayLauncher
-    from flexnpu.serving.multihost.replica import ReplicaSpec
+    from flexnpu.serving.multihost.front import FrontConfig
 
-    # The replicas' platform is set, not inherited: Ray's workers get the environment of the
-    # process that started the cluster (in the whole suite, a module sets JAX_PLATFORMS=cpu).
-    spec = ReplicaSpec(
-        model="random:tiny",
-        seed=1,
-        engine_config=_engine_config(),
-        served_model_name="tiny",
-        env={"JAX_PLATFORMS": "flexnpu"},
-    )
-    metrics = ClusterMetrics("tiny")
-    f = ClusterFront(
-        RayLauncher(spec, start_timeout_s=600),
-        metrics,
-        FrontConfig(discover_interval_s=0.5, liveness_timeout_s=60),
-        log=lambda *_: None,
-    )
-    metrics.attach(f)
-    f.start()
-    yield f
-    f.stop()
+    config = FrontConfig(discover_interval_s=0.5, liveness_timeout_s=60)
+    with tiny_ray_front(_engine_config(), config) as f:
+        yield f
 
 
 @pytest.fixture(scope="module")

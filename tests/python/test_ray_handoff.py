@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from _serving import greedy, submit_greedy, wait_all
+from _serving import greedy, submit_greedy, tiny_ray_front, wait_all
 
 ray = pytest.importorskip(
     "ray", reason="the Ray cluster tests need the [ray] extra: pip install '.[ray]'"
@@ -50,10 +50,7 @@ def _engine_config():
 def front():
     from ray.cluster_utils import Cluster
 
-    from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
-    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
-    from flexnpu.serving.multihost.ray_replicas import RayLauncher
-    from flexnpu.serving.multihost.replica import ReplicaSpec
+    from flexnpu.serving.multihost.front import FrontConfig
 
     c = Cluster(
         initialize_head=True,
@@ -62,26 +59,11 @@ def front():
     c.add_node(num_cpus=1, resources={"flexnpu_devices": 1})
     c.wait_for_nodes()
     ray.init(address=c.address, namespace="flexnpu-handoff-tests", log_to_driver=False)
-    spec = ReplicaSpec(
-        model="random:tiny",
-        seed=1,
-        engine_config=_engine_config(),
-        served_model_name="tiny",
-        env={"JAX_PLATFORMS": "flexnpu"},
-    )
-    metrics = ClusterMetrics("tiny")
-    f = ClusterFront(
-        RayLauncher(spec, start_timeout_s=600),
-        metrics,
-        FrontConfig(liveness_timeout_s=60, layout="split", prefill_hosts=1),
-        log=lambda *_: None,
-    )
-    metrics.attach(f)
+    config = FrontConfig(liveness_timeout_s=60, layout="split", prefill_hosts=1)
     try:
-        f.start()
-        yield f
+        with tiny_ray_front(_engine_config(), config) as f:
+            yield f
     finally:
-        f.stop()
         ray.shutdown()
         c.shutdown()
 
