@@ -327,10 +327,6 @@ class Engine:
 
     # ---- public API ---------------------------------------------------------------------------
 
-    @property
-    def split(self) -> bool:
-        return any(x.role is Role.DECODE for x in self.instances)
-
     def _warmup_runners(self) -> list[Runner]:
         """One runner per device: the instances on one device (the adaptive layout's prefill
         and decode instance) run the same programs there."""
