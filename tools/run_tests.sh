@@ -17,7 +17,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
 JOBS=$(nproc)  # a CI machine has 2 cores or more
 
-step() { printf '\n=== %s ===\n' "$*"; }
+# Each step's heading shows the minutes since the start, to see where CI's time goes.
+step() { printf '\n=== %s (at %d:%02d) ===\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
 
 step "Debian packages"
 need=()
@@ -125,3 +126,5 @@ step "The oldest supported jax/jaxlib"
 # The suite above runs the newest supported jax (pyproject's pin); the installed plugin must also
 # work under the oldest (docs/limits.md#supported-jax-versions). About 1 min: a venv per version.
 FLEXNPU_JAX_VERSIONS=${FLEXNPU_JAX_VERSIONS:-0.8.3} PYTHON="$PYTHON" tools/check_jax_versions.sh --installed
+
+step "done"
