@@ -18,7 +18,10 @@ PYTHON=${PYTHON:-python3}
 JOBS=$(nproc)  # a CI machine has 2 cores or more
 
 # Each step's heading shows the minutes since the start, to see where CI's time goes.
-step() { printf '\n=== %s (at %d:%02d) ===\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)); }
+step() {
+  printf '\n=== %s (at %d:%02d, load %s) ===\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)) \
+    "$(cut -d' ' -f1 /proc/loadavg)"
+}
 
 step "Debian packages"
 need=()
@@ -51,11 +54,15 @@ if command -v ccache >/dev/null 2>&1; then
   shared_build+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
 # The ASan + UBSan and TSan builds start here, in the background: nothing before their tests
-# (after pytest) needs them. At nice 19 they take the CPU time the steps in between leave idle
-# (downloads, pytest waiting on servers and subprocesses) and hardly slow those steps down.
-# Their output: build/sanitizer_builds.log, shown if they fail.
+# (after pytest) needs them. At the lowest priority they take the CPU time the steps in between
+# leave idle (downloads, pytest waiting on servers and subprocesses) and hardly slow those steps
+# down. They run in a session of their own (setsid, below), and Linux schedules each session as
+# one group (autogroup) whose weight a process' nice does not change: without lowering the
+# group's own nice they took half of both cores from pytest. Output: build/sanitizer_builds.log,
+# shown if they fail.
 sanitizer_builds() {
   set -euo pipefail
+  if [[ -w /proc/self/autogroup ]]; then echo 19 >/proc/self/autogroup || true; fi
   cmake -S . -B build/sanitize -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
     -DFLEXNPU_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
     -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir"
