@@ -551,7 +551,9 @@ class Simulation:
         self._busy = [0.0] * units
         self._busy_until = [0.0] * units
         self._link_free = [0.0] * units  # each unit's intra-host port
-        self._nic_free = [0.0] * units  # and its inter-host NIC
+        # and its inter-host NIC; one port when both are the same network (a supernode's
+        # hosts on the fabric within them)
+        self._nic_free = self._link_free if self.inter_link == self.link else [0.0] * units
         self._reasons: Counter[str] = Counter()
         self._kv_handoff = self._kv_migrated = self._kv_inter_host = 0
         self._steps = self._placements = self._preempted = 0
