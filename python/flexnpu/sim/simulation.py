@@ -10,10 +10,11 @@ it learns from PJRT events in production.
 
 Hosts (flexnpu.serving.topology): the units lie on hosts; KV between units of one host takes the
 intra-host link, KV between hosts the inter-host one (each unit has a port of each, with its own
-busy-until clock). A placer places over its own host's devices, as the plugin does in production:
-one placement core per host (a unit spanning whole hosts is a core of its own), each step of an
-instance placed by its host's core onto that host's units. Routing and the split advisor (the
-cluster layer) stay cluster-wide. Without a topology: one host holding every device.
+busy-until clock; one port when the two are the same link). A placer places over its own host's
+devices, as the plugin does in production: one placement core per host (a unit spanning whole
+hosts is a core of its own), each step of an instance placed by its host's core onto that host's
+units. Routing and the split advisor (the cluster layer) stay cluster-wide. Without a topology:
+one host holding every device.
 
 Layouts (what each policy name means here):
     passthrough       one MIXED instance per unit, whole-prompt prefill, a step is all prefill
@@ -181,8 +182,9 @@ def _core_calls(
     """place(virtual, executable_id, phase, flops, bytes, inputs, now_ns, weight) -> the
     decision's fields, on_start and on_finish of `core`. For a flexnpu.placement.Core these
     are the bindings its methods call (same call, same decision) without the Profile and
-    Decision objects of every call (the simulator places every step); any other core (a
-    test's wrapper) is called through its Python methods."""
+    Decision objects of every call (the simulator places every step), for HostCores its
+    cores' bindings; any other core (a test's wrapper) is called through its Python
+    methods."""
     if type(core) is fp.Core:
         native = core._core
         return native.place, native.on_start, native.on_finish  # on_finish's ok: True
