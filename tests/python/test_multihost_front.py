@@ -24,6 +24,7 @@ TIMEOUT_S = 30
 class _Node:
     node_id: str
     host: str
+    devices: int = 1
 
 
 class _FakeReplica:
@@ -58,6 +59,7 @@ class _FakeReplica:
             128,
             EngineConfig(max_model_len=128, max_waiting=4),
             0.0,
+            num_devices=self.node.devices,
         )
 
     def submit(self, rid, prompt_ids, sampling, timeout_s, priority, export=False) -> None:
@@ -606,3 +608,60 @@ def test_adaptive_hosts_change_sides_and_drain() -> None:
         assert {r.replica for r in sent} == {a.name, b.name}
     finally:
         f.stop()
+
+
+def test_topology_of_the_live_replicas_on_its_route(tmp_path) -> None:
+    """The front reports its hosts (each replica's devices) and the inter-host link measured
+    from its KV handoffs on GET /cluster/topology, in serving/topology.py's format, which
+    `simulate --topology` reads; a single-host server has no such route."""
+    import types
+
+    from fastapi.testclient import TestClient
+
+    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
+    from flexnpu.serving.multihost.replica import KvReceived, RequestEvents
+    from flexnpu.serving.server import ServerState, create_app
+    from flexnpu.serving.tokenizer import ByteTokenizer
+    from flexnpu.serving.topology import Topology
+
+    launcher = _FakeLauncher([_Node("aaaa", "host-a", 4), _Node("bbbb", "host-b", 8)])
+    f = ClusterFront(
+        launcher,
+        None,
+        FrontConfig(poll_wait_s=0.01, discover_interval_s=0.05, layout="split", prefill_hosts=1),
+        log=lambda *_: None,
+    )
+    f.start()
+    try:
+        a, b = launcher.replicas["aaaa"], launcher.replicas["bbbb"]
+        client = TestClient(create_app(ServerState(f, ByteTokenizer(), "tiny")))
+        doc = client.get("/cluster/topology").json()
+        assert doc == {
+            "hosts": [{"name": "host-a", "devices": 4}, {"name": "host-b", "devices": 8}],
+            "intra_host_link": None,
+            "inter_host_link": None,  # no KV crossed hosts yet
+        }
+        # Two handoffs a -> b: 4096 + 12288 bytes fetched in 0.25 + 0.75 s, a has 4 devices.
+        for nbytes, seconds in ((4096, 0.25), (12288, 0.75)):
+            r, _ = _submit(f)
+            a.prefilled(r.id, 3)
+            _wait(lambda r=r: r.replica == b.name)
+            b._events.put({r.id: RequestEvents([(4, None)], None, None,
+                                                KvReceived(a.name, nbytes, seconds))})
+            _wait(lambda r=r: r.num_tokens == 2)
+        link = client.get("/cluster/topology").json()["inter_host_link"]
+        assert link["bytes_per_s"] == pytest.approx(16384 / (1.0 * 4))  # per device of a
+        assert link["latency_s"] == 0.0 and link["source"].startswith("2 KV handoffs")
+        topo = Topology.from_json(client.get("/cluster/topology").json())
+        assert topo == f.topology() and topo.devices == 12
+        path = tmp_path / "topology.json"
+        path.write_text(topo.dumps())
+        assert Topology.loads(path.read_text()) == topo
+        # b dies: the topology is the live replicas'.
+        b.die("gone")
+        _wait(lambda: len(f.replicas()) == 1)
+        assert [h.name for h in f.topology().hosts] == ["host-a"]
+    finally:
+        f.stop()
+    single = TestClient(create_app(ServerState(types.SimpleNamespace(), ByteTokenizer(), "x")))
+    assert single.get("/cluster/topology").status_code == 404

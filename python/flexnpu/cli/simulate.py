@@ -6,8 +6,11 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from flexnpu.serving.topology import Link as TopologyLink
+from flexnpu.serving.topology import Topology
 from flexnpu.sim.hardware import LINKS, PRESETS, RUNTIMES
 from flexnpu.sim.models import MODELS
 from flexnpu.sim.simulation import POLICIES
@@ -73,6 +76,32 @@ def _window(text: str | None) -> tuple[float, float] | None:
     return lo, hi
 
 
+def _topology(args: argparse.Namespace) -> Topology | None:
+    """--topology FILE or --hosts SPEC, with --link / --inter-host-link over its links."""
+    if args.topology and args.hosts:
+        raise ValueError("give --hosts or --topology, not both")
+    if args.topology:
+        try:
+            text = Path(args.topology).read_text()
+        except OSError as e:
+            raise ValueError(f"--topology {args.topology}: {e.strerror or e}") from None
+        try:
+            topo = Topology.loads(text)
+        except ValueError as e:
+            raise ValueError(f"--topology {args.topology}: {e}") from None
+    elif args.hosts:
+        topo = Topology.from_spec(args.hosts)
+    else:
+        if args.inter_host_link:
+            raise ValueError("--inter-host-link needs --hosts or --topology")
+        return None
+    if args.link:
+        topo = replace(topo, intra_host_link=TopologyLink(args.link))
+    if args.inter_host_link:
+        topo = replace(topo, inter_host_link=TopologyLink(args.inter_host_link))
+    return topo
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate",
@@ -82,7 +111,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     h = p.add_argument_group("cluster")
-    h.add_argument("--devices", type=int, default=8, help="physical devices (default 8)")
+    h.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="physical devices (default 8, or the --hosts / --topology total)",
+    )
     h.add_argument("--device", default="h100", help=f"preset: {', '.join(PRESETS)}")
     h.add_argument("--model", default="qwen2.5-7b", help=f"model: {', '.join(MODELS)}")
     h.add_argument(
@@ -97,6 +131,25 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="",
         help=f"KV link: {', '.join(LINKS)} (default: the "
         "preset's: hccs for Ascend, nvlink for GPUs, memcpy for cpu)",
+    )
+    h.add_argument(
+        "--hosts",
+        default="",
+        help="the devices' hosts, HOSTSxDEVICES (48x8: 48 hosts of 8 devices; 2x8,1x4): KV "
+        "within a host takes --link, between hosts --inter-host-link, and each host's steps "
+        "are placed by its own placer over its own units (default: one host of every device)",
+    )
+    h.add_argument(
+        "--inter-host-link",
+        default="",
+        help=f"the network between hosts: {', '.join(LINKS)} (roce: a conventional cluster; "
+        "hccs: a CloudMatrix384-like supernode, its UB plane between hosts)",
+    )
+    h.add_argument(
+        "--topology",
+        help="hosts and links from this JSON file (flexnpu.serving.topology's format, as "
+        "a multi-host front's GET /cluster/topology returns it); --link and "
+        "--inter-host-link fill or override its links",
     )
     h.add_argument(
         "--runtime",
@@ -275,8 +328,12 @@ def run(args: argparse.Namespace) -> int:
         if args.plot and window is None:
             mid = args.duration / 2
             window = (max(0.0, mid - 1.0), mid + 1.0)
+        topology = _topology(args)
+        devices = args.devices
+        if devices is None:
+            devices = topology.devices if topology is not None else 8
         spec = SimSpec(
-            devices=args.devices,
+            devices=devices,
             device=args.device,
             model=args.model,
             parallel=args.parallel,
@@ -313,6 +370,7 @@ def run(args: argparse.Namespace) -> int:
             timeline_window=window,
             core_tuning=_tuning(args.core_tuning),
             request_weights=not args.no_request_weights,
+            topology=topology.to_json() if topology is not None else None,
         ).resolved()
     except (ValueError, FileNotFoundError) as e:
         print(f"flexnpu simulate: error: {e}", file=sys.stderr)

@@ -218,6 +218,13 @@ def create_app(state: ServerState) -> FastAPI:
             update()
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    topology = getattr(eng, "topology", None)
+    if callable(topology):  # a multi-host front: its hosts and links (serving/topology.py)
+
+        @app.get("/cluster/topology")
+        async def cluster_topology() -> JSONResponse:
+            return JSONResponse(topology().to_json())
+
     async def body_of(request: Request) -> dict:
         try:
             body = json.loads(await request.body())

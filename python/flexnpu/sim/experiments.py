@@ -10,13 +10,15 @@ from typing import Any
 import numpy as np
 
 from flexnpu.serving.scheduler import Scheduler
+from flexnpu.serving.topology import Link as TopologyLink
+from flexnpu.serving.topology import Topology, hosts_devices
 from flexnpu.sim.adaptive import (
     SPLIT_BACKLOG_DRAIN_S,
     SPLIT_HOLD_S,
     SPLIT_TARGET_UTILIZATION,
     AdaptiveSimulation,
 )
-from flexnpu.sim.hardware import LINKS, RUNTIMES, get_preset
+from flexnpu.sim.hardware import LINKS, RUNTIMES, get_preset, topology_link
 from flexnpu.sim.models import get_model
 from flexnpu.sim.simulation import (
     ADVISED_CORE_POLICY,
@@ -120,6 +122,9 @@ class SimSpec:
     # "preset": the preset's serving runtime; "flexnpu": FlexNPU's own engine on it (padded
     # programs, one prompt chunk per step, two steps in flight), as on emulated devices.
     runtime: str = "preset"
+    # The hosts and links (flexnpu.serving.topology's JSON); None: one host of every device.
+    # Its intra-host link, when it gives none, is `link`.
+    topology: dict[str, Any] | None = None
 
     def resolved(self) -> SimSpec:
         """Fills model-dependent defaults (0 / "" fields)."""
@@ -187,6 +192,20 @@ class SimSpec:
             raise ValueError(f"--seeds must be >= 1, got {self.seeds}")
         if d["link"] not in LINKS:
             raise ValueError(f"unknown link {d['link']!r} (known: {', '.join(LINKS)})")
+        if self.topology is not None:
+            topo = Topology.from_json(self.topology)
+            if topo.intra_host_link is None:
+                topo = replace(topo, intra_host_link=TopologyLink(d["link"]))
+            if topo.devices != self.devices:
+                raise ValueError(
+                    f"the topology has {topo.devices} devices ({hosts_devices(topo.hosts)}), "
+                    f"--devices says {self.devices}"
+                )
+            topo.unit_hosts(d["parallel"])  # no unit straddles hosts
+            topology_link(topo.intra_host_link, "intra_host_link")
+            if len(topo.placement_domains(d["parallel"])) > 1:
+                topology_link(topo.inter_host_link, "inter_host_link")
+            d["topology"] = topo.to_json()
         return replace(self, **d)
 
     def to_json(self) -> dict[str, Any]:
@@ -261,6 +280,7 @@ def build_simulation(
         core_tuning=s.core_tuning,
         request_weights=s.request_weights,
         scheduler_class=scheduler_class,
+        topology=Topology.from_json(s.topology) if s.topology is not None else None,
     )
     if policy in ADVISED_CORE_POLICY or (policy == "dynamic" and s.dynamic_layout == "adaptive"):
         sim: Simulation = adaptive_class(
@@ -329,6 +349,8 @@ def run_metrics(r: RunResult, spec: SimSpec, duration: float) -> dict[str, Any]:
         "kv_bytes_moved": r.kv_bytes_moved,
         "kv_bytes_handoff": r.kv_bytes_handoff,
         "kv_bytes_migrated": r.kv_bytes_migrated,
+        "kv_bytes_between_hosts": r.kv_bytes_inter_host,
+        "kv_bytes_within_hosts": r.kv_bytes_moved - r.kv_bytes_inter_host,
         "utilisation": float(sum(r.busy_s) / (units * span)) if units else 0.0,
         "decisions_by_reason": r.decisions_by_reason,
         "decisions_total": r.core_decisions,
@@ -371,6 +393,8 @@ def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
         "kv_bytes_moved",
         "kv_bytes_handoff",
         "kv_bytes_migrated",
+        "kv_bytes_between_hosts",
+        "kv_bytes_within_hosts",
         "decisions_total",
         "steps",
         "events",

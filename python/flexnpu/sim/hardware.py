@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from flexnpu.analysis import Device, get_device, link_table, preset_table
+from flexnpu.serving.topology import Link as TopologyLink
 from flexnpu.sim.models import DEEPSEEK_R1, ModelShape
 from flexnpu.sim.steptime import CostModel, EngineShapes, step_features
 
@@ -49,6 +50,23 @@ LINKS = {
     name: Link(name, d["bytes_per_s"], d["latency_s"], d["source"])
     for name, d in link_table().items()
 }
+
+
+def topology_link(spec: TopologyLink | None, where: str) -> Link:
+    """A topology's link (flexnpu.serving.topology) as the simulator's: a name of the link
+    table, or measured bandwidth and latency. ValueError names `where` when it is unknown."""
+    if spec is None:
+        raise ValueError(f"the topology's {where} is unknown: give one (a link name or measured)")
+    if spec.measured:
+        return Link(
+            spec.name or "measured",
+            float(spec.bytes_per_s or 0.0),
+            float(spec.latency_s or 0.0),
+            spec.source or "measured",
+        )
+    if spec.name not in LINKS:
+        raise ValueError(f"{where}: unknown link {spec.name!r} (known: {', '.join(LINKS)})")
+    return LINKS[spec.name]
 
 
 @dataclass(frozen=True)

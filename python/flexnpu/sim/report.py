@@ -57,7 +57,33 @@ def markdown_table(doc: dict[str, Any]) -> str:
         reasons.append(
             f"- {name} ({m['core_policy']}): " + ", ".join(f"{k} {v}" for k, v in nz.items())
         )
-    return "\n".join([head, "", *rows, "", "Placement decisions by reason:", *reasons])
+    hosts = []
+    topo = c.get("topology")
+    if topo is not None:
+        hosts = ["", f"Hosts: {_hosts(topo)}; KV moved within hosts / between hosts (GB):"]
+        hosts += [
+            f"- {name}: {_gb(m['kv_bytes_within_hosts'])} / {_gb(m['kv_bytes_between_hosts'])}"
+            for name, m in doc["policies"].items()
+        ]
+    return "\n".join([head, "", *rows, *hosts, "", "Placement decisions by reason:", *reasons])
+
+
+def _link(x: Any) -> str:
+    if x is None:
+        return "unknown"
+    if isinstance(x, str):
+        return x
+    return f"{x.get('name') or 'measured'} {x['bytes_per_s'] / 1e9:.3g} GB/s per device"
+
+
+def _hosts(topo: dict[str, Any]) -> str:
+    from flexnpu.serving.topology import Topology, hosts_devices
+
+    t = Topology.from_json(topo)
+    return (
+        f"{hosts_devices(t.hosts)} (hosts x devices), {_link(topo['intra_host_link'])} within "
+        f"a host, {_link(topo['inter_host_link'])} between hosts"
+    )
 
 
 def plots(doc: dict[str, Any], out_dir: str | Path) -> list[Path]:

@@ -8,6 +8,14 @@ bytes from the HLO-derived cost model -> Core.place() on the simulated clock -> 
 -> on_finish / on_step_done at its end. The placer learns from the simulated durations exactly as
 it learns from PJRT events in production.
 
+Hosts (flexnpu.serving.topology): the units lie on hosts; KV between units of one host takes the
+intra-host link, KV between hosts the inter-host one (each unit has a port of each, with its own
+busy-until clock; one port when the two are the same link). A placer places over its own host's
+devices, as the plugin does in production: one placement core per host (a unit spanning whole
+hosts is a core of its own), each step of an instance placed by its host's core onto that host's
+units. Routing and the split advisor (the cluster layer) stay cluster-wide. Without a topology:
+one host holding every device.
+
 Layouts (what each policy name means here):
     passthrough       one MIXED instance per unit, whole-prompt prefill, a step is all prefill
                       or all decode (vLLM v0-style monolithic continuous batching); core
@@ -51,7 +59,8 @@ from flexnpu.serving.scheduler import (
     SchedulerConfig,
     Sequence,
 )
-from flexnpu.sim.hardware import LINKS, Link, Preset, StepTimer
+from flexnpu.serving.topology import Topology
+from flexnpu.sim.hardware import LINKS, Link, Preset, StepTimer, topology_link
 from flexnpu.sim.models import ModelShape
 from flexnpu.sim.workload import Workload
 
@@ -173,11 +182,14 @@ def _core_calls(
     """place(virtual, executable_id, phase, flops, bytes, inputs, now_ns, weight) -> the
     decision's fields, on_start and on_finish of `core`. For a flexnpu.placement.Core these
     are the bindings its methods call (same call, same decision) without the Profile and
-    Decision objects of every call (the simulator places every step); any other core (a
-    test's wrapper) is called through its Python methods."""
+    Decision objects of every call (the simulator places every step), for HostCores its
+    cores' bindings; any other core (a test's wrapper) is called through its Python
+    methods."""
     if type(core) is fp.Core:
         native = core._core
         return native.place, native.on_start, native.on_finish  # on_finish's ok: True
+    if type(core) is HostCores:
+        return core.native_calls()
 
     def place(
         v: int,
@@ -209,6 +221,118 @@ def _core_calls(
     return place, core.on_start, core.on_finish
 
 
+class HostCores:
+    """One placement core per host (`domains`: each host's units, in unit order), with a
+    core's calls over all of them: instance `v`'s steps go to the core of its home unit's host
+    as that core's virtual device `local[v]`, and the unit it picks comes back as the global
+    one. A ticket carries its core: local ticket * number of cores + core."""
+
+    def __init__(
+        self,
+        policies: list[str],
+        unit_model: fp.DeviceModel,
+        domains: list[list[int]],
+        virtual_per_unit: int,
+        home: list[int],
+        **tuning: float,
+    ) -> None:
+        units = sum(len(d) for d in domains)
+        self.bases = [d[0] for d in domains]
+        domain_of = [0] * units
+        for k, d in enumerate(domains):
+            for u in d:
+                domain_of[u] = k
+        self.domain_of = domain_of
+        self.cores = [
+            fp.Core(
+                policy,
+                [unit_model] * len(d),
+                num_virtual_devices=virtual_per_unit * len(d),
+                **tuning,
+            )
+            for policy, d in zip(policies, domains, strict=True)
+        ]
+        # Instance v (virtual device v of the cluster, home unit home[v] = v mod units, layer
+        # v // units): virtual layer * n + (home - base) of its host's core of n units, whose
+        # home there (that mod n) is the same unit.
+        self.inst_domain = [domain_of[h] for h in home]
+        self.inst_local = [
+            (v // units) * len(domains[domain_of[h]]) + h - self.bases[domain_of[h]]
+            for v, h in enumerate(home)
+        ]
+
+    def native_calls(
+        self,
+    ) -> tuple[Callable[..., tuple], Callable[[int, int], None], Callable[[int, int], None]]:
+        """_core_calls' (place, on_start, on_finish) over the hosts' cores."""
+        places = [c._core.place for c in self.cores]
+        starts = [c._core.on_start for c in self.cores]
+        finishes = [c._core.on_finish for c in self.cores]
+        n = len(self.cores)
+        inst_domain, inst_local, bases = self.inst_domain, self.inst_local, self.bases
+
+        def place(
+            v: int,
+            exe: int,
+            phase: str,
+            flops: float,
+            nbytes: float,
+            inputs: list[tuple[int, int]],
+            now_ns: int,
+            weight: float,
+        ) -> tuple:
+            k = inst_domain[v]
+            base = bases[k]
+            if inputs:
+                inputs = [(u - base, b) for u, b in inputs]
+            u, reason, start, finish, migrate, ticket = places[k](
+                inst_local[v], exe, phase, flops, nbytes, inputs, now_ns, weight
+            )
+            return u + base, reason, start, finish, migrate, ticket * n + k
+
+        def on_start(ticket: int, now_ns: int) -> None:
+            starts[ticket % n](ticket // n, now_ns)
+
+        def on_finish(ticket: int, now_ns: int) -> None:
+            finishes[ticket % n](ticket // n, now_ns)
+
+        return place, on_start, on_finish
+
+    def stats(self, now_ns: int) -> dict[str, Any]:
+        """The cores' counters: decisions summed, physical devices in unit order, and each
+        host's own (`hosts`)."""
+        each = [c.stats(now_ns) for c in self.cores]
+        return {
+            "decisions_total": sum(int(s["decisions_total"]) for s in each),
+            "physical": [d for s in each for d in s["physical"]],
+            "hosts": each,
+        }
+
+
+def host_policies(core_policy: str, domains: list[list[int]], num_prefill: int) -> list[str]:
+    """Each host's core policy: the layout's, with static-pd's pools cut to the host's units
+    (global units below num_prefill prefill). A host with units of one role only runs
+    static-colocate: prefills to the earliest finish over its units, decodes stay with their
+    KV (static-pd's placements within a pool; its decisions then read least_loaded and
+    affinity instead of pool)."""
+    if not core_policy.startswith("static-pd"):
+        return [core_policy] * len(domains)
+    out = []
+    for d in domains:
+        pre = [u - d[0] for u in d if u < num_prefill]
+        dec = [u - d[0] for u in d if u >= num_prefill]
+        if pre and dec:
+            out.append(
+                "static-pd:prefill="
+                + ",".join(map(str, pre))
+                + ";decode="
+                + ",".join(map(str, dec))
+            )
+        else:
+            out.append("static-colocate")
+    return out
+
+
 @dataclass
 class RunResult:
     policy: str
@@ -228,6 +352,7 @@ class RunResult:
     preemptions: int = 0
     tokens_in_window: int = 0  # tokens sampled by steps that ended within [0, window_s]
     window_s: float = 0.0
+    kv_bytes_inter_host: int = 0  # of kv_bytes_moved, what crossed hosts
 
 
 class Simulation:
@@ -255,6 +380,7 @@ class Simulation:
         request_weights: bool = True,
         scheduler_class: type[Scheduler] | None = None,
         keep_cluster_log: bool = False,
+        topology: Topology | None = None,
     ) -> None:
         if devices < 1 or parallel < 1 or devices % parallel:
             raise ValueError(
@@ -269,7 +395,26 @@ class Simulation:
         self.keep_cluster_log = keep_cluster_log
         self.units = devices // parallel
         self.timer = StepTimer.create(model, preset, parallel, instance)
+        # The intra-host link: the topology's, else `link`, else the preset's.
         self.link = link or LINKS[preset.link]
+        topo = topology or Topology.single_host(devices)
+        if topo.devices != devices:
+            raise ValueError(
+                f"the topology has {topo.devices} devices, the simulation {devices} (--devices)"
+            )
+        if topo.intra_host_link is not None:
+            self.link = topology_link(topo.intra_host_link, "intra_host_link")
+        self.topology = topo
+        self.domains = topo.placement_domains(parallel)
+        # Each unit's host (its placement domain: a host, or the hosts a unit spans).
+        self.unit_host = [0] * self.units
+        for k, d in enumerate(self.domains):
+            for u in d:
+                self.unit_host[u] = k
+        self.multi_host = len(self.domains) > 1
+        self.inter_link = (
+            topology_link(topo.inter_host_link, "inter_host_link") if self.multi_host else None
+        )
         self.co_run = co_run
         self.drain_s = drain_s
         self.window = timeline_window
@@ -288,10 +433,21 @@ class Simulation:
         )
         self.request_weights = request_weights
         tuning = {**(WEIGHTED_CORE_TUNING if request_weights else {}), **(core_tuning or {})}
-        self.core = fp.Core(
-            self.layout.core_policy, [unit_model] * self.units, num_virtual_devices=v, **tuning
-        )
+        if self.multi_host:
+            self.core: Any = HostCores(
+                host_policies(self.layout.core_policy, self.domains, self.layout.num_prefill),
+                unit_model,
+                self.domains,
+                v // self.units,
+                [i % self.units for i in range(v)],
+                **tuning,
+            )
+        else:
+            self.core = fp.Core(
+                self.layout.core_policy, [unit_model] * self.units, num_virtual_devices=v, **tuning
+            )
         self.link_bw = self.link.bytes_per_s * parallel
+        self.inter_bw = self.inter_link.bytes_per_s * parallel if self.inter_link else 0.0
         depth = preset.runtime.inflight  # the preset's serving runtime (0: as below)
         make_scheduler = scheduler_class or Scheduler
         self.instances = [
@@ -396,9 +552,12 @@ class Simulation:
         self._inflight = [0] * units
         self._busy = [0.0] * units
         self._busy_until = [0.0] * units
-        self._link_free = [0.0] * units
+        self._link_free = [0.0] * units  # each unit's intra-host port
+        # and its inter-host NIC; one port when both are the same network (a supernode's
+        # hosts on the fabric within them)
+        self._nic_free = self._link_free if self.inter_link == self.link else [0.0] * units
         self._reasons: Counter[str] = Counter()
-        self._kv_handoff = self._kv_migrated = 0
+        self._kv_handoff = self._kv_migrated = self._kv_inter_host = 0
         self._steps = self._placements = self._preempted = 0
         self._timeline: list[tuple[int, float, float, str]] = []
         self._window_end = wl.duration
@@ -476,6 +635,7 @@ class Simulation:
             preemptions=self._preempted,
             tokens_in_window=self._tokens_in_window,
             window_s=wl.duration,
+            kv_bytes_inter_host=self._kv_inter_host,
         )
 
     def _push(self, t: float, kind: int, *payload: Any) -> None:
@@ -581,7 +741,12 @@ class Simulation:
         self._reasons[reason] += 1
         ready = now
         if migrate_bytes:
-            ready += migrate_bytes / self.link_bw + self.link.latency_s
+            if self.multi_host and self.unit_host[kv_unit] != self.unit_host[u]:
+                # (a host's core places on its own units: only a test's core gets here)
+                ready += migrate_bytes / self.inter_bw + self.inter_link.latency_s
+                self._kv_inter_host += migrate_bytes
+            else:
+                ready += migrate_bytes / self.link_bw + self.link.latency_s
             self._kv_migrated += migrate_bytes
         if self.co_run:
             start = ready
@@ -686,15 +851,20 @@ class Simulation:
             return
         nbytes = seq.num_tokens * self.kv_per_token
         u = src.kv_unit
-        link_free = self._link_free[u]
+        if self.multi_host and self.unit_host[u] != self.unit_host[dst.kv_unit]:
+            port, link, bw = self._nic_free, self.inter_link, self.inter_bw
+            self._kv_inter_host += nbytes
+        else:
+            port, link, bw = self._link_free, self.link, self.link_bw
+        link_free = port[u]
         start = now if now > link_free else link_free
         if self.preset.runtime.padded_programs and not self.co_run:
             # FlexNPU's engine extracts the KV with a program on the source device, queued
             # behind the step it already dispatched there (two in flight).
             start = max(start, self._free_at[u])
-        link_free = self._link_free[u] = start + nbytes / self.link_bw
+        link_free = port[u] = start + nbytes / bw
         self._kv_handoff += nbytes
-        heapq.heappush(self._heap, (link_free + self.link.latency_s, self._order, _KV, dst, seq))
+        heapq.heappush(self._heap, (link_free + link.latency_s, self._order, _KV, dst, seq))
 
 
 def percentiles(xs: np.ndarray) -> dict[str, float]:

@@ -51,6 +51,8 @@ from flexnpu.serving.multihost.replica import (
 from flexnpu.serving.output import RequestOutput, deliver_finish, observe_token
 from flexnpu.serving.sampling import SamplingParams
 from flexnpu.serving.scheduler import QueueFullError, Role
+from flexnpu.serving.topology import Host, Topology
+from flexnpu.serving.topology import Link as TopologyLink
 
 HOST_LAYOUTS = ("colocated", "split", "adaptive")
 KV_HANDOFF_FAILED = "error: the KV handoff from replica "  # a replica's finish (replica.py)
@@ -245,6 +247,8 @@ class ClusterFront:
         self._first: ReplicaInfo | None = None
         self.reroutes = 0
         self.replica_failures = 0
+        # KV handed off between replicas: bytes, seconds x source devices, transfers.
+        self._kv_between: tuple[int, float, int] = (0, 0.0, 0)
         self.start_failures: list[str] = []
 
     # ---- start-up and shutdown ------------------------------------------------------------
@@ -394,6 +398,28 @@ class ClusterFront:
         """The live replicas."""
         with self._lock:
             return [r.info for r in self._replicas.values() if r.live]
+
+    def topology(self) -> Topology:
+        """The cluster as flexnpu.serving.topology describes it (what `simulate --topology`
+        reads): a host per live replica, in join order, with its devices; the inter-host link
+        measured from the KV handoffs between replicas (their bytes over the seconds the
+        destinations spent fetching them, per device of the source replica; None before the
+        first), the intra-host one unknown (None: each engine's own devices)."""
+        with self._lock:
+            live = [r.info for r in self._units if r.live]
+            nbytes, device_seconds, transfers = self._kv_between
+        if not live:
+            raise RuntimeError("the cluster front has no live replica")
+        inter = None
+        if transfers and device_seconds > 0:
+            inter = TopologyLink(
+                "measured",
+                nbytes / device_seconds,
+                0.0,
+                f"{transfers} KV handoffs between replicas, {nbytes} bytes (the latency is "
+                "inside the bandwidth)",
+            )
+        return Topology(tuple(Host(i.host, i.num_devices) for i in live), None, inter)
 
     def submit(
         self,
@@ -646,11 +672,18 @@ class ClusterFront:
         return True
 
     def _kv_received(self, dst: _Replica, received: Any) -> None:
+        with self._lock:
+            src = self._replicas.get(received.source)
+            if src is not None and src is not dst:  # the inter-host link topology() reports
+                nbytes, device_seconds, transfers = self._kv_between
+                self._kv_between = (
+                    nbytes + received.nbytes,
+                    device_seconds + received.seconds * max(1, src.info.num_devices),
+                    transfers + 1,
+                )
         hook = getattr(self.metrics, "on_kv_transfer", None)
         if hook is None:
             return
-        with self._lock:
-            src = self._replicas.get(received.source)
         source = (src.info.host, src.info.name) if src is not None else ("?", received.source)
         hook(source, (dst.info.host, dst.info.name), received.nbytes, received.seconds)
 

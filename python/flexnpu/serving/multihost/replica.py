@@ -74,6 +74,7 @@ class ReplicaInfo:
     prefill_tokens_per_s: float = 0.0
     decode_batch: int = 0
     time_scale: float = 1.0
+    num_devices: int = 0  # the devices its engine serves on
 
 
 @dataclass(frozen=True)
@@ -280,6 +281,7 @@ class ReplicaServer:
             prefill_tokens_per_s=rate,
             decode_batch=ec.max_num_seqs * len(engine.instances),
             time_scale=emulated_time_scale(devices[0]),
+            num_devices=len(devices),
         )
 
     def _cache_directory(self) -> str | None:
