@@ -50,11 +50,12 @@ def forward(weights: dict[str, np.ndarray], cfg: LlamaConfig, tokens: list[int])
         rep = nh // nkv
         k = np.repeat(k, rep, axis=1)
         v = np.repeat(v, rep, axis=1)
-        s = np.einsum("thd,shd->hts", q, k) / np.sqrt(d)
+        # Batched matmuls (BLAS) rather than einsum: einsum without a contraction plan loops.
+        s = (q.transpose(1, 0, 2) @ k.transpose(1, 2, 0)) / np.sqrt(d)  # [h, t, s]
         s = np.where(causal[None], s, -np.inf)
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
-        o = np.einsum("hts,shd->thd", s, v).reshape(t, nh * d)
+        o = (s @ v.transpose(1, 0, 2)).transpose(1, 0, 2).reshape(t, nh * d)
         x = x + o @ w(p + "attn_output.weight").T
         h = _rms(x, w(p + "ffn_norm.weight"), cfg.rms_eps)
         gate = h @ w(p + "ffn_gate.weight").T
