@@ -509,7 +509,8 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, one_eng
     """Two replicas over engines in this process (the tiny model): in the split layout every
     prompt is prefilled on the first and decoded on the second, its KV fetched from host arrays;
     in the adaptive one (a scripted advisor: one host takes prompts) the same. Greedy ids equal
-    one engine's, and the KV bytes counted are what the prompts' KV blocks weigh."""
+    one engine's, and the KV bytes counted are what the prompts' KV blocks weigh. Adaptive, the
+    same front then moves running decodes (`_move_running_decodes`)."""
     from _serving import ScriptedSplit
 
     from flexnpu.serving import kvcache
@@ -518,12 +519,13 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, one_eng
     from flexnpu.serving.multihost.replica import ReplicaSpec
     from flexnpu.serving.output import IdsOutput
 
-    m, want, _ = one_engine
+    m, want, one = one_engine
     ec = _tiny_engine_config()
     spec = ReplicaSpec(model="random:tiny", seed=1, engine_config=ec, compilation_cache=None)
     launcher = _InProcessLauncher([_Node("aaaa", "host-a"), _Node("bbbb", "host-b")], spec)
     metrics = ClusterMetrics("tiny")
-    cfg = FrontConfig(poll_wait_s=0.01, layout=layout, split_advisor=lambda n: ScriptedSplit(1))
+    script = ScriptedSplit(1)
+    cfg = FrontConfig(poll_wait_s=0.01, layout=layout, split_advisor=lambda n: script)
     f = ClusterFront(launcher, metrics, cfg, log=lambda *_: None)
     metrics.attach(f)
     f.start()
@@ -544,8 +546,52 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, one_eng
         line = next(x for x in text.splitlines() if x.startswith("flexnpu:kv_transfer_bytes_total"))
         assert f'source_replica="{a}"' in line and f'destination_replica="{b}"' in line
         assert float(line.split()[-1]) == weight
+        if layout == "adaptive":
+            _move_running_decodes(f, script, one, metrics)
     finally:
         f.stop()
+
+
+def _move_running_decodes(f, script, one, metrics) -> None:
+    """Host a turns mixed and runs requests; once each has streamed a token, a turns prefill and
+    its running decodes move to b with their KV (from host arrays) mid-stream. Every answer
+    (greedy, and seeded sampling) equals one engine's, every token once; the moves are
+    counted, their KV with the handoffs'."""
+    from flexnpu.serving.output import IdsOutput
+    from flexnpu.serving.sampling import SamplingParams
+
+    a, b = (f"flexnpu-replica-{x}" for x in ("aaaa", "bbbb"))
+    # Short prompts, long answers (prompt + answer within max_model_len 128): still decoding
+    # when the role changes.
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[3], PROMPTS[1]]
+    samplings = [greedy(100), greedy(90), greedy(95)]
+    samplings.append(SamplingParams(max_tokens=90, temperature=1.0, seed=5, ignore_eos=True))
+    want = [one.generate(p, sp)[0] for p, sp in zip(prompts, samplings, strict=True)]
+    script.ask = (0, 1)  # a mixed (takes prompts and decodes them), b decodes
+    sent = []
+    for p, sp in zip(prompts, samplings, strict=True):
+        out = IdsOutput(sp, f.eos_ids)
+        sent.append((f.submit(p, sp, out), out))
+    assert [role for _, _, role in f.host_roles()] == ["mixed", "decode"]
+    assert {req.replica for req, _ in sent} == {a}
+    _wait(lambda: all(req.num_tokens for req, _ in sent))
+    script.ask = 1  # at this arrival: a prefills, b decodes
+    last = IdsOutput(greedy(6), f.eos_ids)
+    sent.append((f.submit(PROMPTS[2], greedy(6), last), last))
+    want.append(one.generate(PROMPTS[2], greedy(6))[0])
+    for _, out in sent:
+        assert out.done.wait(TIMEOUT_S * 4), "a request hung"
+    assert [out.finish_reason for _, out in sent] == ["length"] * len(sent)
+    assert [out.ids for _, out in sent] == want
+    assert [req.num_tokens for req, _ in sent] == [len(w) for w in want]
+    assert [req.handoffs for req, _ in sent] == [[(a, b)]] * len(sent)
+    assert [req.moves for req, _ in sent] == [1, 1, 1, 1, 0]  # the last: a plain handoff
+    text = metrics.render().decode()
+    lines = [x for x in text.splitlines() if x.startswith("flexnpu:cluster_moved_decodes_total")]
+    assert len(lines) == 1 and f'source_replica="{a}"' in lines[0]
+    assert f'destination_replica="{b}"' in lines[0] and lines[0].endswith(" 4.0")
+    line = next(x for x in text.splitlines() if x.startswith("flexnpu:kv_transfers_total"))
+    assert line.endswith(f" {len(PROMPTS) + len(sent)}.0")  # the first handoffs, these
 
 
 def test_serve_ray_host_layout_errors() -> None:
@@ -584,7 +630,8 @@ def test_host_counts_against_the_layout() -> None:
 
 def test_adaptive_hosts_change_sides_and_drain() -> None:
     """Three hosts, the advisor scripted: 1 prefill host, then 2. A host that joins the prefill
-    side takes prompts from the next arrival on and no more handoffs; what it holds stays."""
+    side takes prompts from the next arrival on and no more handoffs; it is asked to move what
+    it decodes (a fake replica keeps it: test_a_host_leaving_the_decode_side_moves_...)."""
     from _serving import ScriptedSplit
 
     from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
@@ -615,7 +662,10 @@ def test_adaptive_hosts_change_sides_and_drain() -> None:
             (a if r.replica == a.name else b).prefilled(r.id, 5)
         _wait(lambda: len(c.continued) == 2 + (first_decoder is c))
         assert all(rid != r2.id and rid != r3.id for rid, _, _ in b.continued)
-        assert r1.replica == first_decoder.name  # it stays where it decodes
+        assert r1.replica == first_decoder.name  # (the fake did not move it)
+        if first_decoder is b:
+            _wait(lambda: b.moves == [[r1.id]])
+        assert c.moves == [] and b.moves == ([[r1.id]] if first_decoder is b else [])
         # b co-located (mixed): prompts that go there run there, not handed off.
         script.ask = (1, 1)
         sent = [_submit(f)[0] for _ in range(2)]
@@ -700,62 +750,3 @@ def test_a_failed_move_ends_the_request_with_the_replica_named(mixed_front) -> N
     )
     assert o1.tokens == [1] and a.aborted == [r1.id] and b.continued == []
     assert not o2.done.is_set() and r2.replica == a.name  # prefilled there, not moved
-
-
-def test_real_replicas_move_running_decodes_and_answer_as_one_engine(one_engine) -> None:
-    """Two replicas over engines in this process, the advisor scripted: host a mixed, b
-    decoding. Requests run on a; once each has streamed a token, a turns prefill and its running
-    decodes move to b with their KV (from host arrays) mid-stream. Every answer (greedy, and
-    seeded sampling) equals one engine's, every token once, and the moves are counted."""
-    from _serving import ScriptedSplit
-
-    from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
-    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
-    from flexnpu.serving.multihost.replica import ReplicaSpec
-    from flexnpu.serving.output import IdsOutput
-    from flexnpu.serving.sampling import SamplingParams
-
-    _, _, one = one_engine
-    # Short prompts, long answers (prompt + answer within max_model_len 128): still decoding
-    # when the role changes.
-    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[3], PROMPTS[1]]
-    samplings = [greedy(100), greedy(90), greedy(95)]
-    samplings.append(SamplingParams(max_tokens=90, temperature=1.0, seed=5, ignore_eos=True))
-    want = [one.generate(p, sp)[0] for p, sp in zip(prompts, samplings, strict=True)]
-    spec = ReplicaSpec(
-        model="random:tiny", seed=1, engine_config=_tiny_engine_config(), compilation_cache=None
-    )
-    launcher = _InProcessLauncher([_Node("aaaa", "host-a"), _Node("bbbb", "host-b")], spec)
-    script = ScriptedSplit(0)
-    script.mixed_units, script.ask = 1, (0, 1)
-    metrics = ClusterMetrics("tiny")
-    cfg = FrontConfig(poll_wait_s=0.01, layout="adaptive", split_advisor=lambda n: script)
-    f = ClusterFront(launcher, metrics, cfg, log=lambda *_: None)
-    metrics.attach(f)
-    f.start()
-    try:
-        a, b = (f"flexnpu-replica-{x}" for x in ("aaaa", "bbbb"))
-        sent = []
-        for p, sp in zip(prompts, samplings, strict=True):
-            out = IdsOutput(sp, f.eos_ids)
-            sent.append((f.submit(p, sp, out), out))
-        assert {req.replica for req, _ in sent} == {a}
-        _wait(lambda: all(req.num_tokens for req, _ in sent))
-        script.ask = 1  # at this arrival: a prefills, b decodes
-        last = IdsOutput(greedy(6), f.eos_ids)
-        sent.append((f.submit(PROMPTS[2], greedy(6), last), last))
-        want.append(one.generate(PROMPTS[2], greedy(6))[0])
-        for _, out in sent:
-            assert out.done.wait(TIMEOUT_S * 4), "a request hung"
-        assert [out.finish_reason for _, out in sent] == ["length"] * len(sent)
-        assert [out.ids for _, out in sent] == want
-        assert [req.num_tokens for req, _ in sent] == [len(w) for w in want]
-        assert [req.handoffs for req, _ in sent] == [[(a, b)]] * len(sent)
-        moved = [req.moves for req, _ in sent]
-        assert moved == [1, 1, 1, 1, 0], moved  # the last one: a plain handoff
-        text = metrics.render().decode()
-        line = next(x for x in text.splitlines() if x.startswith("flexnpu:cluster_moved_decodes"))
-        assert f'source_replica="{a}"' in line and f'destination_replica="{b}"' in line
-        assert float(line.split()[-1]) == sum(moved)
-    finally:
-        f.stop()
