@@ -745,8 +745,42 @@ def test_a_failed_move_ends_the_request_with_the_replica_named(mixed_front) -> N
     r2, o2 = _submit(f)
     assert o1.done.wait(TIMEOUT_S)
     assert o1.finish == (
-        f"error: moving the request off replica {a.name} on host host-a failed: "
-        "RuntimeError: the actor is gone"
+        f"error: moving the request off replica {a.name} failed: RuntimeError: the actor is gone"
     )
     assert o1.tokens == [1] and a.aborted == [r1.id] and b.continued == []
     assert not o2.done.is_set() and r2.replica == a.name  # prefilled there, not moved
+
+
+def test_a_replica_that_cannot_move_a_request_ends_it_naming_itself() -> None:
+    """The front does not wait for `export_running` (a Ray call): a replica whose engine
+    refuses the move ends the request itself, with an error naming the replica."""
+    from types import SimpleNamespace
+
+    from flexnpu.serving.multihost.replica import ReplicaServer, ReplicaSpec
+    from flexnpu.serving.sampling import SamplingParams
+
+    class _RefusingEngine:
+        eos_ids = frozenset([2])
+
+        def __init__(self) -> None:
+            self.aborted: list[tuple[object, str]] = []
+
+        def submit(self, prompt_ids, sampling, output, **kw):
+            return SimpleNamespace(done=False)
+
+        def export_running(self, requests, export):
+            raise ValueError("exporting a running sequence needs an engine built with kv_handoff")
+
+        def abort(self, req, reason="abort") -> None:
+            self.aborted.append((req, reason))
+
+    server = ReplicaServer(ReplicaSpec(model="random:tiny", engine_config=None), "replica-x")
+    server.engine = engine = _RefusingEngine()
+    server.submit(7, [5, 5], SamplingParams(max_tokens=4))
+    server.export_running([7, 8])  # 8 is not there: skipped
+    assert [reason for _, reason in engine.aborted] == [
+        "error: moving the request off replica replica-x failed: ValueError: exporting a "
+        "running sequence needs an engine built with kv_handoff"
+    ]
+    server.export_running(None)  # 7 left the replica's requests: nothing more
+    assert len(engine.aborted) == 1

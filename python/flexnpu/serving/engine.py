@@ -547,8 +547,8 @@ class Engine:
             k, v = np.pad(np.asarray(k), pad), np.pad(np.asarray(v), pad)
         return k, v
 
-    def abort(self, req: Request) -> None:
-        """Finishes the request ("abort") and frees its KV blocks now (a client went away)."""
+    def abort(self, req: Request, reason: str = "abort") -> None:
+        """Finishes the request (`reason`) and frees its KV blocks now (a client went away)."""
         with self._lock:
             if req.done:
                 return
@@ -558,7 +558,7 @@ class Engine:
             with inst.lock:
                 inst.sched.abort(req.id)
             inst.wake.set()
-        self._finish(req, "abort")
+        self._finish(req, reason)
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                  timeout: float = 120) -> tuple[list[int], str]:

@@ -60,7 +60,8 @@ from flexnpu.serving.scheduler import QueueFullError, Role
 
 HOST_LAYOUTS = ("colocated", "split", "adaptive")
 KV_HANDOFF_FAILED = "error: the KV handoff from replica "  # a replica's finish (replica.py)
-DECODE_MOVE_FAILED = "error: moving the request off replica "  # export_running failed
+# export_running failed (the front's call, or the replica's engine: replica.py)
+DECODE_MOVE_FAILED = "error: moving the request off replica "
 _FULL = 1 << 62  # the load key of a host whose queue is full: never the least loaded
 
 
@@ -623,10 +624,7 @@ class ClusterFront:
             rep.handle.export_running([r.id for r in reqs])
             return
         except Exception as e:  # noqa: BLE001 - each request is told, none hangs
-            message = (
-                f"{DECODE_MOVE_FAILED}{rep.info.name} on host {rep.info.host} failed: "
-                f"{type(e).__name__}: {e}"
-            )
+            message = f"{DECODE_MOVE_FAILED}{rep.info.name} failed: {type(e).__name__}: {e}"
         self.log(f"front: {message}")
         for req in reqs:
             if req.done or req.replica != rep.info.name:

@@ -384,7 +384,15 @@ class ReplicaServer:
             self._export_running(rid, req)
 
     def _export_running(self, rid: int, req: Any) -> None:
-        self.engine.export_running([req], lambda _, p: self._exported(rid, p, moved=True))
+        """(A refusal, e.g. an engine without the handoff programs, ends the request: the
+        front does not hear of an exception in a call it did not wait for.)"""
+        try:
+            self.engine.export_running([req], lambda _, p: self._exported(rid, p, moved=True))
+        except Exception as e:  # noqa: BLE001
+            with self._lock:
+                self._requests.pop(rid, None)
+            why = f"error: moving the request off replica {self.name} failed: {first_line(e)}"
+            self.engine.abort(req, why)
 
     def _exported(self, rid: int, prefilled: Any, moved: bool = False) -> None:
         with self._lock:
