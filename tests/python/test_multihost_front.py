@@ -36,6 +36,9 @@ class _FakeReplica:
         self.submitted: list[int] = []
         self.exports: list[int] = []  # submitted to stop after the prompt
         self.continued: list[tuple[int, object, str]] = []  # submit_prefilled: (id, kv, source)
+        self.continuations: list = []  # what submit_prefilled got
+        self.moves: list[list[int] | None] = []  # export_running calls
+        self.move_error: Exception | None = None  # export_running raises it
         self.aborted: list[int] = []
         self.load = (0, 0, 0.0)
         self._events: queue.Queue = queue.Queue()
@@ -68,8 +71,14 @@ class _FakeReplica:
         if export:
             self.exports.append(rid)
 
-    def submit_prefilled(self, rid, prompt_ids, sampling, done, kv, source, timeout_s, priority):
-        self.continued.append((rid, kv, source))
+    def submit_prefilled(self, c) -> None:
+        self.continuations.append(c)
+        self.continued.append((c.rid, c.kv, c.source))
+
+    def export_running(self, rids) -> None:
+        if self.move_error is not None:
+            raise self.move_error
+        self.moves.append(rids)
 
     def kv_source(self, rid):
         return ("kv of", self.name, rid)
@@ -80,6 +89,13 @@ class _FakeReplica:
 
         ev = RequestEvents([(first, None)], None, PrefillDone((first,), (1, 0), 1, 4096))
         self._events.put({rid: ev})
+
+    def moved(self, rid: int, before: list[int], last: int) -> None:
+        """The request stopped at its next token here (`last`, after `before`), moved off."""
+        from flexnpu.serving.multihost.replica import PrefillDone, RequestEvents
+
+        done = PrefillDone((*before, last), (1, 0), 1, 4096, moved=True)
+        self._events.put({rid: RequestEvents([(last, None)], None, done)})
 
     def abort(self, rid) -> None:
         self.aborted.append(rid)
@@ -414,8 +430,11 @@ class _InProcessReplica:
     def submit(self, *args) -> None:
         self.server.submit(*args)
 
-    def submit_prefilled(self, *args) -> None:
-        self.server.submit_prefilled(*args)
+    def submit_prefilled(self, c) -> None:
+        self.server.submit_prefilled(c)
+
+    def export_running(self, rids) -> None:
+        self.server.export_running(rids)
 
     def kv_source(self, rid):
         return functools.partial(self.server.take_kv, rid)
@@ -483,7 +502,7 @@ def one_engine(npu_devices):
     )
     one.warmup()
     one.start()
-    yield m, [one.generate(p, greedy(n))[0] for p, n in zip(PROMPTS, LENGTHS, strict=True)]
+    yield m, [one.generate(p, greedy(n))[0] for p, n in zip(PROMPTS, LENGTHS, strict=True)], one
     one.stop()
 
 
@@ -492,7 +511,8 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, one_eng
     """Two replicas over engines in this process (the tiny model): in the split layout every
     prompt is prefilled on the first and decoded on the second, its KV fetched from host arrays;
     in the adaptive one (a scripted advisor: one host takes prompts) the same. Greedy ids equal
-    one engine's, and the KV bytes counted are what the prompts' KV blocks weigh."""
+    one engine's, and the KV bytes counted are what the prompts' KV blocks weigh. Adaptive, the
+    same front then moves running decodes (`_move_running_decodes`)."""
     from _serving import ScriptedSplit
 
     from flexnpu.serving import kvcache
@@ -501,12 +521,13 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, one_eng
     from flexnpu.serving.multihost.replica import ReplicaSpec
     from flexnpu.serving.output import IdsOutput
 
-    m, want = one_engine
+    m, want, one = one_engine
     ec = _tiny_engine_config()
     spec = ReplicaSpec(model="random:tiny", seed=1, engine_config=ec, compilation_cache=None)
     launcher = _InProcessLauncher([_Node("aaaa", "host-a"), _Node("bbbb", "host-b")], spec)
     metrics = ClusterMetrics("tiny")
-    cfg = FrontConfig(poll_wait_s=0.01, layout=layout, split_advisor=lambda n: ScriptedSplit(1))
+    script = ScriptedSplit(1)
+    cfg = FrontConfig(poll_wait_s=0.01, layout=layout, split_advisor=lambda n: script)
     f = ClusterFront(launcher, metrics, cfg, log=lambda *_: None)
     metrics.attach(f)
     f.start()
@@ -527,8 +548,52 @@ def test_real_replicas_hand_the_kv_over_and_answer_as_one_engine(layout, one_eng
         line = next(x for x in text.splitlines() if x.startswith("flexnpu:kv_transfer_bytes_total"))
         assert f'source_replica="{a}"' in line and f'destination_replica="{b}"' in line
         assert float(line.split()[-1]) == weight
+        if layout == "adaptive":
+            _move_running_decodes(f, script, one, metrics)
     finally:
         f.stop()
+
+
+def _move_running_decodes(f, script, one, metrics) -> None:
+    """Host a turns mixed and runs requests; once each has streamed a token, a turns prefill and
+    its running decodes move to b with their KV (from host arrays) mid-stream. Every answer
+    (greedy, and seeded sampling) equals one engine's, every token once; the moves are
+    counted, their KV with the handoffs'."""
+    from flexnpu.serving.output import IdsOutput
+    from flexnpu.serving.sampling import SamplingParams
+
+    a, b = (f"flexnpu-replica-{x}" for x in ("aaaa", "bbbb"))
+    # Short prompts, long answers (prompt + answer within max_model_len 128): still decoding
+    # when the role changes.
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[3], PROMPTS[1]]
+    samplings = [greedy(100), greedy(90), greedy(95)]
+    samplings.append(SamplingParams(max_tokens=90, temperature=1.0, seed=5, ignore_eos=True))
+    want = [one.generate(p, sp)[0] for p, sp in zip(prompts, samplings, strict=True)]
+    script.ask = (0, 1)  # a mixed (takes prompts and decodes them), b decodes
+    sent = []
+    for p, sp in zip(prompts, samplings, strict=True):
+        out = IdsOutput(sp, f.eos_ids)
+        sent.append((f.submit(p, sp, out), out))
+    assert [role for _, _, role in f.host_roles()] == ["mixed", "decode"]
+    assert {req.replica for req, _ in sent} == {a}
+    _wait(lambda: all(req.num_tokens for req, _ in sent))
+    script.ask = 1  # at this arrival: a prefills, b decodes
+    last = IdsOutput(greedy(6), f.eos_ids)
+    sent.append((f.submit(PROMPTS[2], greedy(6), last), last))
+    want.append(one.generate(PROMPTS[2], greedy(6))[0])
+    for _, out in sent:
+        assert out.done.wait(TIMEOUT_S * 4), "a request hung"
+    assert [out.finish_reason for _, out in sent] == ["length"] * len(sent)
+    assert [out.ids for _, out in sent] == want
+    assert [req.num_tokens for req, _ in sent] == [len(w) for w in want]
+    assert [req.handoffs for req, _ in sent] == [[(a, b)]] * len(sent)
+    assert [req.moves for req, _ in sent] == [1, 1, 1, 1, 0]  # the last: a plain handoff
+    text = metrics.render().decode()
+    lines = [x for x in text.splitlines() if x.startswith("flexnpu:cluster_moved_decodes_total")]
+    assert len(lines) == 1 and f'source_replica="{a}"' in lines[0]
+    assert f'destination_replica="{b}"' in lines[0] and lines[0].endswith(" 4.0")
+    line = next(x for x in text.splitlines() if x.startswith("flexnpu:kv_transfers_total"))
+    assert line.endswith(f" {len(PROMPTS) + len(sent)}.0")  # the first handoffs, these
 
 
 def test_serve_ray_host_layout_errors() -> None:
@@ -567,7 +632,8 @@ def test_host_counts_against_the_layout() -> None:
 
 def test_adaptive_hosts_change_sides_and_drain() -> None:
     """Three hosts, the advisor scripted: 1 prefill host, then 2. A host that joins the prefill
-    side takes prompts from the next arrival on and no more handoffs; what it holds stays."""
+    side takes prompts from the next arrival on and no more handoffs; it is asked to move what
+    it decodes (a fake replica keeps it: test_a_host_leaving_the_decode_side_moves_...)."""
     from _serving import ScriptedSplit
 
     from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
@@ -598,7 +664,10 @@ def test_adaptive_hosts_change_sides_and_drain() -> None:
             (a if r.replica == a.name else b).prefilled(r.id, 5)
         _wait(lambda: len(c.continued) == 2 + (first_decoder is c))
         assert all(rid != r2.id and rid != r3.id for rid, _, _ in b.continued)
-        assert r1.replica == first_decoder.name  # it stays where it decodes
+        assert r1.replica == first_decoder.name  # (the fake did not move it)
+        if first_decoder is b:
+            _wait(lambda: b.moves == [[r1.id]])
+        assert c.moves == [] and b.moves == ([[r1.id]] if first_decoder is b else [])
         # b co-located (mixed): prompts that go there run there, not handed off.
         script.ask = (1, 1)
         sent = [_submit(f)[0] for _ in range(2)]
@@ -646,8 +715,9 @@ def test_topology_of_the_live_replicas_on_its_route(tmp_path) -> None:
             r, _ = _submit(f)
             a.prefilled(r.id, 3)
             _wait(lambda r=r: r.replica == b.name)
-            b._events.put({r.id: RequestEvents([(4, None)], None, None,
-                                                KvReceived(a.name, nbytes, seconds))})
+            b._events.put(
+                {r.id: RequestEvents([(4, None)], None, None, KvReceived(a.name, nbytes, seconds))}
+            )
             _wait(lambda r=r: r.num_tokens == 2)
         link = client.get("/cluster/topology").json()["inter_host_link"]
         assert link["bytes_per_s"] == pytest.approx(16384 / (1.0 * 4))  # per device of a
@@ -665,3 +735,112 @@ def test_topology_of_the_live_replicas_on_its_route(tmp_path) -> None:
         f.stop()
     single = TestClient(create_app(ServerState(types.SimpleNamespace(), ByteTokenizer(), "x")))
     assert single.get("/cluster/topology").status_code == 404
+
+
+@pytest.fixture
+def mixed_front():
+    """Two fake hosts, the advisor scripted: host a mixed (takes prompts and decodes them), b
+    decodes; a test then turns a to the prefill side (`script.ask = 1`)."""
+    from _serving import ScriptedSplit
+
+    from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
+    from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
+
+    script = ScriptedSplit(0)
+    script.mixed_units, script.ask = 1, (0, 1)
+    launcher = _FakeLauncher([_Node("aaaa", "host-a"), _Node("bbbb", "host-b")])
+    metrics = ClusterMetrics("tiny")
+    cfg = FrontConfig(poll_wait_s=0.01, layout="adaptive", split_advisor=lambda n: script)
+    f = ClusterFront(launcher, metrics, cfg, log=lambda *_: None)
+    metrics.attach(f)
+    f.start()
+    yield f, launcher.replicas["aaaa"], launcher.replicas["bbbb"], script, metrics
+    f.stop()
+
+
+def test_a_host_leaving_the_decode_side_moves_its_running_requests(mixed_front) -> None:
+    f, a, b, script, metrics = mixed_front
+    assert [role for _, _, role in f.host_roles()] == ["mixed", "decode"]
+    r1, o1 = _submit(f)
+    assert r1.replica == a.name and a.exports == []  # runs where it was prefilled
+    a.emit(r1.id, [1, 2])
+    _wait(lambda: r1.num_tokens == 2)
+    assert a.moves == []
+    script.ask = 1  # a turns prefill at the next arrival: what it runs moves to b
+    r2, _ = _submit(f)
+    assert [role for _, _, role in f.host_roles()] == ["prefill", "decode"]
+    assert r2.replica == a.name and a.exports == [r2.id]
+    _wait(lambda: len(a.moves) == 1)
+    assert a.moves == [[r1.id]]  # (r2 stops after its prompt anyway)
+    # a stops r1 at its next token and keeps its KV; b continues it from there.
+    a.moved(r1.id, [1, 2], 3)
+    _wait(lambda: len(b.continued) == 1)
+    assert b.continued == [(r1.id, ("kv of", a.name, r1.id), a.name)]
+    assert b.continuations[0].done.output_ids == (1, 2, 3)
+    assert r1.replica == b.name and r1.handoffs == [(a.name, b.name)] and r1.moves == 1
+    a.emit(r1.id, [9], "abort")  # stale: r1 left a
+    b.emit(r1.id, [4, 5], "length")
+    assert o1.done.wait(TIMEOUT_S) and (o1.tokens, o1.finish) == ([1, 2, 3, 4, 5], "length")
+    text = metrics.render().decode()
+    pair = (
+        f'destination_host="host-b",destination_replica="{b.name}",host="{metrics.host}",'
+        f'replica="front",source_host="host-a",source_replica="{a.name}"'
+    )
+    assert f"flexnpu:cluster_moved_decodes_total{{{pair}}} 1.0" in text
+    # A prompt prefilled on a (now a prefill host) is a handoff, not a move.
+    a.prefilled(r2.id, 6)
+    _wait(lambda: len(b.continued) == 2)
+    assert r2.moves == 0 and f"flexnpu:cluster_moved_decodes_total{{{pair}}} 1.0" in (
+        metrics.render().decode()
+    )
+
+
+def test_a_failed_move_ends_the_request_with_the_replica_named(mixed_front) -> None:
+    f, a, b, script, _ = mixed_front
+    r1, o1 = _submit(f)
+    a.emit(r1.id, [1])
+    _wait(lambda: r1.num_tokens == 1)
+    a.move_error = RuntimeError("the actor is gone")
+    script.ask = 1
+    r2, o2 = _submit(f)
+    assert o1.done.wait(TIMEOUT_S)
+    assert o1.finish == (
+        f"error: moving the request off replica {a.name} failed: RuntimeError: the actor is gone"
+    )
+    assert o1.tokens == [1] and a.aborted == [r1.id] and b.continued == []
+    assert not o2.done.is_set() and r2.replica == a.name  # prefilled there, not moved
+
+
+def test_a_replica_that_cannot_move_a_request_ends_it_naming_itself() -> None:
+    """The front does not wait for `export_running` (a Ray call): a replica whose engine
+    refuses the move ends the request itself, with an error naming the replica."""
+    from types import SimpleNamespace
+
+    from flexnpu.serving.multihost.replica import ReplicaServer, ReplicaSpec
+    from flexnpu.serving.sampling import SamplingParams
+
+    class _RefusingEngine:
+        eos_ids = frozenset([2])
+
+        def __init__(self) -> None:
+            self.aborted: list[tuple[object, str]] = []
+
+        def submit(self, prompt_ids, sampling, output, **kw):
+            return SimpleNamespace(done=False)
+
+        def export_running(self, requests, export):
+            raise ValueError("exporting a running sequence needs an engine built with kv_handoff")
+
+        def abort(self, req, reason="abort") -> None:
+            self.aborted.append((req, reason))
+
+    server = ReplicaServer(ReplicaSpec(model="random:tiny", engine_config=None), "replica-x")
+    server.engine = engine = _RefusingEngine()
+    server.submit(7, [5, 5], SamplingParams(max_tokens=4))
+    server.export_running([7, 8])  # 8 is not there: skipped
+    assert [reason for _, reason in engine.aborted] == [
+        "error: moving the request off replica replica-x failed: ValueError: exporting a "
+        "running sequence needs an engine built with kv_handoff"
+    ]
+    server.export_running(None)  # 7 left the replica's requests: nothing more
+    assert len(engine.aborted) == 1

@@ -494,49 +494,114 @@ def test_adaptive_layout_moves_decodes_with_their_kv_when_the_split_changes(
         eng.stop()
 
 
-def test_a_prefilled_sequence_continues_in_another_engine(tiny, npu_devices, direct) -> None:
+@pytest.fixture(scope="module")
+def handoff_engines(tiny, npu_devices):
+    """Two engines with the KV handoff programs, on two devices (as on two hosts)."""
+    a = _engine(tiny, npu_devices[:1], kv_handoff=True)
+    b = _engine(tiny, npu_devices[1:2], kv_handoff=True)
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def test_a_prefilled_sequence_continues_in_another_engine(tiny, handoff_engines, direct) -> None:
     """Engine A stops every request at its first token and exports its KV; engine B (another
     device, another KV pool) continues them from host arrays (as from another host), and A
     itself from its device arrays: the greedy ids equal the plain model's."""
     from flexnpu.serving.engine import PrefilledSequence
 
-    a = _engine(tiny, npu_devices[:1], kv_handoff=True)
-    b = _engine(tiny, npu_devices[1:2], kv_handoff=True)
-    try:
-        exported: dict[int, PrefilledSequence] = {}
-        outs = [_Collect() for _ in PROMPTS]
-        for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS, strict=True)):
-            a.submit(p, _greedy(n), outs[i], export=lambda x, i=i: exported.__setitem__(i, x))
-        for o in outs:
-            assert o.done.wait(60), "the prefill did not finish"
-        # Every request stopped after its first token, its KV exported.
-        assert [o.reasons for o in outs] == [["prefilled"]] * len(PROMPTS)
-        assert sorted(exported) == list(range(len(PROMPTS)))
-        conts = [_Collect() for _ in PROMPTS]
-        for i, p in exported.items():
-            assert p.output_ids == outs[i].ids == direct[i][:1]
-            blocks = -(-len(PROMPTS[i]) // 8)
-            k, v = p.host_kv()
-            assert p.num_blocks == blocks and k.shape == (
-                tiny.config.num_layers, blocks * 8, tiny.config.num_kv_heads, tiny.config.head_dim)
-            assert p.nbytes == k.nbytes + v.nbytes
-            target = b if i % 2 == 0 else a
-            if target is b:
-                p = PrefilledSequence(p.prompt_ids, p.output_ids, p.seed_words, p.num_blocks,
-                                      p.block_size, k, v)
-            target.submit_prefilled(p, _greedy(LENGTHS[i]), conts[i])
-        for o in conts:
-            assert o.done.wait(60) and o.reasons == ["length"], o.reasons
-        assert [outs[i].ids + conts[i].ids for i in range(len(PROMPTS))] == direct
-        # Wrong KV shapes are refused with the reason.
-        bad = exported[0]
-        k, v = bad.host_kv()
-        with pytest.raises(ValueError, match="does not fit"):
-            b.submit_prefilled(PrefilledSequence(bad.prompt_ids, bad.output_ids, bad.seed_words,
-                                                 1, 8, k[:1], v[:1]), _greedy(3), _Collect())
-    finally:
-        a.stop()
-        b.stop()
+    a, b = handoff_engines
+    exported: dict[int, PrefilledSequence] = {}
+    outs = [_Collect() for _ in PROMPTS]
+    for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS, strict=True)):
+        a.submit(p, _greedy(n), outs[i], export=lambda x, i=i: exported.__setitem__(i, x))
+    for o in outs:
+        assert o.done.wait(60), "the prefill did not finish"
+    # Every request stopped after its first token, its KV exported.
+    assert [o.reasons for o in outs] == [["prefilled"]] * len(PROMPTS)
+    assert sorted(exported) == list(range(len(PROMPTS)))
+    conts = [_Collect() for _ in PROMPTS]
+    for i, p in exported.items():
+        assert p.output_ids == outs[i].ids == direct[i][:1]
+        blocks = -(-len(PROMPTS[i]) // 8)
+        k, v = p.host_kv()
+        assert p.num_blocks == blocks and k.shape == (
+            tiny.config.num_layers, blocks * 8, tiny.config.num_kv_heads, tiny.config.head_dim)
+        assert p.nbytes == k.nbytes + v.nbytes
+        target = b if i % 2 == 0 else a
+        if target is b:
+            p = PrefilledSequence(p.prompt_ids, p.output_ids, p.seed_words, p.num_blocks,
+                                  p.block_size, k, v)
+        target.submit_prefilled(p, _greedy(LENGTHS[i]), conts[i])
+    for o in conts:
+        assert o.done.wait(60) and o.reasons == ["length"], o.reasons
+    assert [outs[i].ids + conts[i].ids for i in range(len(PROMPTS))] == direct
+    # Wrong KV shapes are refused with the reason.
+    bad = exported[0]
+    k, v = bad.host_kv()
+    with pytest.raises(ValueError, match="does not fit"):
+        b.submit_prefilled(PrefilledSequence(bad.prompt_ids, bad.output_ids, bad.seed_words,
+                                             1, 8, k[:1], v[:1]), _greedy(3), _Collect())
+
+
+def test_exports_need_the_handoff_programs(tiny, npu_devices) -> None:
+    eng = _engine(tiny, npu_devices[:1], start=False)
     with pytest.raises(ValueError, match="kv_handoff"):
-        eng = _engine(tiny, npu_devices[:1], start=False)
         eng.submit([1, 2], _greedy(2), _Collect(), export=lambda _: None)
+    with pytest.raises(ValueError, match="exporting a running sequence needs .*kv_handoff"):
+        eng.export_running(None, lambda *_: None)
+
+
+class _MoveAt(_Collect):
+    """Collects, and at its `at`-th token asks its engine to move its request out
+    (export_running; the request is `req`, set after submit)."""
+
+    def __init__(self, engine, at: int, export) -> None:
+        super().__init__()
+        self.engine, self.at, self.export, self.req = engine, at, export, None
+        self.marked: list = []
+
+    def on_token(self, token_id, logprobs, now):
+        super().on_token(token_id, logprobs, now)
+        if len(self.ids) == self.at:
+            assert self.req is not None
+            self.marked = self.engine.export_running([self.req], self.export)
+        return None
+
+
+def test_a_running_request_moves_to_another_engine_mid_decode(handoff_engines) -> None:
+    """Engine A moves a request out at its 3rd token (greedy) or 5th (seeded sampling): its
+    PrefilledSequence holds the prompt, every token so far and their KV; engine B continues it
+    from host arrays, and the ids equal an unmoved run's, each token once."""
+    from flexnpu.serving.engine import PrefilledSequence
+    from flexnpu.serving.sampling import SamplingParams
+
+    a, b = handoff_engines
+    seeded = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=11, ignore_eos=True)
+    for prompt, sp, at in ((PROMPTS[2], _greedy(20), 3), (PROMPTS[1], seeded, 5)):
+        want = a.generate(prompt, sp)[0]
+        moved: list[PrefilledSequence] = []
+        out = _MoveAt(a, at, lambda req, p, moved=moved: moved.append(p))
+        out.req = a.submit(prompt, sp, out)
+        assert out.done.wait(60) and out.reasons == ["moved"], out.reasons
+        assert out.marked == [out.req] and len(moved) == 1
+        p = moved[0]
+        assert p.prompt_ids == prompt and p.output_ids == out.ids == want[:at]
+        assert p.num_positions == len(prompt) + at - 1
+        assert p.num_blocks == -(-p.num_positions // 8)
+        k, v = p.host_kv()
+        rest = _Collect()
+        b.submit_prefilled(PrefilledSequence(p.prompt_ids, p.output_ids, p.seed_words,
+                                             p.num_blocks, 8, k, v), sp, rest)
+        assert rest.done.wait(60) and rest.reasons == ["length"], rest.reasons
+        assert out.ids + rest.ids == want
+    # A finished request is skipped; a failing export ends its request with the reason.
+    assert a.export_running([out.req], lambda *_: None) == []
+    def refuse(req, p):
+        raise RuntimeError("no room")
+
+    failing = _MoveAt(a, 2, refuse)
+    failing.req = a.submit(PROMPTS[0], _greedy(10), failing)
+    assert failing.done.wait(60)
+    assert failing.reasons == ["error: exporting the running sequence failed: no room"]
+    assert len(failing.ids) == 2

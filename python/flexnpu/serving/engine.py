@@ -29,12 +29,16 @@ request's KV blocks at once.
 
 Across engines (hosts, serving/multihost): `submit(..., export=...)` stops a request after its
 prompt (at its first token) and gives its KV and what its decode needs to `export` as a
-PrefilledSequence; `submit_prefilled` continues such a sequence in another engine, its KV written
-into its blocks before the decode step that continues it (as a handoff between instances).
+PrefilledSequence; `export_running` does the same for requests already decoding (at their next
+token: the prompt, the tokens so far and the KV of all of them); `submit_prefilled` continues
+such a sequence in another engine, its KV written into its blocks before the decode step that
+continues it (as a handoff between instances). A token's randomness is its seed and its
+position, so a moved request samples what it would have where it was.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -183,8 +187,10 @@ class Request:
     finish_reason: str | None = None
     aborted: bool = False
     handoff: tuple[Any, Any] | None = None  # KV on its way to a decode instance
-    # Stops at its first token and gives its KV here instead of decoding (another engine does).
+    # Stops at its next token and gives its KV here instead of decoding (another engine does):
+    # its first (submit(export=...)), or any (export_running, which sets `moving`).
     export: Callable[[PrefilledSequence], Any] | None = None
+    moving: bool = False
     suppressed_ids: tuple[int, ...] = ()  # not sampled before sampling.min_tokens tokens
 
     def known_tokens(self) -> list[int]:
@@ -197,13 +203,14 @@ class Request:
 
 @dataclass
 class PrefilledSequence:
-    """A request stopped after its prompt, as another engine continues it: its tokens, its
-    sampling seed and the KV of its computed positions (k, v [layers, positions, kv heads, head
-    dim]: on the exporting engine's device, padded to a handoff bucket, as exported; as host
-    arrays, exactly `num_blocks` blocks, from `host_kv()`)."""
+    """A request stopped after its prompt (or later, moved while decoding), as another engine
+    continues it: its tokens, its sampling seed and the KV of its computed positions (k, v
+    [layers, positions, kv heads, head dim]: on the exporting engine's device, padded to a
+    handoff bucket, as exported; as host arrays, exactly `num_blocks` blocks, from
+    `host_kv()`)."""
 
     prompt_ids: list[int]
-    output_ids: list[int]  # sampled so far (the first token)
+    output_ids: list[int]  # sampled so far (the first token, or every token of a moved one)
     seed_words: tuple[int, int]
     num_blocks: int  # blocks holding the computed positions
     block_size: int
@@ -419,10 +426,12 @@ class Engine:
     def submit_prefilled(self, prefilled: PrefilledSequence, sampling: SamplingParams,
                          output: RequestOutput, *, deadline: float | None = None,
                          priority: int = 0) -> Request:
-        """Continues a sequence another engine prefilled (`export`): its KV (on a device, as
-        exported, or host arrays, e.g. from another host) goes to the instance the cluster
-        layer picks and is written into its blocks before the decode step that continues it;
-        `output` hears the tokens after `prefilled.output_ids`. Raises ValueError (a KV of
+        """Continues a sequence another engine prefilled (`export`) or moved (`export_running`):
+        its KV (on a device, as exported, or host arrays, e.g. from another host) goes to the
+        instance the cluster layer picks and is written into its blocks before the decode step
+        that continues it; `output` hears the tokens after `prefilled.output_ids` (sampled as
+        they would have been there: `sampling` is the request's own, its max_tokens counting
+        those too). Raises ValueError (a KV of
         another shape), RequestTooLongError, EngineDeadError."""
         if not self._handoff_programs():
             raise ValueError("continuing a prefilled sequence needs an engine built with "
@@ -439,6 +448,34 @@ class Engine:
                     else cluster.route_arrival(req.id))
         req.handoff = jax.device_put(kv, inst.device)  # (a host copy: not under the lock)
         return self._place(req, inst)
+
+    def export_running(self, requests: Collection[Request] | None,
+                       export: Callable[[Request, PrefilledSequence], Any]) -> list[Request]:
+        """Moves requests out of this engine (their host stops decoding, say): each stops at its
+        next token, which its output hears first, and `export(request, prefilled)` gets its
+        PrefilledSequence (the prompt, every token sampled so far, the seed, the KV of them all)
+        on an engine thread; then its output hears the finish "moved". `submit_prefilled`
+        continues it elsewhere with the tokens it would have sampled here. One still computing
+        its prompt stops at its first token (as with submit(export=...)); one queued for a
+        decode slot (a handoff) after its first step. `requests` None: every live request.
+        Finished, aborted and foreign requests, and those exported already, are skipped;
+        returns those marked. A failing `export` ends its request with "error: exporting the
+        running sequence failed: ..."."""
+        if not self._handoff_programs():
+            raise ValueError("exporting a running sequence needs an engine built with "
+                             "kv_handoff=True (its handoff programs)")
+        marked = []
+        with self._lock:
+            for req in list(self._live.values()) if requests is None else requests:
+                if self._live.get(req.id) is not req or req.aborted or req.export is not None:
+                    continue
+                req.moving = True
+                req.export = functools.partial(export, req)
+                marked.append(req)
+        for req in marked:
+            if req.instance is not None:
+                req.instance.wake.set()
+        return marked
 
     def _place(self, req: Request, inst: _Instance) -> Request:
         """A new request to `inst`'s scheduler: a prompt, or a prefilled sequence (its KV in
@@ -510,8 +547,8 @@ class Engine:
             k, v = np.pad(np.asarray(k), pad), np.pad(np.asarray(v), pad)
         return k, v
 
-    def abort(self, req: Request) -> None:
-        """Finishes the request ("abort") and frees its KV blocks now (a client went away)."""
+    def abort(self, req: Request, reason: str = "abort") -> None:
+        """Finishes the request (`reason`) and frees its KV blocks now (a client went away)."""
         with self._lock:
             if req.done:
                 return
@@ -521,7 +558,7 @@ class Engine:
             with inst.lock:
                 inst.sched.abort(req.id)
             inst.wake.set()
-        self._finish(req, "abort")
+        self._finish(req, reason)
 
     def generate(self, prompt_ids: list[int], sampling: SamplingParams,
                  timeout: float = 120) -> tuple[list[int], str]:
@@ -627,7 +664,7 @@ class Engine:
                 stopped[req.id] = reason
             elif inst.role is Role.PREFILL and e.finishes:
                 handoff_blocks[req.id] = list(e.seq.blocks)
-            elif req.export is not None and not e.finishes:  # its first token: stop here
+            elif req.export is not None and not e.finishes:  # to export: stop here
                 stopped[req.id] = "prefilled"
                 handoff_blocks[req.id] = list(e.seq.blocks)
         with inst.lock:
@@ -662,8 +699,8 @@ class Engine:
         dst.wake.set()
 
     def _export(self, req: Request, k: Any, v: Any) -> None:
-        """Gives a prefilled request's KV (still on its device) to its `export`, then finishes
-        it "prefilled" here."""
+        """Gives a prefilled (or moving) request's KV (still on its device) to its `export`,
+        then finishes it "prefilled" ("moved") here."""
         bs = self.ec.block_size
         p = PrefilledSequence(list(req.prompt_ids), list(req.output_ids), req.seed_words, 0, bs,
                               k, v)
@@ -675,9 +712,10 @@ class Engine:
             try:
                 req.export(p)
             except Exception as exc:  # noqa: BLE001 - one bad export fails its request only
-                self._finish(req, f"error: exporting the prefilled sequence failed: {exc}")
+                what = "running" if req.moving else "prefilled"
+                self._finish(req, f"error: exporting the {what} sequence failed: {exc}")
                 return
-        self._finish(req, "prefilled")
+        self._finish(req, "moved" if req.moving else "prefilled")
 
     def _move_out(self, inst: _Instance) -> None:
         """A role change, on `inst`'s thread with no step in flight: the decodes it gives up go

@@ -36,8 +36,8 @@ class ClusterMetrics(ServingMetrics):
         pair = ["source_host", "source_replica", "destination_host", "destination_replica"]
         self.kv_bytes = Counter(
             "flexnpu:kv_transfer_bytes",
-            "KV bytes handed off between hosts (prefilled on the source, decoded on the "
-            "destination).",
+            "KV bytes handed off between hosts (prefilled on the source, or moved off it while "
+            "decoding; decoded on the destination).",
             pair,
             registry=r,
         )
@@ -49,6 +49,13 @@ class ClusterMetrics(ServingMetrics):
         )
         self.kv_transfers = Counter(
             "flexnpu:kv_transfers", "KV handoffs between hosts.", pair, registry=r
+        )
+        self.moved_decodes = Counter(
+            "flexnpu:cluster_moved_decodes",
+            "Running requests moved, KV and all, off a host that left the decode side (their KV "
+            "bytes are in flexnpu:kv_transfer_bytes).",
+            pair,
+            registry=r,
         )
         self.host_role = Gauge(
             "flexnpu:cluster_host_role",
@@ -77,6 +84,10 @@ class ClusterMetrics(ServingMetrics):
         self.kv_bytes.labels(*labels).inc(nbytes)
         self.kv_seconds.labels(*labels).inc(seconds)
         self.kv_transfers.labels(*labels).inc()
+
+    def on_moved_decode(self, source: tuple[str, str], destination: tuple[str, str]) -> None:
+        """A running request handed from `source` to `destination` ((host, replica) each)."""
+        self.moved_decodes.labels(*source, *destination).inc()
 
     def set_host_roles(self, roles: list[tuple[str, str, str]]) -> None:
         """(host, replica, role) of every live host; also the prefill/mixed/decode unit

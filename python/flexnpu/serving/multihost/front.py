@@ -11,8 +11,13 @@ engine replica per host.
   split advisor decides how many hosts take prompts): a prompt goes to a prefill host, stops
   at its first token, and its KV goes to the decode host the layer picks (replica to replica:
   `take_kv` on one, `submit_prefilled` on the other; the front passes a handle, never the
-  bytes), or stays on its device when the layer picks the same host. A host leaving a side in
-  the adaptive layout drains: what it runs finishes there.
+  bytes), or stays on its device when the layer picks the same host.
+- Role changes (the adaptive advisor's, or the roles given again when a host joins or dies): a
+  host that leaves the decode side (decode or mixed -> prefill) gives up its requests: each
+  stops at its next token there and is handed off as above, its KV (every token so far) to a
+  host that decodes now, its stream going on with the next token (`export_running`). Requests
+  still computing their prompt there stop at their first token. With no other host decoding,
+  they stay. What a host holds when it stops taking prompts (mixed -> decode) stays there.
 - Streaming: one poller thread per replica asks it for every new token and finish (one call
   per replica in flight, whatever the number of requests), then runs each request's own output
   (detokenization, stop strings) here; a stop decided here aborts the request on its replica.
@@ -43,6 +48,7 @@ from typing import Any, Protocol
 from flexnpu.serving.cluster import Cluster, ClusterInstance, SplitSettings, unit_roles
 from flexnpu.serving.engine import EngineDeadError
 from flexnpu.serving.multihost.replica import (
+    Continuation,
     PrefillDone,
     ReplicaInfo,
     ReplicaStatus,
@@ -56,6 +62,8 @@ from flexnpu.serving.topology import Link as TopologyLink
 
 HOST_LAYOUTS = ("colocated", "split", "adaptive")
 KV_HANDOFF_FAILED = "error: the KV handoff from replica "  # a replica's finish (replica.py)
+# export_running failed (the front's call, or the replica's engine: replica.py)
+DECODE_MOVE_FAILED = "error: moving the request off replica "
 _FULL = 1 << 62  # the load key of a host whose queue is full: never the least loaded
 
 
@@ -73,18 +81,9 @@ class RemoteReplica(Protocol):
         priority: int,
         export: bool,
     ) -> None: ...
-    def submit_prefilled(
-        self,
-        rid: int,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        done: PrefillDone,
-        kv: Any,
-        source: str,
-        timeout_s: float | None,
-        priority: int,
-    ) -> None: ...
+    def submit_prefilled(self, c: Continuation) -> None: ...
     def kv_source(self, rid: int) -> Any: ...  # what another replica's submit_prefilled fetches
+    def export_running(self, rids: list[int] | None) -> None: ...  # they come back prefilled
     def abort(self, rid: int) -> None: ...
     def poll(
         self, wait_s: float, timeout_s: float
@@ -110,9 +109,11 @@ class ClusterRequest:
     priority: int
     arrival: float = field(default_factory=time.perf_counter)
     replica: str | None = None
+    stops_after_prompt: bool = False  # sent to a prefill host (a decode host continues it)
     num_tokens: int = 0  # tokens delivered to the output
     reroutes: int = 0
     handoffs: list[tuple[str, str]] = field(default_factory=list)  # (from, to) replica names
+    moves: int = 0  # of those, moved while decoding (their host left the decode side)
     token_ids: list[int] = field(default_factory=list)  # delivered to the output
     recomputes: int = 0
     # What the replicas compute: the prompt and sampling, or after a recompute the prompt
@@ -143,6 +144,7 @@ class _Replica:
     requests: set[int] = field(default_factory=set)
     thread: threading.Thread | None = None
     handoffs_sent: int = 0  # submit_prefilled calls sent to it
+    move_out: bool = False  # left the decode side: its poller moves its requests off
 
     def queue_full(self) -> bool:
         waiting = self.status.num_waiting + self.sent - self.status.submitted
@@ -504,6 +506,11 @@ class ClusterFront:
     def _rebuild_cluster(self) -> None:
         """The cluster layer over the live replicas (lock held; a replica joined or died): a
         unit per host, in join order. The adaptive layout's advisor starts afresh."""
+        decoding = self._decoding_replicas()
+        self._build_cluster()
+        self._left_decode_side(decoding)
+
+    def _build_cluster(self) -> None:
         units = [r for r in self._replicas.values() if r.live]
         self._units = units
         if not units:
@@ -541,7 +548,9 @@ class ClusterFront:
         cluster = self._cluster
         if cluster is None or not self._routable():
             return None
-        cluster.on_arrival(len(req.prompt_ids), time.perf_counter())  # the advisor's split
+        decoding = self._decoding_replicas()
+        if cluster.on_arrival(len(req.prompt_ids), time.perf_counter()):  # the advisor's split
+            self._left_decode_side(decoding)
         inst = cluster.route_arrival(req.id)
         rep = self._units[inst.unit]
         if rep.queue_full():
@@ -555,6 +564,7 @@ class ClusterFront:
     def _send(self, rep: _Replica, req: ClusterRequest, export: bool) -> None:
         """Sends the request to `rep` (lock held)."""
         req.replica = rep.info.name
+        req.stops_after_prompt = export
         rep.requests.add(req.id)
         prompt_ids, sampling = req.work()
         rep.sent += 1
@@ -585,19 +595,74 @@ class ClusterFront:
             dst.requests.add(req.id)
             dst.handoffs_sent += 1
             req.replica = dst.info.name
+            req.stops_after_prompt = False  # it decodes there
             req.handoffs.append((src.info.name, dst.info.name))
+            moved = done.moved and dst is not src
+            req.moves += moved
             kv = None if dst is src else src.handle.kv_source(req.id)
             prompt_ids, sampling = req.work()
             dst.handle.submit_prefilled(
-                req.id,
-                prompt_ids,
-                sampling,
-                done,
-                kv,
-                src.info.name,
-                self._timeout_s(req),
-                req.priority,
+                Continuation(
+                    req.id,
+                    prompt_ids,
+                    sampling,
+                    done,
+                    kv,
+                    src.info.name,
+                    self._timeout_s(req),
+                    req.priority,
+                )
             )
+        if moved:
+            hook = getattr(self.metrics, "on_moved_decode", None)
+            if hook is not None:
+                hook((src.info.host, src.info.name), (dst.info.host, dst.info.name))
+
+    # ---- role changes ----------------------------------------------------------------------
+
+    def _decoding_replicas(self) -> set[str]:
+        """The live replicas on the decode side (decode or mixed)."""
+        return {name for _, name, role in self.host_roles() if role != "prefill"}
+
+    def _left_decode_side(self, decoding_before: set[str]) -> None:
+        """The roles changed (lock held): the replicas that decoded and no longer do move their
+        requests off (on their poller threads: `_move_off`)."""
+        for name in decoding_before - self._decoding_replicas():
+            rep = self._replicas.get(name)
+            if rep is not None and rep.live:
+                rep.move_out = True
+
+    def _move_off(self, rep: _Replica) -> None:
+        """`rep` left the decode side: its requests stop at their next token there and come
+        back prefilled (`_hand_off` sends each to a host that decodes now). They stay when no
+        other host decodes or `rep` decodes again; a refused call ends them with an error
+        naming `rep` (or, with `recompute`, computes them again elsewhere)."""
+        with self._lock:
+            rep.move_out = False
+            decoding = self._decoding_replicas()
+            if not rep.live or rep.info.name in decoding or not decoding:
+                return
+            reqs = [self._requests[i] for i in sorted(rep.requests) if i in self._requests]
+            reqs = [r for r in reqs if not (r.stops_after_prompt and r.replica == rep.info.name)]
+        if not reqs:
+            return
+        try:
+            rep.handle.export_running([r.id for r in reqs])
+            return
+        except Exception as e:  # noqa: BLE001 - each request is told, none hangs
+            message = f"{DECODE_MOVE_FAILED}{rep.info.name} failed: {type(e).__name__}: {e}"
+        self.log(f"front: {message}")
+        for req in reqs:
+            if req.done or req.replica != rep.info.name:
+                continue
+            with self._lock:
+                rep.requests.discard(req.id)
+            try:
+                rep.handle.abort(req.id)
+            except Exception:  # noqa: BLE001 - the replica may be going; its poll will say
+                pass
+            if not (self.config.recompute and self._recompute(req)):
+                self._finish(req, message)
 
     # ---- streaming -------------------------------------------------------------------------
 
@@ -605,6 +670,8 @@ class ClusterFront:
         cfg = self.config
         try:
             while not self._stop.is_set():
+                if rep.move_out:
+                    self._move_off(rep)
                 try:
                     events, status = rep.handle.poll(cfg.poll_wait_s, cfg.liveness_timeout_s)
                 except Exception as e:  # noqa: BLE001 - ReplicaDiedError, or anything

@@ -21,6 +21,7 @@ from typing import Any
 
 from flexnpu.serving.multihost.replica import (
     DEVICES_RESOURCE,
+    Continuation,
     ReplicaInfo,
     ReplicaServer,
     ReplicaSpec,
@@ -173,20 +174,14 @@ class RayReplica:
             rid, prompt_ids, sampling, timeout_s, priority, export
         )
 
-    def submit_prefilled(
-        self,
-        rid: int,
-        prompt_ids: list[int],
-        sampling: Any,
-        done: Any,
-        kv: Any,
-        source: str,
-        timeout_s: float | None,
-        priority: int,
-    ) -> None:
-        self.actor.submit_prefilled.options(concurrency_group=ORDERED).remote(
-            rid, prompt_ids, sampling, done, kv, source, timeout_s, priority
-        )
+    def submit_prefilled(self, c: Continuation) -> None:
+        """(The KV reference inside `c` reaches the actor unresolved: Ray resolves only
+        references passed as arguments themselves.)"""
+        self.actor.submit_prefilled.options(concurrency_group=ORDERED).remote(c)
+
+    def export_running(self, rids: list[int] | None) -> None:
+        """In the order of the submits and handoffs sent before it (the ordered group)."""
+        self.actor.export_running.options(concurrency_group=ORDERED).remote(rids)
 
     def kv_source(self, rid: int) -> list[Any]:
         """The object reference of this replica's prefilled KV of `rid`, in a list (a

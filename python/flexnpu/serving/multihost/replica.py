@@ -13,7 +13,9 @@ its KV here (the poll says `prefilled`); `take_kv` gives that KV as host arrays 
 that continues the request asks for it: through Ray, the bytes go from this host to that one,
 not through the front); `submit_prefilled` continues a request prefilled elsewhere (its KV
 fetched by `fetch_kv`, or this replica's own export left on its device: the same-host path).
-Requests are keyed by the front's ids, not the engine's."""
+`export_running` does to running requests what `export=True` does at the first token (the host
+stops decoding: they go on elsewhere, their KV through `take_kv` as above). Requests are keyed
+by the front's ids, not the engine's."""
 
 from __future__ import annotations
 
@@ -96,13 +98,30 @@ class ReplicaStatus:
 
 @dataclass(frozen=True)
 class PrefillDone:
-    """A request stopped after its prompt here, its KV kept for `take_kv`: what the replica
-    that continues it needs besides the KV."""
+    """A request stopped after its prompt here (or later: moved by `export_running`), its KV
+    kept for `take_kv`: what the replica that continues it needs besides the KV."""
 
-    output_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]  # sampled here (all of them for a moved request)
     seed_words: tuple[int, int]
     num_blocks: int
     nbytes: int  # what take_kv's arrays weigh
+    moved: bool = False  # by export_running
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """What `submit_prefilled` continues: request `rid`, prefilled (or moved) on replica
+    `source` (`done`), its KV behind `kv` (`fetch_kv`'s handle; None: this replica's own
+    export, still on its device); `timeout_s`: what is left of its deadline."""
+
+    rid: int
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    done: PrefillDone
+    kv: Any
+    source: str
+    timeout_s: float | None = None
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,7 +161,7 @@ class _ForwardingOutput(IdsOutput):
 
     def on_finish(self, reason: str, now: float) -> None:
         super().on_finish(reason, now)
-        if reason != "prefilled":  # the export's event says it (the request goes on elsewhere)
+        if reason not in ("prefilled", "moved"):  # the export's event says it (it goes on)
             self._events.finish(self._rid, reason)
 
 
@@ -203,6 +222,7 @@ class ReplicaServer:
         # front id -> (when, PrefilledSequence) kept for take_kv, oldest first
         self._exports: dict[int, tuple[float, Any]] = {}
         self._continuing: set[int] = set()  # submit_prefilled taken, its KV being fetched
+        self._move_pending: set[int] = set()  # of those, to move on once in the engine
         self._prefilled_taken = 0
         self._fetcher: ThreadPoolExecutor | None = None
 
@@ -353,7 +373,30 @@ class ReplicaServer:
             if not req.done:
                 self._requests[rid] = req
 
-    def _exported(self, rid: int, prefilled: Any) -> None:
+    def export_running(self, rids: list[int] | None = None) -> None:
+        """Moves requests `rids` (None: all) off this replica (its host stops decoding): each
+        stops at its next token (Engine.export_running) and its KV stays here for `take_kv`
+        (the poll says `prefilled`, with `moved`); one whose KV is still being fetched, once
+        it is in the engine. Requests not here (finished, aborted, exported) are skipped."""
+        with self._lock:
+            wanted = set(self._requests) | self._continuing if rids is None else set(rids)
+            picked = {r: self._requests[r] for r in wanted if r in self._requests}
+            self._move_pending |= wanted & self._continuing
+        for rid, req in picked.items():
+            self._export_running(rid, req)
+
+    def _export_running(self, rid: int, req: Any) -> None:
+        """(A refusal, e.g. an engine without the handoff programs, ends the request: the
+        front does not hear of an exception in a call it did not wait for.)"""
+        try:
+            self.engine.export_running([req], lambda _, p: self._exported(rid, p, moved=True))
+        except Exception as e:  # noqa: BLE001
+            with self._lock:
+                self._requests.pop(rid, None)
+            why = f"error: moving the request off replica {self.name} failed: {first_line(e)}"
+            self.engine.abort(req, why)
+
+    def _exported(self, rid: int, prefilled: Any, moved: bool = False) -> None:
         with self._lock:
             self._requests.pop(rid, None)
             now = time.monotonic()
@@ -367,6 +410,7 @@ class ReplicaServer:
             prefilled.seed_words,
             prefilled.num_blocks,
             prefilled.nbytes,
+            moved,
         )
         self._events.prefilled(rid, done)
 
@@ -386,57 +430,36 @@ class ReplicaServer:
         call that returns them (the Ray replica fetches an object reference)."""
         return source() if callable(source) else source
 
-    def submit_prefilled(
-        self,
-        rid: int,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        done: PrefillDone,
-        kv: Any,
-        source: str,
-        timeout_s: float | None = None,
-        priority: int = 0,
-    ) -> None:
-        """Continues request `rid`, prefilled by replica `source` (`done`): its KV is fetched
-        (`fetch_kv(kv)`) on a thread of this replica, then the engine decodes it; kv None:
-        this replica's own export, left on its device (no copy through the host). A KV that
-        cannot be fetched finishes the request with an error naming `source`."""
-        deadline = time.perf_counter() + timeout_s if timeout_s is not None else None
+    def submit_prefilled(self, c: Continuation) -> None:
+        """Continues request `c.rid`, prefilled (or moved) by replica `c.source`: its KV is
+        fetched (`fetch_kv(c.kv)`) on a thread of this replica, then the engine decodes it;
+        kv None: this replica's own export, left on its device (no copy through the host). A KV
+        that cannot be fetched finishes the request with an error naming `c.source`."""
+        deadline = time.perf_counter() + c.timeout_s if c.timeout_s is not None else None
         with self._lock:
-            self._continuing.add(rid)
+            self._continuing.add(c.rid)
             if self._fetcher is None:
                 self._fetcher = ThreadPoolExecutor(2, thread_name_prefix="flexnpu-kv-fetch")
             fetcher = self._fetcher
-        fetcher.submit(
-            self._continue, rid, prompt_ids, sampling, done, kv, source, deadline, priority
-        )
+        fetcher.submit(self._continue, c, deadline)
 
-    def _continue(
-        self,
-        rid: int,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        done: PrefillDone,
-        kv: Any,
-        source: str,
-        deadline: float | None,
-        priority: int,
-    ) -> None:
+    def _continue(self, c: Continuation, deadline: float | None) -> None:
         from flexnpu.serving.engine import PrefilledSequence
 
-        out = _ForwardingOutput(rid, sampling, self.engine.eos_ids, self._events)
+        rid, done = c.rid, c.done
+        out = _ForwardingOutput(rid, c.sampling, self.engine.eos_ids, self._events)
         out.num_tokens = len(done.output_ids)  # for min_tokens: those came from `source`
         received = None
         try:
-            if kv is None:
+            if c.kv is None:
                 with self._lock:
                     prefilled = self._exports.pop(rid)[1]
             else:
                 t0 = time.perf_counter()
-                k, v = self.fetch_kv(kv)
-                received = KvReceived(source, k.nbytes + v.nbytes, time.perf_counter() - t0)
+                k, v = self.fetch_kv(c.kv)
+                received = KvReceived(c.source, k.nbytes + v.nbytes, time.perf_counter() - t0)
                 prefilled = PrefilledSequence(
-                    list(prompt_ids),
+                    list(c.prompt_ids),
                     list(done.output_ids),
                     tuple(done.seed_words),
                     done.num_blocks,
@@ -447,37 +470,43 @@ class ReplicaServer:
         except Exception as e:  # noqa: BLE001 - told to the front as the request's finish
             with self._lock:
                 self._continuing.discard(rid)
+                self._move_pending.discard(rid)
                 self._prefilled_taken += 1
             out.on_finish(
-                f"error: the KV handoff from replica {source} failed: {first_line(e)}",
+                f"error: the KV handoff from replica {c.source} failed: {first_line(e)}",
                 time.perf_counter(),
             )
             return
         if received is not None:
             self._events.kv_received(rid, received)
+        req = refused = None
         with self._lock:
             self._prefilled_taken += 1
             if rid not in self._continuing:  # aborted meanwhile
                 return
             self._continuing.discard(rid)
+            move = rid in self._move_pending
+            self._move_pending.discard(rid)
             try:
                 req = self.engine.submit_prefilled(
-                    prefilled, sampling, out, deadline=deadline, priority=priority
+                    prefilled, c.sampling, out, deadline=deadline, priority=c.priority
                 )
             except Exception as e:  # noqa: BLE001
                 refused = f"error: replica {self.name} refused the request: {first_line(e)}"
             else:
-                refused = None
                 if not req.done:
                     self._requests[rid] = req
         if refused is not None:
             out.on_finish(refused, time.perf_counter())
+        elif move and req is not None:  # its host stopped decoding while the KV came
+            self._export_running(rid, req)
 
     def abort(self, rid: int) -> None:
         with self._lock:
             req = self._requests.pop(rid, None)
             self._exports.pop(rid, None)
             self._continuing.discard(rid)
+            self._move_pending.discard(rid)
         if req is not None:
             self.engine.abort(req)
 
