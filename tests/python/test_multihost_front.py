@@ -381,6 +381,14 @@ def test_failed_kv_handoff_is_computed_again(split_front) -> None:
     # Sent to the prefill host again (its prompt and first token), to stop after it again.
     assert r.replica == a.name and a.exports == [r.id, r.id] and a.work == ([5, 5, 5, 7], 7)
     assert not out.done.is_set()
+    # The decode host dying later does not touch r: it runs on the prefill host now.
+    b.die("ActorDiedError: gone")
+    _wait(lambda: len(f.replicas()) == 1)
+    assert r.recomputes == 1 and r.replica == a.name and not out.done.is_set()
+    a.prefilled(r.id, 8)  # no decode host left: it goes on where its KV is
+    _wait(lambda: len(a.continued) == 1)
+    a.emit(r.id, [9], "length")
+    assert out.done.wait(TIMEOUT_S) and (out.tokens, out.finish) == ([7, 8, 9], "length")
 
 
 def test_kv_transfers_and_host_roles_in_the_metrics(split_front) -> None:

@@ -562,7 +562,11 @@ class ClusterFront:
         return rep, inst.role is Role.PREFILL  # a prefill instance hands the sequence off
 
     def _send(self, rep: _Replica, req: ClusterRequest, export: bool) -> None:
-        """Sends the request to `rep` (lock held)."""
+        """Sends the request to `rep` (lock held). A request sent again (re-routed, computed
+        again) leaves its previous replica's set: that replica's death must not touch it."""
+        previous = self._replicas.get(req.replica or "")
+        if previous is not None and previous is not rep:
+            previous.requests.discard(req.id)
         req.replica = rep.info.name
         req.stops_after_prompt = export
         rep.requests.add(req.id)
@@ -774,7 +778,11 @@ class ClusterFront:
             self._rebuild_cluster()
             self._last_failure = message
             self.replica_failures += 1
-            orphans = [self._requests[i] for i in sorted(rep.requests) if i in self._requests]
+            orphans = [
+                req
+                for i in sorted(rep.requests)
+                if (req := self._requests.get(i)) is not None and req.replica == info.name
+            ]
             rep.requests.clear()
         self.log(f"front: {message}")
         self._count("on_replica_failure")
