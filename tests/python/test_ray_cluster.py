@@ -194,7 +194,9 @@ def test_killed_replica_reroutes_queued_fails_running_then_a_new_node_serves(
     assert running[1].finish_reason.startswith(f"error: replica {victim} on host {host} died: "), (
         running[1].finish_reason
     )
-    assert running[1].finish_reason.endswith("because it was killed by `ray.kill`.")
+    # Ray's own words vary with timing: the kill's cause ("killed by `ray.kill`"), or the worker
+    # process' death when the poll's task saw the process go first.
+    assert "ActorDiedError: " in running[1].finish_reason, running[1].finish_reason
     assert running[0].reroutes == 0 and 0 < len(running[1].ids) < n
     for req, out in sent:
         if req is not running[0]:
