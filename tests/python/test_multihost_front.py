@@ -41,6 +41,7 @@ class _FakeReplica:
         self.move_error: Exception | None = None  # export_running raises it
         self.aborted: list[int] = []
         self.load = (0, 0, 0.0)
+        self.free_slots = 0  # a full batch: the load key alone routes
         self._events: queue.Queue = queue.Queue()
         self._dead: str | None = None
 
@@ -119,7 +120,9 @@ class _FakeReplica:
         except queue.Empty:
             events = {}
         # Reports no submit taken: what the front sent counts as waiting on it (deterministic).
-        return events, ReplicaStatus(self.load, 0, 0, 0.0, 0, True, None)
+        return events, ReplicaStatus(
+            self.load, 0, 0, 0.0, 0, True, None, free_slots=self.free_slots
+        )
 
     def metrics_text(self, timeout_s):
         return b""
@@ -191,6 +194,23 @@ def test_routes_by_load_key_counting_what_was_sent(front) -> None:
     # b: 0 -> 4 -> 8 -> 12 (3 tokens + 1 request each, not yet taken), so the 4th goes to a.
     assert [r.replica for r in sent] == [b.name, b.name, b.name, a.name]
     assert f.healthy and f.num_running() == 0
+
+
+def test_a_free_batch_slot_comes_before_a_shorter_queue(front) -> None:
+    """At capacity (every batch full but a's two slots), the prompts in flight to a count as
+    its waiting tokens, yet the next goes to a while a slot is left for it: on b it would wait
+    for a whole sequence to end. Then the load key alone decides."""
+    f, a, b, _ = front
+    a.free_slots = 2
+    _wait(lambda: f._replicas[a.name].status.free_slots == 2)
+    sent = [_submit(f, n=3)[0] for _ in range(4)]
+    # a: two slots; then a (4 + 4 waiting, full) against b (0, full): b, then b (4) again.
+    assert [r.replica for r in sent] == [a.name, a.name, b.name, b.name]
+    b.free_slots = 4  # b reports its slots (nothing it was sent is taken yet): 2 left for it
+    _wait(lambda: f._replicas[b.name].status.free_slots == 4)
+    sent = [_submit(f, n=3)[0] for _ in range(2)]
+    # b, though its 8 then 12 queued tokens are not fewer than a's 8.
+    assert [r.replica for r in sent] == [b.name, b.name]
 
 
 def test_dead_replica_reroutes_unstarted_and_fails_started(front) -> None:
@@ -512,6 +532,26 @@ def one_engine(npu_devices):
     one.start()
     yield m, [one.generate(p, greedy(n))[0] for p, n in zip(PROMPTS, LENGTHS, strict=True)], one
     one.stop()
+
+
+def test_an_engines_free_slots_are_its_batch_less_what_runs_and_waits(
+    one_engine, npu_devices
+) -> None:
+    """What a replica reports as free slots (ReplicaStatus.free_slots): an engine not started
+    queues what it is sent, and each request takes a slot until none is left."""
+    from flexnpu.serving.engine import Engine
+    from flexnpu.serving.output import IdsOutput
+    from flexnpu.serving.runner import ModelSteps
+
+    m, _, one = one_engine
+    ec = _tiny_engine_config()
+    steps = ModelSteps(m.config, 8, m.vocab_limit)
+    eng = Engine(steps, m.params, ec, devices=npu_devices[:1], eos_ids=m.eos_ids)
+    assert eng.entry_free_slots() == ec.max_num_seqs == 4
+    for i, p in enumerate(PROMPTS):
+        eng.submit(p, greedy(3), IdsOutput(greedy(3), eng.eos_ids))
+        assert eng.entry_free_slots() == max(0, 3 - i)
+    assert one.entry_free_slots() == 4  # the started engine, idle
 
 
 @pytest.mark.parametrize("layout", ["split", "adaptive"])

@@ -571,14 +571,26 @@ class Engine:
         assert out.finish_reason is not None
         return out.ids, out.finish_reason
 
+    def _entry_instances(self) -> list[_Instance]:
+        """The instances new requests go to."""
+        if self.cluster is not None:
+            return self.cluster.front_router.insts
+        return [x for x in self.instances if x.role is not Role.DECODE]
+
     def entry_load_key(self) -> tuple[int, int, float]:
         """The load key (Scheduler.load_key) of the instance a new request would go to: what a
         router above engines (serving/multihost) compares across them."""
-        if self.cluster is not None:
-            insts = self.cluster.front_router.insts
-        else:
-            insts = [x for x in self.instances if x.role is not Role.DECODE]
-        return min(x.sched.load_key() for x in insts)
+        return min(x.sched.load_key() for x in self._entry_instances())
+
+    def entry_free_slots(self) -> int:
+        """How many more sequences the entry instances would start at once: their batch slots
+        (max_num_seqs each) less what runs and waits there. A router above engines prefers a
+        free slot to a queue behind a full batch, which waits for a whole sequence to end."""
+        cap = self.ec.max_num_seqs
+        return sum(
+            max(0, cap - x.sched.num_running - x.sched.num_waiting)
+            for x in self._entry_instances()
+        )
 
     def num_running(self) -> int:
         return sum(x.sched.num_running for x in self.instances)

@@ -5,13 +5,15 @@ engine replica per host.
 - Routing: the cluster layer (serving/cluster.py) decides over hosts as the engine's does over
   devices: each live replica is a unit, its load (a Scheduler's numbers, from its polls plus
   what the front sent it that it has not yet reported taking) what the layer's routers read.
-  colocated (the default): a request goes to the host whose least loaded entry instance has
-  the smallest `Scheduler.load_key()` (waiting tokens + waiting requests, then running, then KV
-  usage: the in-host router's key) and runs there. split (`prefill_hosts`) and adaptive (the
-  split advisor decides how many hosts take prompts): a prompt goes to a prefill host, stops
-  at its first token, and its KV goes to the decode host the layer picks (replica to replica:
-  `take_kv` on one, `submit_prefilled` on the other; the front passes a handle, never the
-  bytes), or stays on its device when the layer picks the same host.
+  colocated (the default): a request goes to a host where it would find a free batch slot,
+  if any, and among those (or among all, if none) to the one whose least loaded entry instance
+  has the smallest `Scheduler.load_key()` (waiting tokens + waiting requests, then running,
+  then KV usage: the in-host router's key), and runs there. split (`prefill_hosts`) and
+  adaptive (the split advisor decides how many hosts take prompts): a prompt goes to a
+  prefill host, stops at its first token, and its KV goes to the decode host the layer picks
+  (the same order: a free slot first), replica to replica (`take_kv` on one,
+  `submit_prefilled` on the other; the front passes a handle, never the bytes), or stays on
+  its device when the layer picks the same host.
 - Role changes (the adaptive advisor's, or the roles given again when a host joins or dies): a
   host that leaves the decode side (decode or mixed -> prefill) gives up its requests: each
   stops at its next token there and is handed off as above, its KV (every token so far) to a
@@ -150,13 +152,19 @@ class _Replica:
         waiting = self.status.num_waiting + self.sent - self.status.submitted
         return waiting >= self.info.engine_config.max_waiting
 
-    def route_key(self) -> tuple[int, int, float]:
-        """Its load key with the submits it has not reported taking counted as waiting."""
+    def route_key(self, pending: int = 0) -> tuple[int, int, int, float]:
+        """Its load key with the submits it has not reported taking (and `pending` other
+        sequences sent to it) counted as waiting, behind whether one more would find a free
+        batch slot there: 0 if so, else 1. A slot starts the sequence at once; a queue behind a
+        full batch waits for a sequence to end (seconds), however short the queue. The
+        submits in flight (a Ray call and a poll) would otherwise count as queued tokens and
+        send the next prompt to a full host beside free slots."""
         waiting, running, kv = self.status.load_key
         unacked = self.unacked_tokens[
             max(0, len(self.unacked_tokens) - (self.sent - self.status.submitted)) :
         ]
-        return waiting + sum(unacked) + len(unacked), running, kv
+        full = int(len(unacked) + pending >= self.status.free_slots)
+        return full, waiting + sum(unacked) + len(unacked) + pending, running, kv
 
 
 @dataclass
@@ -197,14 +205,12 @@ class _HostLoad:
     def __init__(self, rep: _Replica, decode: bool) -> None:
         self.rep, self.decode = rep, decode
 
-    def load_key(self) -> tuple[int, int, float]:
+    def load_key(self) -> tuple[int, int, int, float]:
         rep = self.rep
         if rep.queue_full():
-            return _FULL, 0, 0.0
-        waiting, running, kv = rep.route_key()
-        if self.decode:  # (a co-located unit's back instance takes prompts too)
-            waiting += self.pending_handoffs
-        return waiting, running, kv
+            return _FULL, _FULL, 0, 0.0
+        # (a co-located unit's back instance takes prompts too)
+        return rep.route_key(self.pending_handoffs if self.decode else 0)
 
     @property
     def pending_handoffs(self) -> int:

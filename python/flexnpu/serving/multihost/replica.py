@@ -94,6 +94,7 @@ class ReplicaStatus:
     error: str | None
     waiting_tokens: int = 0  # prompt tokens queued, not yet computed
     prefilled_taken: int = 0  # submit_prefilled calls taken (the front counts the rest as load)
+    free_slots: int = 0  # sequences it would start at once (Engine.entry_free_slots)
 
 
 @dataclass(frozen=True)
@@ -534,6 +535,7 @@ class ReplicaServer:
             error=eng.error,
             waiting_tokens=sum(x.sched.waiting_tokens for x in eng.instances),
             prefilled_taken=prefilled_taken,
+            free_slots=eng.entry_free_slots(),
         )
 
     def metrics_text(self) -> bytes:
