@@ -7,10 +7,12 @@ Ray actors are tests/python/test_ray_cluster.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -40,6 +42,7 @@ class _FakeReplica:
         self.moves: list[list[int] | None] = []  # export_running calls
         self.move_error: Exception | None = None  # export_running raises it
         self.aborted: list[int] = []
+        self.abort_reasons: list[str] = []
         self.load = (0, 0, 0.0)
         self.free_slots = 0  # a full batch: the load key alone routes
         self._events: queue.Queue = queue.Queue()
@@ -98,8 +101,9 @@ class _FakeReplica:
         done = PrefillDone((*before, last), (1, 0), 1, 4096, moved=True)
         self._events.put({rid: RequestEvents([(last, None)], None, done)})
 
-    def abort(self, rid) -> None:
+    def abort(self, rid, reason="abort") -> None:
         self.aborted.append(rid)
+        self.abort_reasons.append(reason)
 
     def emit(self, rid: int, tokens: list[int], finish: str | None = None) -> None:
         from flexnpu.serving.multihost.replica import RequestEvents
@@ -467,8 +471,8 @@ class _InProcessReplica:
     def kv_source(self, rid):
         return functools.partial(self.server.take_kv, rid)
 
-    def abort(self, rid) -> None:
-        self.server.abort(rid)
+    def abort(self, rid, reason="abort") -> None:
+        self.server.abort(rid, reason)
 
     def poll(self, wait_s, timeout_s):
         return self.server.poll(wait_s)
@@ -678,10 +682,10 @@ def test_host_counts_against_the_layout() -> None:
         check_hosts("adaptive", 1, 1)
 
 
-def test_adaptive_hosts_change_sides_and_drain() -> None:
-    """Three hosts, the advisor scripted: 1 prefill host, then 2. A host that joins the prefill
-    side takes prompts from the next arrival on and no more handoffs; it is asked to move what
-    it decodes (a fake replica keeps it: test_a_host_leaving_the_decode_side_moves_...)."""
+@contextlib.contextmanager
+def _three_adaptive_hosts() -> Iterator:
+    """A front over three fake hosts (a, b, c) in the adaptive host layout, the advisor
+    scripted (one prefill host first): (front, script, a, b, c)."""
     from _serving import ScriptedSplit
 
     from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
@@ -696,7 +700,16 @@ def test_adaptive_hosts_change_sides_and_drain() -> None:
     )
     f.start()
     try:
-        a, b, c = (launcher.replicas[x * 4] for x in "abc")
+        yield f, script, *(launcher.replicas[x * 4] for x in "abc")
+    finally:
+        f.stop()
+
+
+def test_adaptive_hosts_change_sides_and_drain() -> None:
+    """Three hosts, the advisor scripted: 1 prefill host, then 2. A host that joins the prefill
+    side takes prompts from the next arrival on and no more handoffs; it is asked to move what
+    it decodes (a fake replica keeps it: test_a_host_leaving_the_decode_side_moves_...)."""
+    with _three_adaptive_hosts() as (f, script, a, b, c):
         assert [role for _, _, role in f.host_roles()] == ["prefill", "decode", "decode"]
         r1, _ = _submit(f)
         a.prefilled(r1.id, 7)
@@ -723,8 +736,32 @@ def test_adaptive_hosts_change_sides_and_drain() -> None:
         on_b = [r for r in sent if r.replica == b.name]
         assert on_b and not set(b.exports) & {r.id for r in on_b}
         assert {r.replica for r in sent} == {a.name, b.name}
-    finally:
-        f.stop()
+
+
+def test_prompts_queued_on_the_prefill_host_go_to_the_hosts_that_join_the_prompt_side() -> None:
+    """A burst queued on the one prefill host, then the advisor co-locates all three at its
+    next tick, no arrival needed (the front ticks it between arrivals): the newest queued
+    prompts beyond an even share go to the hosts that joined (aborted where they were), the
+    oldest stay; the old host's late events for a moved prompt are stale."""
+    with _three_adaptive_hosts() as (f, script, a, b, c):
+        burst = [_submit(f) for _ in range(4)]  # max_waiting 4: a's queue holds them
+        assert {r.replica for r, _ in burst} == {a.name} and f.rebalanced == 0
+        script.ask = (0, 3)  # every host mixed, at the advisor's next tick
+        _wait(lambda: f.rebalanced == 2)
+        assert [role for _, _, role in f.host_roles()] == ["mixed"] * 3
+        # 4 queued over 3 hosts: a keeps 2 (the oldest), the 2 newest go to b and c.
+        ids = [r.id for r, _ in burst]
+        assert a.aborted == [ids[3], ids[2]] and f.rebalanced == 2
+        assert a.abort_reasons == ["rebalanced"] * 2  # a's own series count them so
+        assert [r.replica for r, _ in burst] == [a.name, a.name, c.name, b.name]
+        assert b.submitted[:1] == [ids[3]] and c.submitted[:1] == [ids[2]]
+        assert not (set(b.exports) | set(c.exports)) & set(ids)  # mixed: no handoff
+        assert _submit(f)[0].replica in {b.name, c.name}
+        moved, out = burst[3]
+        a.emit(moved.id, [11])  # stale: the prompt left a
+        b.emit(moved.id, [12], "length")
+        _wait(lambda: out.done.is_set())
+        assert out.tokens == [12] and out.finish == "length"
 
 
 def test_topology_of_the_live_replicas_on_its_route(tmp_path) -> None:

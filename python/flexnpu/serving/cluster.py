@@ -232,8 +232,17 @@ class Cluster:
         adv = self.advisor
         if adv is None:
             return False
-        self._outside.clear()  # no router reads it
         adv.on_prompt(prompt_tokens)
+        return self.on_tick(now)
+
+    def on_tick(self, now: float) -> bool:
+        """No arrival: the advisor decides if its tick is due (an executor whose arrivals may
+        stop for seconds, e.g. a closed loop's burst queued at once, calls it between them);
+        True if the split changed, as on_arrival."""
+        adv = self.advisor
+        if adv is None:
+            return False
+        self._outside.clear()  # no router reads it
         now_ns = int(now * 1e9)
         if not adv.due(now_ns):
             return False

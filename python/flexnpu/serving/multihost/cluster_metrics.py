@@ -29,6 +29,11 @@ class ClusterMetrics(ServingMetrics):
             "Requests sent to another replica because theirs died before their first token.",
             registry=r,
         )
+        self.rebalanced = Counter(
+            "flexnpu:cluster_rebalanced_requests",
+            "Queued prompts (no token yet) sent to a host that joined the prompt side.",
+            registry=r,
+        )
         self.replica_failures = Counter(
             "flexnpu:cluster_replica_failures", "Replicas found dead (actor or node).", registry=r
         )
@@ -72,6 +77,9 @@ class ClusterMetrics(ServingMetrics):
 
     def on_reroute(self) -> None:
         self.rerouted.inc()
+
+    def on_rebalance(self, n: int) -> None:
+        self.rebalanced.inc(n)
 
     def on_replica_failure(self) -> None:
         self.replica_failures.inc()

@@ -66,6 +66,8 @@ HOST_LAYOUTS = ("colocated", "split", "adaptive")
 KV_HANDOFF_FAILED = "error: the KV handoff from replica "  # a replica's finish (replica.py)
 # export_running failed (the front's call, or the replica's engine: replica.py)
 DECODE_MOVE_FAILED = "error: moving the request off replica "
+# A queued prompt sent to a host that joined the prompt side: its old replica's finish reason.
+REBALANCED = "rebalanced"
 _FULL = 1 << 62  # the load key of a host whose queue is full: never the least loaded
 
 
@@ -86,7 +88,7 @@ class RemoteReplica(Protocol):
     def submit_prefilled(self, c: Continuation) -> None: ...
     def kv_source(self, rid: int) -> Any: ...  # what another replica's submit_prefilled fetches
     def export_running(self, rids: list[int] | None) -> None: ...  # they come back prefilled
-    def abort(self, rid: int) -> None: ...
+    def abort(self, rid: int, reason: str = "abort") -> None: ...
     def poll(
         self, wait_s: float, timeout_s: float
     ) -> tuple[dict[int, RequestEvents], ReplicaStatus]: ...
@@ -254,6 +256,7 @@ class ClusterFront:
         self._watcher: threading.Thread | None = None
         self._first: ReplicaInfo | None = None
         self.reroutes = 0
+        self.rebalanced = 0  # queued prompts sent to hosts that joined the prompt side
         self.replica_failures = 0
         # KV handed off between replicas: bytes, seconds x source devices, transfers.
         self._kv_between: tuple[int, float, int] = (0, 0.0, 0)
@@ -512,9 +515,10 @@ class ClusterFront:
     def _rebuild_cluster(self) -> None:
         """The cluster layer over the live replicas (lock held; a replica joined or died): a
         unit per host, in join order. The adaptive layout's advisor starts afresh."""
-        decoding = self._decoding_replicas()
+        decoding, prompting = self._decoding_replicas(), self._prompt_replicas()
         self._build_cluster()
         self._left_decode_side(decoding)
+        self._joined_prompt_side(prompting)
 
     def _build_cluster(self) -> None:
         units = [r for r in self._replicas.values() if r.live]
@@ -554,9 +558,7 @@ class ClusterFront:
         cluster = self._cluster
         if cluster is None or not self._routable():
             return None
-        decoding = self._decoding_replicas()
-        if cluster.on_arrival(len(req.prompt_ids), time.perf_counter()):  # the advisor's split
-            self._left_decode_side(decoding)
+        self._roles_changed_if(lambda: cluster.on_arrival(len(req.prompt_ids), time.perf_counter()))
         inst = cluster.route_arrival(req.id)
         rep = self._units[inst.unit]
         if rep.queue_full():
@@ -634,6 +636,73 @@ class ClusterFront:
         """The live replicas on the decode side (decode or mixed)."""
         return {name for _, name, role in self.host_roles() if role != "prefill"}
 
+    def _roles_changed_if(self, decide: Callable[[], bool]) -> None:
+        """Runs the advisor's `decide` (lock held); if it changed the split, the hosts that
+        left the decode side move their decodes off and those that joined the prompt side take
+        queued prompts."""
+        decoding, prompting = self._decoding_replicas(), self._prompt_replicas()
+        if decide():
+            self._left_decode_side(decoding)
+            self._joined_prompt_side(prompting)
+
+    def _tick(self) -> None:
+        """The advisor's tick between arrivals (from the pollers: it decides at most once per
+        its own period; `due` is a const check, the rest runs only when it is)."""
+        with self._lock:
+            cluster = self._cluster
+            if cluster is None or cluster.advisor is None:
+                return
+            now = time.perf_counter()
+            if cluster.advisor.due(int(now * 1e9)):
+                self._roles_changed_if(lambda: cluster.on_tick(now))
+
+    def _prompt_replicas(self) -> set[str]:
+        """The live replicas on the prompt side (prefill or mixed)."""
+        return {name for _, name, role in self.host_roles() if role != "decode"}
+
+    def _joined_prompt_side(self, prompting_before: set[str]) -> None:
+        """Hosts joined the prompt side (lock held: a role change, or a host that joined): the
+        prompts queued on the hosts that took prompts before, beyond an even share of all the
+        queued ones, go through the router again (the newest first out: a FIFO engine computes
+        them last), so a burst queued on one prefill host does not wait there while the hosts
+        that joined have nothing to do. Queued: sent, no token yet (a prompt the old host has
+        begun computing is computed again; its events from there are stale, as a re-route's).
+        One the router gives back to its own host stays."""
+        prompting = self._prompt_replicas()
+        joined = prompting - prompting_before
+        if not joined or self._cluster is None:
+            return
+        hosts = [r for r in self._units if r.info.name in prompting]
+        queued = {
+            r.info.name: [
+                req
+                for i in sorted(r.requests)
+                if (req := self._requests.get(i)) is not None
+                and not req.done
+                and req.num_tokens == 0
+                and req.replica == r.info.name
+            ]
+            for r in hosts
+        }
+        share = -(-sum(len(q) for q in queued.values()) // len(hosts))
+        moved = 0
+        for name in sorted(prompting & prompting_before):
+            src = self._replicas[name]
+            for req in reversed(queued[name][share:]):
+                inst = self._cluster.route_arrival(req.id)
+                dst = self._units[inst.unit]
+                if dst is src or dst.queue_full():
+                    continue
+                src.handle.abort(req.id, REBALANCED)
+                self._send(dst, req, inst.role is Role.PREFILL)
+                moved += 1
+        if moved:
+            self.rebalanced += moved
+            self.log(f"front: {moved} queued prompts sent to the hosts that joined the prompt side")
+            hook = getattr(self.metrics, "on_rebalance", None)
+            if hook is not None:
+                hook(moved)
+
     def _left_decode_side(self, decoding_before: set[str]) -> None:
         """The roles changed (lock held): the replicas that decoded and no longer do move their
         requests off (on their poller threads: `_move_off`)."""
@@ -691,6 +760,7 @@ class ClusterFront:
                 rep.status = status
                 for rid, ev in events.items():
                     self._deliver(rep, rid, ev)
+                self._tick()
                 if not status.healthy and rep.live:
                     self._replica_died(rep, f"its engine failed: {status.error}")
                     return

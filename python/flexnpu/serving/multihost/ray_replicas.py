@@ -188,8 +188,8 @@ class RayReplica:
         reference inside an argument reaches the callee as a reference, unresolved)."""
         return [self.actor.take_kv.remote(rid)]
 
-    def abort(self, rid: int) -> None:
-        self.actor.abort.options(concurrency_group=ORDERED).remote(rid)
+    def abort(self, rid: int, reason: str = "abort") -> None:
+        self.actor.abort.options(concurrency_group=ORDERED).remote(rid, reason)
 
     def poll(
         self, wait_s: float, timeout_s: float

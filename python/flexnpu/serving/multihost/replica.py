@@ -502,14 +502,16 @@ class ReplicaServer:
         elif move and req is not None:  # its host stopped decoding while the KV came
             self._export_running(rid, req)
 
-    def abort(self, rid: int) -> None:
+    def abort(self, rid: int, reason: str = "abort") -> None:
+        """Ends `rid` here, counted as `reason` in this replica's series ("rebalanced": the
+        front sent it to another host)."""
         with self._lock:
             req = self._requests.pop(rid, None)
             self._exports.pop(rid, None)
             self._continuing.discard(rid)
             self._move_pending.discard(rid)
         if req is not None:
-            self.engine.abort(req)
+            self.engine.abort(req, reason)
 
     def poll(self, wait_s: float = 0.05) -> tuple[dict[int, RequestEvents], ReplicaStatus]:
         """New tokens and finishes per request (blocks up to `wait_s` while there are none) and
