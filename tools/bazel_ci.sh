@@ -8,6 +8,7 @@
 #   FLEXNPU_BAZEL_OUTPUT_USER_ROOT  Bazel's output root (default /tmp/flexnpu-bazel-$UID)
 #   FLEXNPU_BAZEL_JOBS              parallel jobs (default 2)
 #   FLEXNPU_BAZEL_KEEP_SERVER=1     leave the Bazel server running afterwards
+#   FLEXNPU_BAZEL_DISK_CACHE        Bazel's disk cache (default ~/.cache/flexnpu-bazel-disk)
 #   FLEXNPU_PJRT_INCLUDE_DIR, FLEXNPU_PYTHON   see tools/bazel_setup.sh
 # Exits non-zero when the build or any test fails.
 set -euo pipefail
@@ -43,8 +44,11 @@ tools/bazel_setup.sh
 output_user_root="${FLEXNPU_BAZEL_OUTPUT_USER_ROOT:-/tmp/flexnpu-bazel-$(id -u)}"
 jobs="${FLEXNPU_BAZEL_JOBS:-2}"
 startup=(--output_user_root="$output_user_root")
+# The disk cache outlives the output root's per-workspace state: a fresh clone elsewhere on the
+# same machine (CI's) reuses the compiles and test results of an earlier run with the same inputs.
+disk_cache="${FLEXNPU_BAZEL_DISK_CACHE:-${HOME:-/tmp}/.cache/flexnpu-bazel-disk}"
 common=(--jobs="$jobs" --local_cpu_resources="$jobs" --curses=no --color=no
-        --show_progress_rate_limit=30)
+        --show_progress_rate_limit=30 --disk_cache="$disk_cache")
 targets=("$@")
 (( ${#targets[@]} )) || targets=(//...)
 

@@ -17,10 +17,25 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
 JOBS=$(nproc)  # a CI machine has 2 cores or more
 
-# Each step's heading shows the minutes since the start, to see where CI's time goes.
+# Each step's heading shows the minutes since the start, and the end (or an early exit) lists
+# every step's wall time: to see where CI's time goes.
+step_names=()
+step_starts=()
 step() {
+  step_names+=("$*")
+  step_starts+=("$SECONDS")
   printf '\n=== %s (at %d:%02d, load %s) ===\n' "$*" $((SECONDS / 60)) $((SECONDS % 60)) \
     "$(cut -d' ' -f1 /proc/loadavg)"
+}
+step_times() {
+  local i end
+  echo
+  echo "=== wall time per step ==="
+  for i in "${!step_names[@]}"; do
+    end=${step_starts[i + 1]:-$SECONDS}
+    printf '%5d s  %s\n' $((end - step_starts[i])) "${step_names[i]}"
+  done
+  printf '%5d s  total\n' "$SECONDS"
 }
 
 step "Debian packages"
@@ -82,7 +97,7 @@ mkdir -p build
 PYTHON="$PYTHON" include_dir="$include_dir" JOBS="$JOBS" \
   setsid -w bash -c "$(declare -f background_builds); background_builds" >build/background_builds.log 2>&1 &
 background_builds_pid=$!
-trap 'kill -- "-$background_builds_pid" 2>/dev/null || true' EXIT
+trap 'kill -- "-$background_builds_pid" 2>/dev/null || true; step_times' EXIT
 
 CMAKE_ARGS="${shared_build[*]}" FLEXNPU_PJRT_INCLUDE_DIR="$include_dir" \
   "$PYTHON" -m pip install -q --config-settings=build-dir=build/wheel ".[test,ray]"

@@ -87,8 +87,11 @@ class FakeEngine:
         from types import SimpleNamespace
 
         self.cfg = SimpleNamespace(vocab_size=512, eos_id=257)
+        self.vocab_size = 512
         self.eos_ids = (257,)
         self.max_model_len = 4096
+        self.max_prompt_len = 4095
+        self.request_timeout = None
         self.healthy, self.error = True, None
         self.text, self.mode = text, "ok"
         self.aborted: list = []
@@ -125,6 +128,20 @@ class FakeEngine:
             req["done"] = True
             self.aborted.append(req)
             req["output"].on_finish("abort", time.perf_counter())
+
+    def health(self) -> list:
+        from flexnpu.serving.engine_client import InstanceHealth
+
+        return [InstanceHealth("fake-0", "nowhere", "mixed", "serving")]
+
+    def update_gauges(self) -> None:
+        pass
+
+    def topology(self) -> None:
+        return None
+
+    def inject_fault(self, instance: str) -> None:
+        raise ValueError(f"the fake engine has no instance {instance!r}")
 
 
 class ScriptedSplit:

@@ -768,7 +768,6 @@ def test_topology_of_the_live_replicas_on_its_route(tmp_path) -> None:
     """The front reports its hosts (each replica's devices) and the inter-host link measured
     from its KV handoffs on GET /cluster/topology, in serving/topology.py's format, which
     `simulate --topology` reads; a single-host server has no such route."""
-    import types
 
     from fastapi.testclient import TestClient
 
@@ -818,7 +817,9 @@ def test_topology_of_the_live_replicas_on_its_route(tmp_path) -> None:
         assert [h.name for h in f.topology().hosts] == ["host-a"]
     finally:
         f.stop()
-    single = TestClient(create_app(ServerState(types.SimpleNamespace(), ByteTokenizer(), "x")))
+    from _serving import FakeEngine
+
+    single = TestClient(create_app(ServerState(FakeEngine(), ByteTokenizer(), "x")))
     assert single.get("/cluster/topology").status_code == 404
 
 

@@ -86,17 +86,14 @@ def test_unsafe_templates_and_raise_exception() -> None:
 
 def test_template_error_is_a_400_naming_it() -> None:
     require("fastapi", "httpx")
+    from _serving import FakeEngine  # the request fails before it reaches an engine
     from fastapi.testclient import TestClient
 
     from flexnpu.serving.server import ServerState, create_app
     from flexnpu.serving.tokenizer import ByteTokenizer
 
-    class NoEngine:  # the request fails before it reaches an engine
-        max_model_len = 64
-        eos_ids = (257,)
-
     t = ChatTemplate("{{ raise_exception('only one message, please') if messages | length > 1 }}")
-    app = create_app(ServerState(NoEngine(), ByteTokenizer(), "m", chat_template=t))
+    app = create_app(ServerState(FakeEngine(), ByteTokenizer(), "m", chat_template=t))
     r = TestClient(app).post("/v1/chat/completions", json={"messages": [
         {"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})
     assert r.status_code == 400

@@ -236,20 +236,106 @@ def test_queue_limit_raises_queue_full(tiny, npu_devices) -> None:
         eng.stop()
 
 
-def test_abort_frees_kv_at_once(eng1) -> None:
+def _wait_for(cond, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_abort_ends_the_request_at_once_and_frees_its_kv_at_the_next_step(eng1) -> None:
     eng = eng1
     o = _Collect()
     req = eng.submit(PROMPTS[1], _greedy(MAX_LEN - 20), o)
-    deadline = time.monotonic() + 30
-    while not o.ids and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert o.ids and eng.kv_usage() > 0
+    _wait_for(lambda: o.ids, "the first token")
+    assert eng.kv_usage() > 0
     eng.abort(req)
-    assert eng.kv_usage() == 0 and eng.num_running() == 0  # freed by abort, not a later step
-    assert o.done.wait(10) and o.reasons == ["abort"]
+    assert o.done.is_set() and o.reasons == ["abort"]  # the client hears it at once
+    _wait_for(lambda: eng.kv_usage() == 0 and eng.num_running() == 0, "the blocks back")
     n = len(o.ids)
     time.sleep(0.1)
     assert len(o.ids) == n  # nothing after the finish
+
+
+def _aborting_prepare(eng, pick):
+    """Wraps instance 0's runner.prepare: before it reads a plan, pick(plan) names requests
+    that are aborted right there, as a client's disconnect on another thread would land
+    between the plan and its preparation."""
+    runner = eng.instances[0].runner
+    real = runner.prepare
+
+    def prepare(plan, prev):
+        for req in pick(plan):
+            eng.abort(req)
+        return real(plan, prev)
+
+    runner.prepare = prepare
+
+
+def test_an_abort_between_planning_and_preparing_a_step_is_safe(tiny, npu_devices,
+                                                               direct) -> None:
+    """The crash of issue 42: a decode row whose sequence was aborted after the plan was made
+    (its blocks freed under it) failed the step (IndexError in slots_of) and the engine."""
+    eng = _engine(tiny, npu_devices[:1])
+    try:
+        victim_out = _Collect()
+        victim = eng.submit(PROMPTS[2], _greedy(40), victim_out)
+        aborted: list = []
+
+        def pick(plan):
+            decoding = any(e.seq.payload is victim and e.is_decode for e in plan.scheduled)
+            if decoding and not aborted:
+                aborted.append(victim)
+                return [victim]
+            return []
+
+        _aborting_prepare(eng, pick)
+        together = _run_concurrently(eng, PROMPTS[:2], LENGTHS[:2])
+        assert victim_out.done.wait(30) and victim_out.reasons == ["abort"] and aborted
+        assert eng.healthy, eng.error
+        assert together == direct[:2]
+        _wait_for(lambda: eng.kv_usage() == 0, "every block back")
+    finally:
+        eng.stop()
+
+
+def test_aborts_driven_into_in_flight_steps(tiny, npu_devices, direct) -> None:
+    """Seeded storm: every few steps a decoding request is aborted between its plan and its
+    preparation, others from a client thread at random moments; the rest finish with the
+    plain model's tokens, every request ends once, the KV pool drains."""
+    import random
+
+    eng = _engine(tiny, npu_devices[:1], max_num_seqs=4)
+    rng = random.Random(5)
+    try:
+        def pick(plan):
+            rows = [e.seq.payload for e in plan.scheduled if e.is_decode]
+            return [rng.choice(rows)] if rows and rng.random() < 0.3 else []
+
+        _aborting_prepare(eng, pick)
+        work = [(i % 4, _Collect()) for i in range(24)]
+        reqs = [eng.submit(PROMPTS[k], _greedy(LENGTHS[k]), o) for k, o in work]
+
+        def client() -> None:
+            for r in rng.sample(reqs, 6):
+                time.sleep(rng.uniform(0, 0.05))
+                eng.abort(r)
+
+        t = threading.Thread(target=client)
+        t.start()
+        t.join()
+        for k, o in work:
+            assert o.done.wait(60), "a request did not end"
+            assert len(o.reasons) == 1, o.reasons
+            if o.reasons == ["length"]:
+                assert o.ids == direct[k]
+            else:
+                assert o.reasons == ["abort"] and o.ids == direct[k][:len(o.ids)]
+        assert eng.healthy, eng.error
+        assert sum(o.reasons == ["abort"] for _, o in work) >= 6
+        _wait_for(lambda: eng.kv_usage() == 0, "every block back")
+    finally:
+        eng.stop()
 
 
 def test_deadline_finishes_with_timeout(eng1) -> None:
@@ -259,31 +345,99 @@ def test_deadline_finishes_with_timeout(eng1) -> None:
     assert len(o.ids) < MAX_LEN - 20
 
 
-def test_step_failure_fails_every_request_and_the_engine(tiny, npu_devices) -> None:
-    from flexnpu.serving.engine import EngineDeadError
+def _failing_dispatch(runner, fail):
+    """runner.dispatch raising "injected device failure" on the calls fail(n) picks."""
+    real = runner.dispatch
+    calls = {"n": 0}
+
+    def dispatch(*a, **kw):
+        calls["n"] += 1
+        if fail(calls["n"]):
+            raise RuntimeError("injected device failure")
+        return real(*a, **kw)
+
+    runner.dispatch = dispatch
+
+
+def test_a_failing_instance_is_restarted_and_its_requests_go_on_elsewhere(
+        tiny, npu_devices, direct) -> None:
+    """Instance isolation: a step of instance 0 fails mid-stream; its requests go on at the
+    other instance with exactly their tokens (none lost or repeated: the same greedy ids), the
+    engine stays healthy, instance 0 restarts and serves again."""
+    from flexnpu.serving.metrics import ServingMetrics
+
+    metrics = ServingMetrics("tiny", placement=False, process=False)
+    eng = _engine(tiny, npu_devices[:2], max_num_seqs=2)
+    eng.metrics = metrics
+    try:
+        _failing_dispatch(eng.instances[0].runner, lambda n: n == 6)
+        prompts = [PROMPTS[k % 4] for k in range(8)]  # more than the slots: some queue
+        lengths = [LENGTHS[k % 4] for k in range(8)]
+        got = _run_concurrently(eng, prompts, lengths)
+        assert got == [direct[k % 4] for k in range(8)]
+        assert eng.healthy, eng.error
+        h = {x.name: x for x in eng.health()}
+        assert h["mixed-0"].state == "serving" and h["mixed-0"].restarts == 1
+        assert "injected device failure" in h["mixed-0"].last_error
+        assert h["mixed-1"].state == "serving" and h["mixed-1"].restarts == 0
+        text = metrics.render().decode()
+        assert 'flexnpu:instance_failures_total{instance="mixed-0",model_name="tiny"} 1.0' \
+            in text
+        # It serves again: a request routed there finishes with the plain model's tokens.
+        assert _run_concurrently(eng, PROMPTS[:4], LENGTHS[:4]) == direct[:4]
+    finally:
+        eng.stop()
+
+
+def test_an_instance_that_keeps_failing_is_taken_out_of_service(tiny, npu_devices,
+                                                                direct) -> None:
+    from flexnpu.serving.engine import MAX_INSTANCE_FAILURES
 
     eng = _engine(tiny, npu_devices[:2], max_num_seqs=2)
     try:
-        runner = eng.instances[0].runner
-        real = runner.dispatch
-        calls = {"n": 0}
+        _failing_dispatch(eng.instances[0].runner, lambda n: True)
+        for _ in range(MAX_INSTANCE_FAILURES + 1):  # each round reaches instance 0 again
+            assert _run_concurrently(eng, PROMPTS[:4], LENGTHS[:4]) == direct[:4]
+        h = {x.name: x for x in eng.health()}
+        assert h["mixed-0"].state == "down" and h["mixed-1"].state == "serving"
+        assert eng.healthy
+        eng.inject_fault("mixed-1")  # the last one fails once: restarted, still serving
+        assert _run_concurrently(eng, PROMPTS[:2], LENGTHS[:2]) == direct[:2]
+        assert {x.name: x.restarts for x in eng.health()}["mixed-1"] == 1
+        with pytest.raises(ValueError, match="no instance 'mixed-7'"):
+            eng.inject_fault("mixed-7")
+    finally:
+        eng.stop()
 
-        def failing(*a, **kw):
-            calls["n"] += 1
-            if calls["n"] == 3:
-                raise RuntimeError("injected device failure")
-            return real(*a, **kw)
 
-        runner.dispatch = failing
-        outs = [_Collect() for _ in range(8)]  # more than the slots: some are still queued
+def test_the_engine_fails_when_no_instance_is_left(tiny, npu_devices) -> None:
+    """One instance whose steps always fail: its requests go on at it once restarted (no other
+    takes them), end with the error at its next failure (they may be what fails it), and its
+    third failure takes it, and so the engine, out of service."""
+    from flexnpu.serving.engine import MAX_INSTANCE_FAILURES, EngineDeadError
+
+    eng = _engine(tiny, npu_devices[:1], max_num_seqs=2)
+    failed = "error: instance mixed-0 failed (RuntimeError: injected device failure)"
+    try:
+        _failing_dispatch(eng.instances[0].runner, lambda n: True)
+        outs = [_Collect() for _ in range(4)]
         for o in outs:
             eng.submit(PROMPTS[1], _greedy(50), o)
         for o in outs:
-            assert o.done.wait(30), "a request hangs after the failure"
-        assert all(len(o.reasons) == 1 for o in outs)
-        assert all(o.reasons[0].startswith("error: ") for o in outs), [o.reasons for o in outs]
-        assert "injected device failure" in outs[-1].reasons[0]
-        assert not eng.healthy and "injected device failure" in eng.error
+            assert o.done.wait(60), "a request hangs after the failure"
+            assert len(o.reasons) == 1 and o.reasons[0].startswith(failed), o.reasons
+        assert "on a failing instance 2 times" in outs[0].reasons[0]
+        for _ in range(MAX_INSTANCE_FAILURES):  # until the engine refuses
+            o = _Collect()
+            try:
+                eng.submit(PROMPTS[1], _greedy(50), o)
+            except EngineDeadError:
+                break
+            assert o.done.wait(60) and o.reasons[0].startswith(failed), o.reasons
+        assert not eng.healthy and "no instance left to serve" in eng.error
+        assert "injected device failure" in eng.error
+        assert eng.health()[0].state == "down"
+        assert len(eng.instances[0].failures) == MAX_INSTANCE_FAILURES
         with pytest.raises(EngineDeadError, match="injected device failure"):
             eng.submit(PROMPTS[0], _greedy(1), _Collect())
     finally:

@@ -198,8 +198,33 @@ def test_deadline_and_abort():
     plan = s.schedule(4.0)  # b expired while waiting
     assert plan.finished == [b] and b.finish_reason == "timeout"
     s.on_step_done(plan, 4.0)
-    assert s.abort("a") is a and a.finish_reason == "abort" and s.abort("a") is None
+    assert s.abort("a") is a and s.abort("a") is None  # once
+    # Running: its blocks stay until the next plan (one being prepared may hold them) ...
+    assert a.blocks and s.num_free_blocks < s.config.num_blocks
+    assert s.schedule(5.0).is_empty  # ... which leaves it out and frees them
+    assert a.finish_reason == "abort" and not a.blocks
     assert s.num_free_blocks == s.config.num_blocks and not s.has_work
+
+
+def test_abort_leaves_the_plans_it_is_in_intact():
+    """A client's abort lands (another thread) between a plan's schedule() and the runner's
+    reading of its entries, with an earlier plan still in flight: the entries keep their
+    blocks, and the sequence is in no later plan."""
+    s = Scheduler(SchedulerConfig(max_num_seqs=4, block_size=4, num_blocks=32))
+    for rid in ("a", "b"):
+        s.add(seq(rid, 6, 20))
+    in_flight = s.schedule(0)  # prefills a and b
+    planned = s.schedule(0)  # their first decodes, planned before in_flight is done
+    s.abort("a")
+    entries = {e.seq.request_id: e for e in planned.scheduled}
+    a = entries["a"].seq
+    assert entries["a"].start == 6 and len(a.blocks) == 2  # positions 0..6 in blocks of 4
+    s.on_step_done(in_flight, 0)
+    s.on_step_done(planned, 0)
+    after = s.schedule(0)
+    assert [e.seq.request_id for e in after.scheduled] == ["b"]
+    assert a.finish_reason == "abort" and not a.blocks
+    assert s.num_free_blocks == 32 - len(entries["b"].seq.blocks)
 
 
 def test_priority_classes_are_served_first():

@@ -55,8 +55,68 @@ def _http(server):
 
 def test_health_and_models(server, client) -> None:
     with _http(server) as h:
-        assert h.get("/health").status_code == 200
+        r = h.get("/health")
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+        assert [(x["name"], x["state"]) for x in r.json()["instances"]] == [("mixed-0",
+                                                                             "serving")]
+        # Fault injection is off unless the server was started with it.
+        assert h.post("/debug/fail-instance/mixed-0").status_code == 404
     assert [m.id for m in client.models.list().data] == ["tiny"]
+
+
+def test_a_stream_through_an_instance_failure_keeps_every_token(npu_devices) -> None:
+    """POST /debug/fail-instance (FLEXNPU_FAULT_INJECTION=1) fails an instance mid-stream: the
+    stream goes on at the other instance and carries exactly its tokens (the same text as a
+    run without the fault); /health names the restarted instance."""
+    require("fastapi", "uvicorn", "httpx")
+    import httpx
+
+    from flexnpu.serving.engine import Engine, EngineConfig
+    from flexnpu.serving.loading import load_model
+    from flexnpu.serving.server import ServerState, create_app
+
+    m = load_model("random:tiny", seed=3, log=lambda *_: None)
+    eng = Engine(None, m.params, EngineConfig(max_num_seqs=2, max_model_len=MAX_LEN,
+                                              max_num_batched_tokens=32),
+                 devices=npu_devices[:2], eos_ids=m.eos_ids, model_config=m.config)
+    eng.warmup()
+    eng.start()
+    app = create_app(ServerState(eng, m.tokenizer, "tiny", fault_injection=True))
+    url, srv, th = serve_app_in_thread(app)
+    body = {"prompt": "once upon", "max_tokens": 60, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    try:
+        with httpx.Client(base_url=url, timeout=60) as h:
+            def stream(fault: bool) -> tuple[str, int, str | None]:
+                text, usage, finish = "", 0, None
+                with h.stream("POST", "/v1/completions", json=body) as r:
+                    for line in r.iter_lines():
+                        if not line.startswith("data: {"):
+                            continue
+                        ev = json.loads(line[6:])
+                        for c in ev["choices"]:
+                            text += c["text"]
+                            finish = c["finish_reason"] or finish
+                            if fault and text:
+                                fault = False
+                                failing = [x.name for x in eng.instances if x.sched.has_work]
+                                assert h.post(f"/debug/fail-instance/{failing[0]}").json() \
+                                    == {"injected": failing[0]}
+                        if ev.get("usage"):
+                            usage = ev["usage"]["completion_tokens"]
+                return text, usage, finish
+
+            clean = stream(False)
+            assert clean[1:] == (60, "length")
+            assert stream(True) == clean
+            health = h.get("/health").json()
+            assert health["status"] == "ok"
+            assert sorted(x["restarts"] for x in health["instances"]) == [0, 1]
+            assert h.post("/debug/fail-instance/nope").status_code == 404
+    finally:
+        srv.should_exit = True
+        th.join(10)
+        eng.stop()
 
 
 def test_completion_plain_and_streaming_agree(client) -> None:

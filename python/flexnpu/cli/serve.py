@@ -424,7 +424,8 @@ def _load_and_serve(args: argparse.Namespace, sock: socket.socket | None) -> int
 
     from flexnpu.serving.server import ServerState
 
-    state = ServerState(engine, tok, name, metrics=metrics)  # the model's template
+    state = ServerState(engine, tok, name, metrics=metrics,  # the model's template
+                        fault_injection=os.environ.get("FLEXNPU_FAULT_INJECTION") == "1")
     assert sock is not None  # bound unless exporting
     try:
         serve_state(state, args, sock)

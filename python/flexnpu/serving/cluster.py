@@ -56,7 +56,7 @@ class ClusterInstance:
     """A serving instance as the cluster layer sees it: its index, unit, role and scheduler.
     The engine's and the simulator's instances extend it with their mechanics."""
 
-    __slots__ = ("idx", "unit", "role", "sched", "pos", "changed", "draining")
+    __slots__ = ("idx", "unit", "role", "sched", "pos", "changed", "draining", "down")
 
     def __init__(self, idx: int, unit: int, role: Role, sched: Scheduler) -> None:
         self.idx = idx
@@ -68,6 +68,13 @@ class ClusterInstance:
         self.changed: list[ClusterInstance] = []
         # Outside its side of the split: takes nothing new, gives up what can move.
         self.draining = False
+        # Out of service (the engine's instance failed; the simulator's never do): routers pass
+        # it over.
+        self.down = False
+
+
+class NoLiveInstanceError(RuntimeError):
+    """Every instance a router could pick is out of service."""
 
 
 def unit_roles(layout: str, units: int, prefill_units: int = 0) -> list[Role]:
@@ -113,10 +120,14 @@ class Router:
 
     def pick(self) -> ClusterInstance:
         insts = self.insts
+        if not self.incremental:  # (the engine's: its instances may be out of service)
+            live = [x for x in insts if not x.down]
+            if not live:
+                raise NoLiveInstanceError(
+                    f"all {len(insts)} instances that could take this are out of service")
+            return live[0] if len(live) == 1 else live[least_loaded([x.sched for x in live])]
         if len(insts) == 1:
             return insts[0]
-        if not self.incremental:
-            return insts[least_loaded([x.sched for x in insts])]
         keys, changed, heap = self.keys, self.changed, self.heap
         if changed:
             push = heapq.heappush
@@ -275,6 +286,12 @@ class Cluster:
         if self.decisions is not None:
             self.decisions.log.append(("handoff", request_id, x.idx))
         return x
+
+    def can_serve(self) -> bool:
+        """Whether a new prompt finds an instance in service, and so does its handoff (if
+        this layout hands off)."""
+        routers = (self.front_router, self.back_router)
+        return all(r is None or any(not x.down for x in r.insts) for r in routers)
 
     @property
     def prefill_units(self) -> int:

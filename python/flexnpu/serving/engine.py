@@ -22,10 +22,16 @@ Each instance thread plans step k+1 and dispatches it before it waits for step k
 scheduler counts outputs optimistically; a decode row reads its input token from step k's ids on
 the device), then does step k's host work: output callbacks, finishes, handoffs.
 
-Robustness: a failure of any engine thread fails every queued and running request
-(`on_finish("error: ...")`), marks the engine unhealthy and refuses new requests; requests have
-optional deadlines ("timeout"); the waiting queue is bounded (QueueFullError); `abort` frees a
-request's KV blocks at once.
+Robustness: an instance whose thread fails is isolated: its requests go on at the other
+instances (recomputed from their prompt and the tokens they have: none lost or repeated; one
+that cannot move ends with an error naming the instance), its scheduler and KV cache start
+afresh and it serves again; one that fails MAX_INSTANCE_FAILURES times within
+INSTANCE_FAILURE_WINDOW_S is taken out of service (routers pass it over). The engine stops
+serving (every request ends with the error, new ones are refused) only when no instance can
+take a prompt or its handoff. `health()` says which instance is in what state. Requests have
+optional deadlines ("timeout"); the waiting queue is bounded (QueueFullError); `abort` ends a
+request at once, and its KV blocks go back when its instance next plans a step (a plan being
+prepared or in flight may still hold them).
 
 Across engines (hosts, serving/multihost): `submit(..., export=...)` stops a request after its
 prompt (at its first token) and gives its KV and what its decode needs to `export` as a
@@ -56,9 +62,11 @@ from flexnpu.serving.cluster import (
     LAYOUTS,
     Cluster,
     ClusterInstance,
+    NoLiveInstanceError,
     SplitSettings,
     unit_roles,
 )
+from flexnpu.serving.engine_client import InstanceHealth, ModelLimits
 from flexnpu.serving.layout import emulated_time_scale
 from flexnpu.serving.output import (
     IdsOutput,
@@ -91,9 +99,22 @@ from flexnpu.serving.scheduler import (
 __all__ = ["Engine", "EngineConfig", "EngineDeadError", "ModelSteps", "PrefilledSequence",
            "QueueFullError", "Request", "RequestTooLongError"]
 
+# An instance that fails this often within this window is taken out of service instead of
+# restarted: a device that keeps failing would otherwise fail every request routed to it.
+MAX_INSTANCE_FAILURES = 3
+INSTANCE_FAILURE_WINDOW_S = 60.0
+# A request on an instance when it failed goes on elsewhere this many times; at the next
+# failure it ends with the error: a request that itself fails its steps would otherwise take
+# every instance down in turn.
+MAX_REQUEUES = 1
+
 
 class EngineDeadError(RuntimeError):
     """The engine failed (see `engine.error`) and takes no more requests (HTTP 503)."""
+
+
+class InjectedFault(RuntimeError):
+    """A failure asked for by `Engine.inject_fault` (soak and fault tests)."""
 
 
 @dataclass
@@ -192,6 +213,7 @@ class Request:
     export: Callable[[PrefilledSequence], Any] | None = None
     moving: bool = False
     suppressed_ids: tuple[int, ...] = ()  # not sampled before sampling.min_tokens tokens
+    requeues: int = 0  # times it went on elsewhere after its instance failed
 
     def known_tokens(self) -> list[int]:
         return self.prompt_ids + self.output_ids
@@ -243,13 +265,18 @@ class _Instance(ClusterInstance):
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
+        self.state = "serving"  # "restarting" after a failure, "down" out of service
+        self.failures: list[float] = []  # monotonic times, within the failure window
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.fault: str | None = None  # inject_fault's message, raised at its next step
 
     @property
     def device(self) -> Any:
         return self.runner.device
 
 
-class Engine:
+class Engine(ModelLimits):
     def __init__(self, steps: Steps | None, params: Any, config: EngineConfig,
                  devices: list | None = None, metrics: Any = None,
                  eos_ids: Collection[int] | None = None, model_config: Any = None,
@@ -420,8 +447,15 @@ class Engine:
             at = now if self._cluster_clock is None else self._cluster_clock()
             if cluster.on_arrival(len(prompt_ids), at):
                 self._on_split()
-            inst = cluster.route_arrival(req.id)
+            inst = self._route_arrival(req.id)
         return self._place(req, inst)
+
+    def _route_arrival(self, request_id: int) -> _Instance:
+        """The instance that takes a new prompt (the caller holds self._lock)."""
+        try:
+            return self._cluster().route_arrival(request_id)  # type: ignore[return-value]
+        except NoLiveInstanceError as e:
+            raise EngineDeadError(f"the engine is not serving: {e}") from None
 
     def submit_prefilled(self, prefilled: PrefilledSequence, sampling: SamplingParams,
                          output: RequestOutput, *, deadline: float | None = None,
@@ -444,8 +478,11 @@ class Engine:
         assert req.seq is not None
         cluster = self._cluster()
         with self._lock:
-            inst = (cluster.route_handoff(req.id) if cluster.back_router is not None
-                    else cluster.route_arrival(req.id))
+            try:
+                inst = (cluster.route_handoff(req.id) if cluster.back_router is not None
+                        else cluster.route_arrival(req.id))
+            except NoLiveInstanceError as e:
+                raise EngineDeadError(f"the engine is not serving: {e}") from None
         req.handoff = jax.device_put(kv, inst.device)  # (a host copy: not under the lock)
         return self._place(req, inst)
 
@@ -481,21 +518,26 @@ class Engine:
         """A new request to `inst`'s scheduler: a prompt, or a prefilled sequence (its KV in
         `req.handoff`)."""
         assert req.seq is not None
+        # Under the engine's lock: a live request is in its instance's scheduler, or on its
+        # way on that instance's own thread (what an instance's failure recovery relies on).
         with self._lock:
+            if inst.down:  # it failed since it was picked: another takes a prompt
+                if req.handoff is not None:
+                    raise EngineDeadError(f"instance {inst.name} went out of service")
+                inst = self._route_arrival(req.id)
             self._live[req.id] = req
             req.instance = inst
-        try:
-            with inst.lock:
-                if req.handoff is not None:
-                    inst.sched.add_prefilled(req.seq)
-                else:
-                    inst.sched.add(req.seq)
-        except BaseException:
-            with self._lock:
+            try:
+                with inst.lock:
+                    if req.handoff is not None:
+                        inst.sched.add_prefilled(req.seq)
+                    else:
+                        inst.sched.add(req.seq)
+            except BaseException:
                 self._live.pop(req.id, None)
-            raise
+                raise
         inst.wake.set()
-        self._update_gauges()
+        self.update_gauges()
         return req
 
     def _handoff_programs(self) -> bool:
@@ -548,7 +590,8 @@ class Engine:
         return k, v
 
     def abort(self, req: Request, reason: str = "abort") -> None:
-        """Finishes the request (`reason`) and frees its KV blocks now (a client went away)."""
+        """Finishes the request (`reason`) now (a client went away); its KV blocks go back when
+        its instance next plans a step."""
         with self._lock:
             if req.done:
                 return
@@ -592,6 +635,32 @@ class Engine:
             for x in self._entry_instances()
         )
 
+    # ---- what the server reads (serving.engine_client.EngineClient) ----------------------------
+
+    def health(self) -> list[InstanceHealth]:
+        """Each instance's state: "serving", "restarting" after a failure, or "down" (out of
+        service)."""
+        return [
+            InstanceHealth(x.name, str(x.device), x.role.value, x.state, x.restarts,
+                           x.last_error)
+            for x in self.instances
+        ]
+
+    def inject_fault(self, instance: str) -> None:
+        """Makes `instance` (a name from health()) fail at its next step, as a failing device
+        would: for fault tests and the soak (the server exposes it only when asked)."""
+        for x in self.instances:
+            if x.name == instance:
+                x.fault = f"a fault injected into {instance}"
+                x.wake.set()
+                return
+        raise ValueError(f"no instance {instance!r} (instances: "
+                         f"{', '.join(x.name for x in self.instances)})")
+
+    def topology(self) -> None:
+        """One engine has no hosts to describe (the multi-host front does)."""
+        return None
+
     def num_running(self) -> int:
         return sum(x.sched.num_running for x in self.instances)
 
@@ -604,52 +673,65 @@ class Engine:
     # ---- the instance loop ----------------------------------------------------------------------
 
     def _loop(self, inst: _Instance) -> None:
+        """The instance's thread: its steps, and a restart after each failure (until it is
+        taken out of service)."""
+        while not self._stop.is_set():
+            try:
+                self._run_steps(inst)
+                return
+            except BaseException as e:  # noqa: BLE001 - isolate the instance, keep serving
+                if self._stop.is_set():
+                    return
+                traceback.print_exc()
+                if not self._recover(inst, f"{type(e).__name__}: {e}"):
+                    return
+
+    def _run_steps(self, inst: _Instance) -> None:
         prev: Dispatched | None = None
-        try:
-            while not self._stop.is_set():
-                if inst.draining:  # outside its side of the split: give up what can move
-                    if prev is not None:
-                        self._complete(inst, prev)
-                        prev = None
-                    self._move_out(inst)
-                with inst.lock:
-                    plan = inst.sched.schedule(time.perf_counter())
-                for seq in plan.finished:
-                    self._finish(seq.payload, seq.finish_reason or "timeout")
-                if plan.is_empty:
-                    if prev is not None:
-                        self._complete(inst, prev)
-                        prev = None
-                        continue
-                    self._update_gauges()
-                    inst.wake.wait(0.05)
-                    inst.wake.clear()
-                    continue
-                for seq in plan.kv_inserts:
-                    req = seq.payload
-                    if req.handoff is not None:
-                        inst.runner.insert_kv(*req.handoff, seq.blocks)
-                        req.handoff = None
-                try:
-                    inp, d = inst.runner.prepare(plan, prev)
-                except NeedsPreviousStep:
-                    assert prev is not None, "a token is missing with no step in flight"
-                    self._complete(inst, prev)
-                    prev = None
-                    inp, d = inst.runner.prepare(plan, None)
-                d = inst.runner.dispatch(inp, d, prev)
-                if self.keep_step_log:
-                    chunks = [(e.seq.request_id, e.num_tokens) for e in plan.scheduled
-                              if e.num_tokens > 1]
-                    self.step_log.append((inst.name, tuple(
-                        e.seq.request_id for e in plan.scheduled if e.is_decode),
-                        chunks[0] if chunks else None))
+        while not self._stop.is_set():
+            if inst.fault is not None:
+                why, inst.fault = inst.fault, None
+                raise InjectedFault(why)
+            if inst.draining:  # outside its side of the split: give up what can move
                 if prev is not None:
                     self._complete(inst, prev)
-                prev = d
-        except BaseException as e:  # noqa: BLE001 - fail every request rather than hang clients
-            traceback.print_exc()
-            self._fail(f"{inst.name}: {type(e).__name__}: {e}")
+                    prev = None
+                self._move_out(inst)
+            with inst.lock:
+                plan = inst.sched.schedule(time.perf_counter())
+            for seq in plan.finished:
+                self._finish(seq.payload, seq.finish_reason or "timeout")
+            if plan.is_empty:
+                if prev is not None:
+                    self._complete(inst, prev)
+                    prev = None
+                    continue
+                self.update_gauges()
+                inst.wake.wait(0.05)
+                inst.wake.clear()
+                continue
+            for seq in plan.kv_inserts:
+                req = seq.payload
+                if req.handoff is not None:
+                    inst.runner.insert_kv(*req.handoff, seq.blocks)
+                    req.handoff = None
+            try:
+                inp, d = inst.runner.prepare(plan, prev)
+            except NeedsPreviousStep:
+                assert prev is not None, "a token is missing with no step in flight"
+                self._complete(inst, prev)
+                prev = None
+                inp, d = inst.runner.prepare(plan, None)
+            d = inst.runner.dispatch(inp, d, prev)
+            if self.keep_step_log:
+                chunks = [(e.seq.request_id, e.num_tokens) for e in plan.scheduled
+                          if e.num_tokens > 1]
+                self.step_log.append((inst.name, tuple(
+                    e.seq.request_id for e in plan.scheduled if e.is_decode),
+                    chunks[0] if chunks else None))
+            if prev is not None:
+                self._complete(inst, prev)
+            prev = d
 
     def _complete(self, inst: _Instance, d: Dispatched) -> None:
         """Step d's host work: tokens to the outputs, stops, finishes, handoffs."""
@@ -687,7 +769,7 @@ class Engine:
                 self._handoff(inst, req, handoff_blocks[req.id])
             else:
                 self._finish(req, seq.finish_reason or "stop")
-        self._update_gauges()
+        self.update_gauges()
 
     def _handoff(self, src: _Instance, req: Request, blocks: list[int]) -> None:
         """A prefilled (or moved) sequence's KV to the decode instance the cluster layer
@@ -783,28 +865,109 @@ class Engine:
             self._live.pop(req.id, None)
         deliver_finish(self.metrics, req, reason, time.perf_counter())
 
+    def _recover(self, inst: _Instance, why: str) -> bool:
+        """`inst`'s thread failed (no step of it is in flight any more): it starts afresh (a
+        new scheduler and KV cache) and its requests go on at the other instances (or at it,
+        restarted, if no other can take them); after MAX_INSTANCE_FAILURES within the window
+        it stays out of service instead. Returns whether it serves again."""
+        now = time.monotonic()
+        inst.failures = [t for t in inst.failures if now - t < INSTANCE_FAILURE_WINDOW_S]
+        inst.failures.append(now)
+        inst.last_error = why
+        retire = len(inst.failures) >= MAX_INSTANCE_FAILURES
+        with self._lock:
+            # Out of every router while it recovers. The requests it held are the live ones
+            # that name it: in its scheduler, or cut short on its thread (a handoff, say).
+            inst.down = True
+            inst.state = "down" if retire else "restarting"
+            held = [r for r in self._live.values() if r.instance is inst and not r.done]
+            with inst.lock:
+                inst.sched = Scheduler(inst.sched.config)  # the old one may be mid-change
+        if not retire:
+            try:
+                inst.runner.reset_cache()
+            except Exception as e:  # noqa: BLE001 - a device that cannot restart stays out
+                inst.last_error = f"{why}; restarting it failed: {type(e).__name__}: {e}"
+                retire = True
+        with self._lock:
+            fallback = None if retire else inst
+            stuck = [(r, no) for r in held if (no := self._requeue(r, fallback)) is not None]
+            if retire:
+                inst.state = "down"
+                serving = self._cluster().can_serve()
+            else:
+                inst.state, inst.down = "serving", False
+                inst.restarts += 1
+                serving = True
+        dead = f"no instance left to serve (the last failure: {inst.name}: {inst.last_error})"
+        if not serving:  # before any client hears of it: new requests are refused from now
+            self.healthy, self.error = False, dead
+        error = f"error: instance {inst.name} failed ({inst.last_error})"
+        for r, why_not in stuck:
+            self._finish(r, f"{error}; the request could not go on elsewhere: {why_not}")
+        moved = [r for r in held if not r.done]
+        if self.metrics:
+            self.metrics.on_instance_failure(inst.name, len(moved))
+        for r in moved:
+            if r.instance is not None:
+                r.instance.wake.set()
+        print(f"flexnpu: engine instance {inst.name} failed ({inst.last_error}); "
+              f"{len(moved)} of its {len(held)} requests go on; "
+              + ("it is out of service" if retire else "it restarted"), flush=True)
+        if not serving:
+            self._fail(dead)
+        self.update_gauges()
+        return not retire
+
+    def _requeue(self, req: Request, fallback: _Instance | None) -> str | None:
+        """A request of a failed instance goes on at another (`fallback` if no other takes
+        prompts), recomputed from its prompt and the tokens it has (its seed makes it sample
+        what it would have); returns why not if none takes it. The caller holds
+        self._lock."""
+        if req.done:
+            return None
+        if req.requeues >= MAX_REQUEUES:
+            return (f"it was on a failing instance {req.requeues + 1} times (it may be what "
+                    "fails the steps)")
+        req.requeues += 1
+        old = req.seq
+        assert old is not None
+        req.handoff = None
+        req.seq = Sequence(req.id, len(req.prompt_ids), old.max_tokens, req.arrival,
+                           old.deadline, old.priority, payload=req,
+                           num_output_tokens=len(req.output_ids))
+        try:
+            try:
+                dst: _Instance = self._cluster().route_arrival(req.id)  # type: ignore[assignment]
+            except NoLiveInstanceError:
+                if fallback is None or fallback.role is Role.DECODE:
+                    raise
+                dst = fallback
+            with dst.lock:
+                dst.sched.add(req.seq)
+        except (NoLiveInstanceError, QueueFullError, RequestTooLongError) as e:
+            return str(e)
+        req.instance = dst
+        return None
+
     def _fail(self, message: str) -> None:
-        """An engine thread failed: every queued and running request gets the error."""
+        """The engine can serve no more: every queued and running request gets the error."""
         self.healthy = False
         self.error = message
         self._stop.set()
         for x in self.instances:
             x.wake.set()
-        for x in self.instances:
-            acquired = x.lock.acquire(timeout=5)
-            try:
-                x.sched.finish_all(f"error: {message}")
-            finally:
-                if acquired:
-                    x.lock.release()
         with self._lock:
             live = list(self._live.values())
+            for x in self.instances:  # fresh and empty: a thread still stepping plans nothing
+                with x.lock:
+                    x.sched = Scheduler(x.sched.config)
         for req in live:
             self._finish(req, f"error: {message}")
-        self._update_gauges()
+        self.update_gauges()
 
     # ---- metrics ------------------------------------------------------------------------------
 
-    def _update_gauges(self) -> None:
+    def update_gauges(self) -> None:
         if self.metrics:
             self.metrics.set_gauges(self.num_running(), self.num_waiting(), self.kv_usage())

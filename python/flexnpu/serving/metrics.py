@@ -57,6 +57,12 @@ class ServingMetrics:
         self.moved = counter("moved_sequences", "Sequences moved by role changes (decodes "
                              "with their KV, queued prompts).")
         self._split: tuple[int, int, int] | None = None
+        self.instance_failures = Counter(
+            "flexnpu:instance_failures", "Failures of an engine instance (each ends in a "
+            "restart, or the instance is taken out of service).",
+            ["model_name", "instance"], registry=r)
+        self.requeued = counter("requeued_requests", "Requests of a failed instance that went "
+                                "on at another (recomputed from their known tokens).")
         finished = Counter("flexnpu:request_success", "Finished requests by reason.",
                            ["model_name", "finished_reason"], registry=r)
         self._finished = finished
@@ -93,6 +99,10 @@ class ServingMetrics:
 
     def on_moves(self, n: int) -> None:
         self.moved.inc(n)
+
+    def on_instance_failure(self, instance: str, requeued: int) -> None:
+        self.instance_failures.labels(self._model, instance).inc()
+        self.requeued.inc(requeued)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

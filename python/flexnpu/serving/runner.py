@@ -149,10 +149,17 @@ class Runner:
         self.shapes = shapes
         self.params = params
         self.cfg = steps.config
-        self.ck, self.cv = kvcache.init_paged_cache(self.cfg, shapes.num_blocks,
-                                                    shapes.block_size, dtype, device)
+        self._dtype = dtype
+        self.reset_cache()
         self._zero_ids = jax.device_put(np.zeros(shapes.num_seqs + 1, np.int32), device)
         self.num_steps = 0
+
+    def reset_cache(self) -> None:
+        """A KV cache of its own, new (at start, and after a failed step, whose inputs may have
+        been donated)."""
+        sh = self.shapes
+        self.ck, self.cv = kvcache.init_paged_cache(self.cfg, sh.num_blocks, sh.block_size,
+                                                    self._dtype, self.device)
 
     # ---- one step ------------------------------------------------------------------------
 

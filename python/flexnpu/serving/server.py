@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flexnpu.serving.chat_template import ChatTemplate, ChatTemplateError
+from flexnpu.serving.engine_client import EngineClient
 from flexnpu.serving.openai_protocol import (
     MAX_CHOICES,
     APIError,
@@ -47,7 +48,7 @@ from flexnpu.serving.openai_protocol import (
 )
 from flexnpu.serving.output import suppressed_ids
 from flexnpu.serving.sampling import SamplingParams
-from flexnpu.serving.streaming import Run, engine_health, sse_events
+from flexnpu.serving.streaming import Run, sse_events
 from flexnpu.serving.tokenizer import Tokenizer
 
 
@@ -94,7 +95,7 @@ class InFlight:
 
 @dataclass
 class ServerState:
-    engine: Any
+    engine: EngineClient
     tokenizer: Tokenizer
     model_name: str
     chat_template: ChatTemplate | str | None = None  # None: the tokenizer's (GGUF) template
@@ -102,6 +103,9 @@ class ServerState:
     eos_ids: tuple[int, ...] | None = None  # None: engine.eos_ids, else the tokenizer's
     request_timeout: float | None = None  # seconds per request; None: the engine's (if any)
     in_flight: InFlight = field(default_factory=InFlight)
+    # POST /debug/fail-instance/{name} makes an engine instance fail (the soak, fault tests);
+    # `serve` turns it on with FLEXNPU_FAULT_INJECTION=1 only.
+    fault_injection: bool = False
     _template: ChatTemplate = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -111,11 +115,9 @@ class ServerState:
             source = self.chat_template or getattr(self.tokenizer, "chat_template", None)
             self._template = ChatTemplate(source, getattr(self.tokenizer, "special_tokens", None))
         if self.request_timeout is None:
-            self.request_timeout = getattr(
-                getattr(self.engine, "ec", None), "request_timeout", None
-            )
+            self.request_timeout = self.engine.request_timeout
         if self.eos_ids is None:
-            ids = getattr(self.engine, "eos_ids", None) or getattr(
+            ids = self.engine.eos_ids or getattr(
                 self.tokenizer, "eos_ids", (self.tokenizer.eos_id,)
             )
             self.eos_ids = tuple(ids)
@@ -123,11 +125,6 @@ class ServerState:
     @property
     def template(self) -> ChatTemplate:
         return self._template
-
-
-def _max_model_len(engine: Any) -> int:
-    n = getattr(engine, "max_model_len", None)
-    return int(n if n is not None else engine.ec.max_seq_len)
 
 
 class _InternalErrors:
@@ -187,12 +184,28 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        """200 while the server takes requests: status "ok", or "degraded" when an instance
+        is restarting or out of service (the others serve); 503 otherwise. Both list the
+        instances and their states."""
+        instances = [x.to_json() for x in eng.health()]
         if state.in_flight.closed:
             return APIError("The server is shutting down", 503).response()
-        ok, why = engine_health(eng)
-        if not ok:
-            return APIError(f"The engine has failed: {why}", 503).response()
-        return JSONResponse({"status": "ok"})
+        if not eng.healthy:
+            err = APIError(f"The engine has failed: {eng.error}", 503)
+            return JSONResponse({**err.body(), "instances": instances}, 503)
+        degraded = any(x["state"] != "serving" for x in instances)
+        return JSONResponse({"status": "degraded" if degraded else "ok",
+                             "instances": instances})
+
+    if state.fault_injection:
+
+        @app.post("/debug/fail-instance/{name}")
+        async def fail_instance(name: str) -> dict:
+            try:
+                eng.inject_fault(name)
+            except ValueError as e:
+                raise APIError(str(e), 404, "name") from None
+            return {"injected": name}
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -204,7 +217,7 @@ def create_app(state: ServerState) -> FastAPI:
                     "object": "model",
                     "created": int(time.time()),
                     "owned_by": "flexnpu",
-                    "max_model_len": _max_model_len(eng),
+                    "max_model_len": eng.max_model_len,
                 }
             ],
         }
@@ -213,17 +226,17 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics() -> Response:
         if state.metrics is None:
             return Response("", media_type="text/plain")
-        update = getattr(eng, "update_gauges", None) or getattr(eng, "_update_gauges", None)
-        if update is not None:
-            update()
+        eng.update_gauges()
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    topology = getattr(eng, "topology", None)
-    if callable(topology):  # a multi-host front: its hosts and links (serving/topology.py)
-
-        @app.get("/cluster/topology")
-        async def cluster_topology() -> JSONResponse:
-            return JSONResponse(topology().to_json())
+    @app.get("/cluster/topology")
+    async def cluster_topology() -> JSONResponse:
+        """A multi-host front's hosts and links (serving/topology.py)."""
+        topology = eng.topology()
+        if topology is None:
+            raise APIError("Not found: this server is one engine, not a multi-host front "
+                           "(GET /cluster/topology)", 404)
+        return JSONResponse(topology.to_json())
 
     async def body_of(request: Request) -> dict:
         try:
@@ -250,15 +263,15 @@ def create_app(state: ServerState) -> FastAPI:
             suppressed_ids(sp, state.eos_ids or ())
         except ValueError as e:
             raise APIError(str(e), param="min_tokens") from None
-        max_len = _max_model_len(eng)
+        max_len = eng.max_model_len
         out = []
         for p, ids in enumerate(prompts):
             k = len(ids)
             if k == 0:
                 raise APIError("the prompt is empty", param="prompt")
-            if any(not 0 <= t < eng.cfg.vocab_size for t in ids):
-                raise APIError(f"token ids must be in [0, {eng.cfg.vocab_size})", param="prompt")
-            longest = getattr(eng, "max_prompt_len", max_len - 1)
+            if any(not 0 <= t < eng.vocab_size for t in ids):
+                raise APIError(f"token ids must be in [0, {eng.vocab_size})", param="prompt")
+            longest = eng.max_prompt_len
             if k >= max_len or k > longest:
                 raise APIError(
                     f"This model's maximum context length is {max_len} tokens and "
@@ -318,7 +331,7 @@ def create_app(state: ServerState) -> FastAPI:
             text = state.template.render(msgs, add_generation_prompt=add_gen, **kwargs)
         except ChatTemplateError as e:
             raise APIError(str(e), param="messages") from None
-        sp, explicit = parse_sampling(body, chat=True, default_max_tokens=_max_model_len(eng))
+        sp, explicit = parse_sampling(body, chat=True, default_max_tokens=eng.max_model_len)
         ids = state.tokenizer.encode(text)
         return await _serve(request, state, body, choices_for([ids], sp, explicit, body), chat=True)
 

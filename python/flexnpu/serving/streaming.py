@@ -9,10 +9,11 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from fastapi import Request
 
+from flexnpu.serving.engine_client import EngineClient
 from flexnpu.serving.openai_protocol import (
     APIError,
     Choice,
@@ -27,15 +28,10 @@ DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client i
 TIMEOUT_GRACE_S = 5.0  # past its deadline, a request the engine has not finished is ended here
 
 
-def engine_health(engine: Any) -> tuple[bool, str | None]:
-    """(whether the engine serves, why not)."""
-    return bool(getattr(engine, "healthy", True)), getattr(engine, "error", None)
-
-
 class RunContext(Protocol):
     """What a Run needs of the server (serving.server.ServerState has it)."""
 
-    engine: Any
+    engine: EngineClient
     tokenizer: Tokenizer
     eos_ids: tuple[int, ...] | None
     request_timeout: float | None
@@ -53,9 +49,8 @@ class Run:
     def start(self) -> None:
         eng, st = self.state.engine, self.state
         deadline = (time.perf_counter() + st.request_timeout) if st.request_timeout else None
-        ok, why = engine_health(eng)
-        if not ok:
-            raise APIError(f"The engine has failed and is not serving: {why}", 503)
+        if not eng.healthy:
+            raise APIError(f"The engine has failed and is not serving: {eng.error}", 503)
         try:
             for c in self.choices:
                 c.output = TextOutput(

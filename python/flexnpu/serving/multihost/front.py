@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 from flexnpu.serving.cluster import Cluster, ClusterInstance, SplitSettings, unit_roles
 from flexnpu.serving.engine import EngineDeadError
+from flexnpu.serving.engine_client import InstanceHealth, ModelLimits
 from flexnpu.serving.multihost.replica import (
     Continuation,
     PrefillDone,
@@ -231,7 +232,7 @@ class _HostLoad:
         return 0 if self.decode else self.rep.status.waiting_tokens
 
 
-class ClusterFront:
+class ClusterFront(ModelLimits):
     def __init__(
         self,
         launcher: Launcher,
@@ -388,6 +389,23 @@ class ClusterFront:
         if self._first is None:
             raise RuntimeError("the cluster front has no replica yet (call start())")
         return self._first
+
+    def health(self) -> list[InstanceHealth]:
+        """Each replica the front has had: "serving", or "down" (died or unhealthy; its
+        requests went on at the others)."""
+        roles = {name: role for _, name, role in self.host_roles()}
+        with self._lock:
+            reps = list(self._replicas.values())
+        return [
+            InstanceHealth(r.info.name, r.info.host, roles.get(r.info.name, "none"),
+                           "serving" if r.live and r.status.healthy else "down",
+                           last_error=None if r.live else self._last_failure)
+            for r in reps
+        ]
+
+    def inject_fault(self, instance: str) -> None:
+        raise ValueError("the multi-host front takes no injected faults: kill a replica's "
+                         "process or Ray node instead")
 
     @property
     def healthy(self) -> bool:

@@ -51,6 +51,8 @@ class Scheduler:
         # A decode instance only ever decodes: its handed-off sequences join the running batch.
         self._mixed = config.mixed_batches or config.role is DECODE
         self._joiners: list[Sequence] = []  # sampled in this step: decoding from the next
+        # Running sequences aborted since the last schedule() (an ordered set): they leave there.
+        self._aborting: dict[Sequence, None] = {}
         # least_loaded's key, cleared by every call that changes the state.
         self._load: tuple[int, int, float] | None = None
 
@@ -128,12 +130,20 @@ class Scheduler:
         self._waiting.push(seq, front)
 
     def abort(self, request_id: Hashable) -> Sequence | None:
-        """Finish a request now ("abort"), freeing its KV blocks. None if unknown/finished."""
+        """Finish a request ("abort"); None if unknown, finished or aborted already. A waiting
+        sequence leaves at once. A running one may be in a plan the caller is still preparing
+        or running (the engine prepares a plan outside its lock, and a client's disconnect
+        aborts from another thread): it is planned no more, and leaves (its KV blocks back
+        to the pool) at the next schedule(), on the planning thread. A sequence leaves every
+        plan before its blocks are freed."""
         self._load = None
         seq = self._by_id.get(request_id)
-        if seq is None:
+        if seq is None or seq in self._aborting:
             return None
-        self._finish(seq, "abort")
+        if seq.status is RUNNING:
+            self._aborting[seq] = None
+        else:
+            self._finish(seq, "abort")
         return seq
 
     # ---- scheduling ------------------------------------------------------------------------
@@ -142,6 +152,10 @@ class Scheduler:
         """Plan one step. The plan may be empty (nothing runnable now)."""
         self._load = None
         plan = StepPlan(next(self._step_ids))
+        if self._aborting:  # before any planning: no plan from now on holds them
+            for seq in self._aborting:
+                self._finish(seq, "abort")
+            self._aborting.clear()
         if self._num_deadlines:
             self._expire(now, plan)
         self._joiners.clear()
