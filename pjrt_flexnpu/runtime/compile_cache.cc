@@ -56,7 +56,14 @@ CompileCache::CompiledResult CompileCache::CompileFor(const std::vector<int>& ph
   program.format = program_format_.data();
   program.format_size = program_format_.size();
   InnerLoadedExecutable loaded;
-  if (prebuilt_ != nullptr) {  // deserialized: load the variant when the envelope has it
+  // Deserialized: load the variant when the envelope has it. These inner bytes come only from
+  // an envelope whose checksum DeserializeAndLoadExecutable verified before parsing it, so they
+  // are the bytes that were written. A corrupt cache entry never gets this far: it is refused
+  // with INVALID_ARGUMENT, which JAX's persistent cache treats as a miss (a warning, then a
+  // compile), what a user expects of a damaged cache file: the program compiled again, never
+  // other bytes loaded. A failure of these intact bytes is returned, not hidden by a compile.
+  // (SharedCompiles below holds bytes this process serialized itself, never read from disk.)
+  if (prebuilt_ != nullptr) {
     auto found = LoadPrebuiltVariant(*prebuilt_, *client_, physical, options);
     if (!found.ok()) return found.status();
     loaded = std::move(*found);

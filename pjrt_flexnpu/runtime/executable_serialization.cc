@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "pjrt_flexnpu/backend/compile_options.h"
+#include "pjrt_flexnpu/base/crc32c.h"
 #include "pjrt_flexnpu/base/wire.h"
 #include "pjrt_flexnpu/runtime/client.h"
 #include "pjrt_flexnpu/runtime/executable.h"
@@ -15,16 +16,32 @@ namespace flexnpu {
 namespace {
 
 namespace f = serialization_fields;
+namespace h = envelope_header;
 
-// 64-bit FNV-1a: catches truncation and bit flips before inner bytes (machine code on some
-// backends) reach the physical plugin. Not a defence against a crafted entry.
-uint64_t Checksum(std::string_view data) {
-  uint64_t hash = 0xcbf29ce484222325ULL;
-  for (unsigned char c : data) {
-    hash ^= c;
-    hash *= 0x100000001b3ULL;
+// Format 1 began with the magic as protobuf field 1 (tag 0x0a, length 18).
+constexpr std::string_view kFormat1Prefix = "\x0a\x12" "flexnpu-executable";
+
+void PutLittleEndian(std::string* out, uint64_t value, int width) {
+  for (int i = 0; i < width; ++i) out->push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+
+uint64_t GetLittleEndian(std::string_view data, size_t at, int width) {
+  uint64_t value = 0;
+  for (int i = 0; i < width; ++i) {
+    value |= static_cast<uint64_t>(static_cast<unsigned char>(data[at + i])) << (8 * i);
   }
-  return hash;
+  return value;
+}
+
+// The checksum the header stores: every byte of the envelope but the checksum's own four.
+uint32_t EnvelopeChecksum(std::string_view envelope) {
+  return Crc32cExtend(Crc32c(envelope.substr(0, h::kChecksumAt)), envelope.substr(h::kSize));
+}
+
+std::string Hex32(uint32_t value) {
+  char hex[11];
+  std::snprintf(hex, sizeof(hex), "0x%08x", value);
+  return hex;
 }
 
 uint64_t DoubleBits(double value) {
@@ -39,9 +56,15 @@ double BitsDouble(uint64_t bits) {
   return value;
 }
 
+// Damage the envelope check found (before anything was parsed).
+Status Damaged(const std::string& what) {
+  return InvalidArgument("PJRT_Executable_DeserializeAndLoad: serialized executable: " + what);
+}
+
+// A payload that passed the checksum but does not parse: only a writer's bug or crafted bytes.
 Status Corrupt(const std::string& what) {
-  return InvalidArgument("PJRT_Executable_DeserializeAndLoad: the serialized executable is "
-                         "corrupt or truncated (" + what + ")");
+  return Damaged("malformed payload (" + what + ") although its checksum matches: written by "
+                 "a faulty writer?");
 }
 
 // The inner plugin's serialization of one loaded executable.
@@ -124,48 +147,78 @@ Status ParseVariant(std::string_view data, ParsedVariant* variant) {
   return Status::Ok();
 }
 
-StatusOr<ParsedEnvelope> ParseEnvelope(std::string_view serialized) {
-  proto::Reader outer(serialized);
-  proto::Field field;
-  std::string_view magic, body;
-  uint64_t version = 0, checksum = 0;
-  bool has_version = false, has_body = false, has_checksum = false;
-  while (outer.Next(&field)) {
-    switch (field.number) {
-      case f::kMagic:
-        if (IsBytes(field)) magic = field.bytes;
-        break;
-      case f::kFormatVersion:
-        if (field.type == proto::WireType::kVarint) version = field.value, has_version = true;
-        break;
-      case f::kBody:
-        if (IsBytes(field)) body = field.bytes, has_body = true;
-        break;
-      case f::kChecksum:
-        if (field.type == proto::WireType::kVarint) checksum = field.value, has_checksum = true;
-        break;
-      default: break;
-    }
-  }
-  // The magic first: bytes of another plugin (or none at all) deserve their own message.
+// Verifies the header and the checksum of the whole envelope and returns its payload. Nothing
+// but the magic is read before the checksum matched: the version and the payload size are
+// only trusted, and the payload only parsed, once every byte is known to be as written.
+StatusOr<std::string_view> CheckEnvelope(std::string_view serialized) {
+  const size_t size = serialized.size();
+  const std::string_view magic = serialized.substr(0, kExecutableMagic.size());
   if (magic != kExecutableMagic) {
+    if (serialized.substr(0, kFormat1Prefix.size()) == kFormat1Prefix) {
+      return InvalidArgument("PJRT_Executable_DeserializeAndLoad: the executable was written "
+                             "in FlexNPU executable format 1; this FlexNPU reads format " +
+                             std::to_string(kExecutableFormatVersion) + " (recompile it)");
+    }
+    if (kExecutableMagic.substr(0, size) == serialized) {
+      return Damaged("truncated to " + std::to_string(size) + " bytes, inside its " +
+                     std::to_string(h::kSize) + "-byte header: the bytes are incomplete");
+    }
+    // A few flipped bits in the magic are damage to a FlexNPU executable; anything else is
+    // not one (another plugin's bytes, or none).
+    int flipped = 0;
+    size_t first = magic.size();
+    for (size_t i = 0; i < magic.size(); ++i) {
+      const unsigned diff = static_cast<unsigned char>(magic[i] ^ kExecutableMagic[i]);
+      if (diff != 0 && first == magic.size()) first = i;
+      for (unsigned d = diff; d != 0; d &= d - 1) ++flipped;
+    }
+    if (size >= h::kSize && flipped <= 3) {
+      return Damaged("magic '" + std::string(kExecutableMagic) + "' damaged at byte " +
+                     std::to_string(first) + " (" + std::to_string(flipped) +
+                     " bit(s) differ): the bytes are corrupt");
+    }
     return InvalidArgument(
-        "PJRT_Executable_DeserializeAndLoad: these " + std::to_string(serialized.size()) +
+        "PJRT_Executable_DeserializeAndLoad: these " + std::to_string(size) +
         " bytes are not a FlexNPU serialized executable (no '" + std::string(kExecutableMagic) +
-        "' header" + (outer.ok() ? "" : "; " + outer.error()) +
-        "); was it written by another PJRT plugin?");
+        "' header); was it written by another PJRT plugin?");
   }
-  if (!outer.ok()) return Corrupt(outer.error());
-  if (!has_version) return Corrupt("no format version");
-  if (version != static_cast<uint64_t>(kExecutableFormatVersion)) {
+  if (size < h::kSize) {
+    return Damaged("truncated to " + std::to_string(size) + " bytes, inside its " +
+                   std::to_string(h::kSize) + "-byte header: the bytes are incomplete");
+  }
+  const uint64_t payload_size = GetLittleEndian(serialized, h::kPayloadSizeAt, 8);
+  const uint64_t follows = size - h::kSize;
+  const auto stored = static_cast<uint32_t>(GetLittleEndian(serialized, h::kChecksumAt, 4));
+  const uint32_t computed = EnvelopeChecksum(serialized);
+  if (stored != computed) {
+    std::string what = "checksum mismatch (stored " + Hex32(stored) + ", computed " +
+                       Hex32(computed) + " over its " + std::to_string(size) + " bytes)";
+    // Where, when the header can tell: a cut or extended envelope. (A flip in the size field
+    // reads the same; the checksum covers it too.)
+    if (payload_size != follows) {
+      what += "; its header names a payload of " + std::to_string(payload_size) + " bytes, " +
+              std::to_string(follows) + " follow the header (" +
+              (payload_size > follows ? "truncated" : "bytes appended") + "?)";
+    }
+    return Damaged(what + ": the bytes are corrupt");
+  }
+  const uint64_t version = GetLittleEndian(serialized, h::kVersionAt, 4);
+  if (version != kExecutableFormatVersion) {
     return InvalidArgument("PJRT_Executable_DeserializeAndLoad: the executable was written in "
                            "FlexNPU executable format " + std::to_string(version) +
                            "; this FlexNPU reads format " +
                            std::to_string(kExecutableFormatVersion) + " (recompile it)");
   }
-  if (!has_body || !has_checksum) return Corrupt("no body or no checksum");
-  if (Checksum(body) != checksum) return Corrupt("checksum mismatch");
+  if (payload_size != follows) {  // consistent checksum: written so
+    return Damaged("its header names a payload of " + std::to_string(payload_size) +
+                   " bytes, " + std::to_string(follows) + " follow the header");
+  }
+  return serialized.substr(h::kSize);
+}
 
+StatusOr<ParsedEnvelope> ParseEnvelope(std::string_view serialized) {
+  FLEXNPU_ASSIGN_OR_RETURN(const std::string_view body, CheckEnvelope(serialized));
+  proto::Field field;
   ParsedEnvelope parsed;
   bool has_program = false, has_options = false, has_platform = false;
   proto::Reader reader(body);
@@ -241,10 +294,7 @@ std::string SerializationIdentity(const PhysicalBackend& backend) {
     identity += ":" + std::to_string(info.st_size) + ":" + std::to_string(info.st_mtim.tv_sec) +
                 "." + std::to_string(info.st_mtim.tv_nsec);
   }
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx",
-                static_cast<unsigned long long>(Checksum(identity)));
-  return "backend build " + std::string(hex, 8) + ", executable format " +
+  return "backend build " + Hex32(Crc32c(identity)).substr(2) + ", executable format " +
          std::to_string(kExecutableFormatVersion);
 }
 
@@ -317,12 +367,16 @@ StatusOr<std::string> SerializeExecutable(const SerializableExecutable& executab
     v.Bytes(f::kVariantInner, *inner);
     body.Bytes(f::kVariant, v.str());
   }
-  proto::Writer outer;
-  outer.Bytes(f::kMagic, kExecutableMagic);
-  outer.Varint(f::kFormatVersion, kExecutableFormatVersion);
-  outer.Bytes(f::kBody, body.str());
-  outer.Varint(f::kChecksum, Checksum(body.str()));
-  return outer.Take();
+  const std::string payload = body.Take();
+  std::string envelope;
+  envelope.reserve(h::kSize + payload.size());
+  envelope.append(kExecutableMagic);
+  PutLittleEndian(&envelope, kExecutableFormatVersion, 4);
+  PutLittleEndian(&envelope, payload.size(), 8);
+  const uint32_t checksum = Crc32cExtend(Crc32c(envelope), payload);
+  PutLittleEndian(&envelope, checksum, 4);
+  envelope.append(payload);
+  return envelope;
 }
 
 StatusOr<VirtualLoadedExecutable*> DeserializeAndLoadExecutable(

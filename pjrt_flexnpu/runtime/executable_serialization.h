@@ -1,22 +1,42 @@
 // Executable serialization: PJRT_Executable_Serialize writes a versioned FlexNPU envelope,
 // PJRT_Executable_DeserializeAndLoad rebuilds a VirtualLoadedExecutable from it.
 //
-// Envelope (protobuf wire format, base/wire.h; field numbers in serialization_fields below):
-//   outer: magic "flexnpu-executable", format version, body, checksum (64-bit FNV-1a of body)
-//   body:  the FlexNPU platform version it was written under (FlexNPU, physical platform and
-//          version, PJRT C API, backend build), the physical platform name, the original program
-//          (format + bytes), the compile options as JAX gave them (virtual device assignment),
-//          the analysis profile, and the inner backend's serialized executables of the variants
-//          compiled so far, each with its physical mapping (backend device ids; none: portable).
-// On load the whole envelope is validated before anything reaches the physical backend. The
-// executable is rebuilt for this process' policy and device count exactly as a compile would
-// build it; every variant it wants whose mapping is in the envelope is loaded by the inner
-// plugin instead of compiled, the others are compiled from the program (now or lazily). Inner
-// bytes are only used under the same platform version (the same inner build); a program
-// written over another physical platform is rejected.
+// Envelope (format 2): a fixed header, then the payload.
+//   bytes  0..17  magic "flexnpu-executable"
+//   bytes 18..21  format version, uint32 little-endian
+//   bytes 22..29  payload size in bytes, uint64 little-endian
+//   bytes 30..33  CRC-32C (base/crc32c.h) of every other byte of the envelope (header and
+//                 payload), uint32 little-endian
+//   bytes 34..    payload: protobuf wire format (base/wire.h; field numbers in
+//                 serialization_fields below)
+// The header's layout is the same for every format from 2 on, so the checksum is verified
+// before anything else is read, the version included: a flipped bit anywhere, a truncation or
+// appended bytes are INVALID_ARGUMENT naming the damage, and corrupt bytes are never parsed
+// (a bit flipped in the program text would otherwise load as another program). Format 1 (a
+// protobuf envelope whose checksum covered only the body, so bits of its header, such as the
+// ignored high bits of the checksum's 10-byte varint, could flip unnoticed) is refused by name.
+//
+// Payload: the FlexNPU platform version it was written under (FlexNPU, physical platform and
+// version, PJRT C API, backend build), the physical platform name, the original program
+// (format + bytes), the compile options as JAX gave them (virtual device assignment), the
+// analysis profile, and the inner backend's serialized executables of the variants compiled
+// so far, each with its physical mapping (backend device ids; none: portable).
+//
+// On load the executable is rebuilt for this process' policy and device count exactly as a
+// compile would build it; every variant it wants whose mapping is in the envelope is loaded by
+// the inner plugin instead of compiled, the others are compiled from the program (now or
+// lazily). Inner bytes are only used under the same platform version (the same inner build); a
+// program written over another physical platform is rejected.
+//
+// Byte stability: FlexNPU's own fields are written in a fixed order from deterministic values,
+// so one executable serializes to the same bytes every time, and a loaded one to the bytes it
+// was loaded from. Two compiles of one program need not: the XLA CPU plugin's serialized
+// executable embeds the HLO module's id (a per-process counter of compiled modules) and XLA's
+// debug options, whose protobuf map fields are written in hash order (another each process).
 #ifndef FLEXNPU_RUNTIME_EXECUTABLE_SERIALIZATION_H_
 #define FLEXNPU_RUNTIME_EXECUTABLE_SERIALIZATION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -37,7 +57,7 @@ struct PrebuiltVariants;
 
 // Bumped whenever the envelope changes meaning; part of the platform version JAX's cache key
 // hashes, so entries of another format are never even looked up.
-inline constexpr int kExecutableFormatVersion = 1;
+inline constexpr uint32_t kExecutableFormatVersion = 2;
 
 // What PJRT_Executable_Serialize writes for one loaded executable: taken when JAX asks for the
 // executable view (PJRT_LoadedExecutable_GetExecutable), so it outlives the loaded executable.
@@ -93,12 +113,8 @@ StatusOr<InnerLoadedExecutable> LoadPrebuiltVariant(const PrebuiltVariants& preb
                                                     const std::vector<int>& physical,
                                                     std::string_view options);
 
-namespace serialization_fields {
-inline constexpr uint32_t kMagic = 1;  // outer
-inline constexpr uint32_t kFormatVersion = 2;
-inline constexpr uint32_t kBody = 3;
-inline constexpr uint32_t kChecksum = 4;
-inline constexpr uint32_t kPlatformVersion = 1;  // body
+namespace serialization_fields {  // the payload
+inline constexpr uint32_t kPlatformVersion = 1;
 inline constexpr uint32_t kBackendPlatform = 2;
 inline constexpr uint32_t kProgramFormat = 3;
 inline constexpr uint32_t kProgramCode = 4;
@@ -115,6 +131,14 @@ inline constexpr uint32_t kVariantInner = 3;        // the inner plugin's serial
 }  // namespace serialization_fields
 
 inline constexpr std::string_view kExecutableMagic = "flexnpu-executable";
+
+// The header (see the top of this file): offsets of its fields, and its size.
+namespace envelope_header {
+inline constexpr size_t kVersionAt = kExecutableMagic.size();
+inline constexpr size_t kPayloadSizeAt = kVersionAt + 4;
+inline constexpr size_t kChecksumAt = kPayloadSizeAt + 8;
+inline constexpr size_t kSize = kChecksumAt + 4;
+}  // namespace envelope_header
 
 }  // namespace flexnpu
 

@@ -90,7 +90,7 @@ def _run(mode: str, directory: Path, env: dict[str, str]) -> dict:
         env={"JAX_PLATFORMS": "flexnpu", **env},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "stderr": proc.stderr}
 
 
 def _expected() -> dict[str, list]:
@@ -196,6 +196,21 @@ def _raw(compiled: object) -> bytes:
     return compiled.runtime_executable().serialize()  # type: ignore[attr-defined]
 
 
+# FlexNPU's envelope (pjrt_flexnpu/runtime/executable_serialization.h): magic, format (u32),
+# payload size (u64), CRC-32C of all other bytes (u32), all little-endian; then the payload.
+_MAGIC = b"flexnpu-executable"
+_HEADER = len(_MAGIC) + 4 + 8 + 4
+
+
+def _envelope_at(serialized: bytes) -> tuple[int, int]:
+    """Where FlexNPU's envelope lies in a serialized executable (jaxlib wraps it in its own
+    header): its start and its size."""
+    start = serialized.find(_MAGIC)
+    assert start >= 0, "no FlexNPU envelope"
+    payload = int.from_bytes(serialized[start + 22 : start + 30], "little")
+    return start, _HEADER + payload
+
+
 def test_corrupt_entries_are_rejected_with_a_clear_error(
     single_compiled: tuple, npu_devices: list
 ) -> None:
@@ -205,22 +220,65 @@ def test_corrupt_entries_are_rejected_with_a_clear_error(
     raw = _raw(compiled)
     client = npu_devices[0].client
     on = xla_client.DeviceList((npu_devices[3],))
-    # jaxlib wraps FlexNPU's envelope (its tail) in its own header: flip bits inside ours.
-    rng = np.random.default_rng(0)
-    for position in rng.integers(len(raw) // 4, len(raw), size=12):
-        bad = bytearray(raw)
-        bad[int(position)] ^= 1 << int(rng.integers(0, 8))
+    start, size = _envelope_at(raw)
+    assert start + size == len(raw), "the envelope is the tail of jaxlib's bytes"
+
+    def rejected(bad: bytes) -> str:
         with pytest.raises(jax.errors.JaxRuntimeError) as info:
-            client.deserialize_executable(bytes(bad), on)
+            client.deserialize_executable(bad, on)
         message = str(info.value)
         assert "INVALID_ARGUMENT" in message, message
-        assert "PJRT_Executable_DeserializeAndLoad" in message or "parse" in message, message
+        assert "PJRT_Executable_DeserializeAndLoad: serialized executable: " in message, message
+        return message
+
+    # Fixed positions (the bytes differ from compile to compile, the verdicts do not): every
+    # header byte after the magic, every 97th payload byte, the last 8 bytes (format 1 lost
+    # flips there); a bit chosen by position.
+    after_magic = range(start + len(_MAGIC), start + _HEADER)
+    payload = range(start + _HEADER, start + size - 8, 97)
+    tail = range(start + size - 8, start + size)
+    for position in [*after_magic, *payload, *tail]:
+        bad = bytearray(raw)
+        bad[position] ^= 1 << (position % 8)
+        message = rejected(bytes(bad))
+        assert "checksum mismatch (stored 0x" in message, (position, message)
+        assert "the bytes are corrupt" in message, (position, message)
+    bad = bytearray(raw)
+    bad[start + 3] ^= 0x10
+    assert "magic 'flexnpu-executable' damaged at byte 3" in rejected(bytes(bad))
+    assert "(bytes appended?)" in rejected(raw + b"\0")
+
+
+def test_a_corrupt_persistent_cache_entry_is_a_miss_and_compiles_again(tmp_path: Path) -> None:
+    """A damaged file in JAX's persistent cache: FlexNPU refuses it (checksum mismatch), JAX
+    warns and compiles the program again (a miss), and the results are right."""
+    from jax._src import compilation_cache
+
+    names = ["single", "spmd", "donating"]
+    written = _run("cache", tmp_path, _PASSTHROUGH_4)
+    _assert_results(written, names)
+    entries = sorted(tmp_path.iterdir())
+    assert len(entries) == 3
+    for entry in entries:
+        data = bytearray(compilation_cache.decompress_executable(entry.read_bytes()))
+        start, size = _envelope_at(bytes(data))
+        data[start + _HEADER + (size - _HEADER) // 2] ^= 0x04  # a bit mid-payload
+        entry.write_bytes(compilation_cache.compress_executable(bytes(data)))
+
+    damaged = _run("cache", tmp_path, _PASSTHROUGH_4)
+    _assert_results(damaged, names)
+    assert damaged["hits"] == 0, "a damaged entry must not load"
+    assert damaged["backend_loads"] == 0
+    assert damaged["compiles"] == 3, "each program compiled again"
+    warning = damaged["stderr"]
+    assert "Error reading persistent compilation cache entry" in warning, warning[-3000:]
+    assert "checksum mismatch" in warning and "the bytes are corrupt" in warning, warning[-3000:]
 
 
 def test_platform_version_names_backend_build_and_format(npu_devices: list) -> None:
     version = npu_devices[0].client.platform_version
     assert "flexnpu 0.1.0 over cpu (" in version
-    assert "backend build " in version and "executable format 1" in version
+    assert "backend build " in version and "executable format 2" in version
 
 
 def test_cache_hook_is_installed_and_jax_still_lists_platforms() -> None:
