@@ -389,6 +389,21 @@ def test_a_failing_instance_is_restarted_and_its_requests_go_on_elsewhere(
         eng.stop()
 
 
+def test_a_failing_decode_instance_of_the_split_layout(tiny, npu_devices, direct) -> None:
+    """Split layout: a decode instance fails with handed-off sequences on it; they are
+    recomputed through the prefill side and finish with the plain model's tokens."""
+    eng = _engine(tiny, npu_devices[:3], max_num_seqs=2, layout="split", prefill_devices=1,
+                  decode_devices=2)
+    try:
+        decode = [x for x in eng.instances if x.role.value == "decode"][0]
+        _failing_dispatch(decode.runner, lambda n: n == 4)
+        got = _run_concurrently(eng, PROMPTS[:4] * 2, LENGTHS[:4] * 2)
+        assert got == direct[:4] * 2
+        assert eng.healthy and {x.name: x.restarts for x in eng.health()}[decode.name] == 1
+    finally:
+        eng.stop()
+
+
 def test_an_instance_that_keeps_failing_is_taken_out_of_service(tiny, npu_devices,
                                                                 direct) -> None:
     from flexnpu.serving.engine import MAX_INSTANCE_FAILURES

@@ -779,18 +779,30 @@ class Engine(ModelLimits):
         if req.export is not None:
             self._export(req, k, v)
             return
-        with self._lock:
-            dst = self._cluster().route_handoff(req.id)
+        try:
+            with self._lock:
+                dst = self._cluster().route_handoff(req.id)
+        except NoLiveInstanceError as e:
+            self._finish(req, f"error: no decode instance takes the prefilled request: {e}")
+            return
         req.handoff = jax.device_put((k, v), dst.device)
         assert req.seq is not None
         with self._lock:
             if req.done:
                 req.handoff = None
                 return
-            req.instance = dst
-            with dst.lock:
-                dst.sched.add_prefilled(req.seq)
-        dst.wake.set()
+            why_not = None
+            if not dst.down:
+                req.instance = dst
+                with dst.lock:
+                    dst.sched.add_prefilled(req.seq)
+            else:  # it failed since it was picked: the request is recomputed elsewhere
+                why_not = self._requeue(req, None)
+        if why_not is not None:
+            self._finish(req, f"error: its decode instance {dst.name} failed; the request "
+                         f"could not go on elsewhere: {why_not}")
+        elif req.instance is not None:
+            req.instance.wake.set()
 
     def _export(self, req: Request, k: Any, v: Any) -> None:
         """Gives a prefilled (or moving) request's KV (still on its device) to its `export`,
