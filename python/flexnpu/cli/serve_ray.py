@@ -87,7 +87,7 @@ def replica_engine_config(
 ) -> Any:
     """The EngineConfig plain `serve` would build for `devices` (run on each replica);
     `kv_handoff`: with the programs that hand prefilled sequences to other hosts."""
-    from flexnpu.cli.serve import engine_config
+    from flexnpu.cli.launch import engine_config
     from flexnpu.serving.layout import default_instances
 
     choice = default_instances(devices)
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace, sock: socket.socket | None) -> int:
     options.prefill_devices = options.decode_devices = 0
     # Bad engine options are reported here, before any replica loads (checked against one
     # device: the replicas resolve the device-dependent defaults themselves).
-    from flexnpu.cli.serve import engine_config
+    from flexnpu.cli.launch import engine_config
 
     engine_config(options, 1)
     from flexnpu.serving.loading import load_tokenizer
@@ -213,7 +213,7 @@ def _serve(
     layout: str,
     prefill_hosts: int,
 ) -> int:
-    from flexnpu.cli.serve import serve_state
+    from flexnpu.cli.launch import fault_injection, serve_state
     from flexnpu.serving.multihost.cluster_metrics import ClusterMetrics
     from flexnpu.serving.multihost.front import ClusterFront, FrontConfig
     from flexnpu.serving.multihost.ray_replicas import RayLauncher
@@ -266,7 +266,7 @@ def _serve(
     metrics = ClusterMetrics(name)
     metrics.attach(front)
     front.metrics = metrics
-    state = ServerState(front, tokenizer, name, metrics=metrics)
+    state = ServerState(front, tokenizer, name, metrics=metrics, fault_injection=fault_injection())
     try:
         serve_state(state, args, sock, f" over {len(front.replicas())} replicas")
     finally:
