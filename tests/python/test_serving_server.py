@@ -448,3 +448,44 @@ def test_sse_events_stay_one_line_for_line_reading_clients(fake) -> None:
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(ln[6:]) for ln in lines[:-1]]  # every line is a whole event
     assert "".join(c["choices"][0]["text"] for c in chunks) == eng.text
+
+
+def test_fault_routes_exist_only_with_fault_injection_on(monkeypatch) -> None:
+    require("fastapi", "uvicorn", "httpx")
+    monkeypatch.delenv("FLEXNPU_FAULT_INJECTION", raising=False)
+    eng = FakeEngine()
+    url, srv, th = serve_app_in_thread(_fake_app(eng))
+    try:
+        with _http((url,)) as h:
+            assert h.get("/debug/faults").status_code == 404
+            assert h.post("/debug/faults/instance-failure", json={}).status_code == 404
+    finally:
+        srv.should_exit = True
+        th.join(10)
+
+
+def test_fault_routes_ask_the_engine_and_say_when_it_has_no_hook(monkeypatch) -> None:
+    require("fastapi", "uvicorn", "httpx")
+    monkeypatch.setenv("FLEXNPU_FAULT_INJECTION", "1")
+    bare, hooked = FakeEngine(), FakeEngine()
+    injected: list = []
+    hooked.fault_kinds = lambda: ["instance-failure"]
+    hooked.inject_fault = lambda kind, args: injected.append((kind, args)) or {"instance": 0}
+    for eng, listed in ((bare, []), (hooked, ["instance-failure"])):
+        url, srv, th = serve_app_in_thread(_fake_app(eng))
+        try:
+            with _http((url,)) as h:
+                assert h.get("/debug/faults").json() == {"faults": listed}
+                r = h.post("/debug/faults/instance-failure", json={"instance": 0})
+                if eng is bare:
+                    assert r.status_code == 501 and "no fault hook" in r.json()["error"]["message"]
+                else:
+                    assert r.status_code == 200
+                    assert r.json() == {"injected": "instance-failure", "result": {"instance": 0}}
+                    assert h.post("/debug/faults/nope").status_code == 404
+                    r = h.post("/debug/faults/instance-failure", content=b"[1]")
+                    assert r.status_code == 400
+        finally:
+            srv.should_exit = True
+            th.join(10)
+    assert injected == [("instance-failure", {"instance": 0})]

@@ -34,6 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from flexnpu.serving import faults
 from flexnpu.serving.chat_template import ChatTemplate, ChatTemplateError
 from flexnpu.serving.openai_protocol import (
     MAX_CHOICES,
@@ -217,6 +218,8 @@ def create_app(state: ServerState) -> FastAPI:
         if update is not None:
             update()
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    faults.add_routes(app, eng)  # only with FLEXNPU_FAULT_INJECTION=1 (soak tests)
 
     topology = getattr(eng, "topology", None)
     if callable(topology):  # a multi-host front: its hosts and links (serving/topology.py)
