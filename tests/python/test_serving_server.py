@@ -145,6 +145,12 @@ def test_stop_string_truncates(client) -> None:
     ({"prompt": "x", "echo": True}, 400, "echo"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
     ({"prompt": "x", "top_k": -2}, 400, "top_k"),
+    # int32 on the device: found by bench.soak's bad-http fault, they failed the engine (500s,
+    # then /health 503 for good)
+    ({"prompt": "x", "top_k": 2**64}, 400, "top_k"),
+    ({"prompt": "x", "top_k": 2**31}, 400, "top_k"),
+    ({"prompt": "x", "stop_token_ids": [2**64], "min_tokens": 1}, 400, "stop_token_ids"),
+    ({"prompt": "x", "stop_token_ids": [-1], "min_tokens": 1}, 400, "stop_token_ids"),
     ({"prompt": "x", "min_p": 1.5}, 400, "min_p"),
     ({"prompt": [1, 100000]}, 400, "prompt"),
     ({"prompt": ["a", 5]}, 400, "prompt"),

@@ -20,6 +20,7 @@ from flexnpu.serving.tokenizer import Tokenizer
 
 MAX_CHOICES = 64  # prompts x n per request
 MAX_LOGPROBS = NUM_TOP_LOGPROBS  # what the device step returns
+INT32_LIMIT = 2**31  # token ids and top_k go to the device step as int32
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -160,15 +161,24 @@ def parse_sampling(
         stop = [stop]
     if not all(isinstance(s, str) and s for s in stop):
         raise APIError("'stop' must be a string or a list of non-empty strings", param="stop")
+    # The device step holds token ids and top_k as int32: a larger value would fail the
+    # engine's step (and with it every request of its instance), not just this request.
     stop_ids = get_field(
         body,
         "stop_token_ids",
         (list,),
         [],
-        lambda v: all(isinstance(t, int) and not isinstance(t, bool) for t in v),
-        "a list of token ids",
+        lambda v: all(_is_int(t) and 0 <= t < INT32_LIMIT for t in v),
+        f"a list of token ids (integers in [0, {INT32_LIMIT}))",
     )
-    top_k = get_field(body, "top_k", (int,), 0, lambda v: v >= -1, "an integer >= -1 (-1, 0: off)")
+    top_k = get_field(
+        body,
+        "top_k",
+        (int,),
+        0,
+        lambda v: -1 <= v < INT32_LIMIT,
+        f"an integer in [-1, {INT32_LIMIT}) (-1, 0: off)",
+    )
     if chat:
         want = get_field(body, "logprobs", (bool,), False, None, "a boolean")
         top = get_field(
@@ -235,6 +245,10 @@ def parse_sampling(
     except ValueError as e:
         raise APIError(str(e)) from None
     return sp, max_tokens
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _set_if_supported(sp: SamplingParams, key: str, value: Any, neutral: Any) -> None:
