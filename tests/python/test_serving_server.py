@@ -495,3 +495,17 @@ def test_fault_routes_ask_the_engine_and_say_when_it_has_no_hook(monkeypatch) ->
             srv.should_exit = True
             th.join(10)
     assert injected == [("instance-failure", {"instance": 0})]
+
+
+def test_a_client_that_leaves_mid_body_is_not_an_internal_error(fake, caplog) -> None:
+    import socket
+
+    host, port = fake[0].removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:  # found by bench.soak's slow clients
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
+        time.sleep(0.3)
+    time.sleep(0.5)
+    assert not [r for r in caplog.records if "request failed" in r.getMessage()]
+    with _http(fake) as h:
+        assert h.get("/health").status_code == 200

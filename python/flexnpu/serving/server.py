@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from flexnpu.serving import faults
 from flexnpu.serving.chat_template import ChatTemplate, ChatTemplateError
@@ -151,6 +152,8 @@ class _InternalErrors:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # the client left while sending its body: nobody to answer, nothing failed
         except Exception as e:
             if started:
                 raise
