@@ -600,6 +600,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="instead of the soak: N generated requests (bench/fuzz_api.py)",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--fuzz-concurrency", type=int, default=8, help="fuzzed requests in flight at once"
+    )
     s = p.add_argument_group("server")
     s.add_argument("--base-url", default=None, help="a running server (default: start one)")
     s.add_argument("--server-pid", type=int, default=None, help="its pid, for RSS")
@@ -682,34 +685,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return o
 
 
+def start_soak_server(
+    o: argparse.Namespace, fault_names: list[str]
+) -> tuple[ServeProcess | None, DaemonProcess | None]:
+    """The server (and with --daemon the daemon under it) the options describe, up; (None, None)
+    with --base-url. SystemExit(2) if it does not start."""
+    if o.base_url is not None:
+        return None, None
+    workdir = Path(tempfile.mkdtemp(prefix="flexnpu-soak-"))
+    env = server_env(o, fault_names)
+    daemon = None
+    if o.daemon:
+        sock = workdir / "daemon.sock"
+        daemon = DaemonProcess(sock, workdir / "daemon.log", env, o.backend, o.backend_options)
+        daemon.start()
+        env = {**env, "FLEXNPU_BACKEND": f"daemon:{sock}"}
+        env.pop("FLEXNPU_BACKEND_OPTIONS", None)
+    args = serve_args(o)
+    print(f"starting flexnpu serve {' '.join(args)} (log {workdir}/serve.log)", flush=True)
+    try:
+        server = start_server(args, env=env, log=workdir / "serve.log", timeout_s=o.startup_timeout)
+    except ServerStartError as e:
+        if daemon is not None:
+            daemon.stop()
+        print(e, file=sys.stderr)
+        raise SystemExit(2) from None
+    return server, daemon
+
+
 def soak(o: argparse.Namespace, argv: list[str]) -> int:
     fault_names = [x for x in o.faults.split(",") if x]
-    workdir = Path(tempfile.mkdtemp(prefix="flexnpu-soak-"))
-    server: ServeProcess | None = None
-    daemon: DaemonProcess | None = None
-    base_url, pid = o.base_url, o.server_pid
-    env = server_env(o, fault_names)
-    if base_url is None:
-        if o.daemon:
-            sock = workdir / "daemon.sock"
-            daemon = DaemonProcess(sock, workdir / "daemon.log", env, o.backend, o.backend_options)
-            daemon.start()
-            env = {**env, "FLEXNPU_BACKEND": f"daemon:{sock}"}
-            env.pop("FLEXNPU_BACKEND_OPTIONS", None)
-        print(
-            f"starting flexnpu serve {' '.join(serve_args(o))} (log {workdir}/serve.log)",
-            flush=True,
-        )
-        try:
-            server = start_server(
-                serve_args(o), env=env, log=workdir / "serve.log", timeout_s=o.startup_timeout
-            )
-        except ServerStartError as e:
-            if daemon is not None:
-                daemon.stop()
-            print(e, file=sys.stderr)
-            return 2
-        base_url, pid = server.base_url, server.pid
+    server, daemon = start_soak_server(o, fault_names)
+    base_url = server.base_url if server else o.base_url
+    pid = server.pid if server else o.server_pid
     log_text = server.output_tail(10**6) if server else ""
     runner = Soak(o, base_url, pid)
     try:
@@ -770,7 +778,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     o = parse_args(argv)
     if o.fuzz:
-        raise SystemExit("--fuzz: bench/fuzz_api.py is not there yet")
+        from bench import fuzz_api
+
+        return fuzz_api.campaign(o, argv)
     return soak(o, argv)
 
 
