@@ -85,6 +85,7 @@ class FaultContext:
     daemon: Any = None  # soak.DaemonProcess when the soak started the server over a daemon
     fault_kinds: list[str] = field(default_factory=list)  # GET /debug/faults (None: no route)
     fault_route: bool = False
+    background: set[asyncio.Task] = field(default_factory=set)  # the slow clients
 
 
 class Fault:
@@ -236,29 +237,25 @@ class BadHttp(Fault):
                 "bad-http", path, False, max_tokens=ctx.max_model_len, counts_tokens=False
             )
             ctx.spawn(r, body)
-        stream = json.dumps(
-            {"prompt": "slow reader", "max_tokens": 64, "ignore_eos": True, "stream": True}
-        ).encode()
-        slow = [
-            _raw_exchange(
-                ctx,
-                _http_request("/v1/completions", b'{"prompt": "dribbled"}'),
-                o.slow_client_s,
-                dribble=True,
-            ),
-            _raw_exchange(ctx, b"", o.slow_client_s, dribble=False),
-            _raw_exchange(
-                ctx, _http_request("/v1/completions", stream), o.slow_client_s, dribble=False
-            ),
-            _raw_exchange(
-                ctx,
-                _http_request("/v1/completions", b"{}", content_length=10**6),
-                o.slow_client_s,
-                dribble=False,
-            ),
+        # (body, max tokens it may generate, dribbled): the server may generate for those it
+        # reads whole, unseen by the client, so each is a record whose tokens bound /metrics.
+        stream = {"prompt": "slow reader", "max_tokens": 64, "ignore_eos": True, "stream": True}
+        slow: list[tuple[bytes, int, bool]] = [
+            (_http_request("/v1/completions", b'{"prompt": "dribbled"}'), 16, True),
+            (b"", 0, False),  # a connection that says nothing
+            (_http_request("/v1/completions", json.dumps(stream).encode()), 64, False),
+            (_http_request("/v1/completions", b"{}", content_length=10**6), 16, False),
         ]
-        for coro in slow:  # in the background: they hold their connections for a while
-            asyncio.get_running_loop().create_task(coro)
+        for payload, max_tokens, dribble in slow:
+            ctx.new_record(
+                "slow-client", "/v1/completions", False, max_tokens=max_tokens,
+                counts_tokens=False, hung_up="slow client",
+            )  # fmt: skip
+            task = asyncio.get_running_loop().create_task(  # holds its connection a while
+                _raw_exchange(ctx, payload, o.slow_client_s, dribble)
+            )
+            ctx.background.add(task)  # a reference, or the loop may drop the task
+            task.add_done_callback(ctx.background.discard)
         return {"bad_bodies": len(bodies), "slow_clients": len(slow)}
 
 
