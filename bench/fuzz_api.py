@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.soak_client import OVERLOAD_STATUSES, encode_body
+from bench.soak_client import encode_body, is_overload
 
 PATHS = ("/v1/completions", "/v1/chat/completions")
 
@@ -185,9 +185,8 @@ def is_failure(r: dict) -> str | None:
     status = r.get("status")
     if "client_error" in r:
         return f"client: {r['client_error']}"
-    if status is not None and status >= 500:
-        if status not in OVERLOAD_STATUSES or not r.get("openai_error"):
-            return f"{status}: {r.get('error')}"
+    if status is not None and status >= 500 and not is_overload(status, r.get("error")):
+        return f"{status}: {r.get('error')}"
     if status is not None and status != 200 and not r.get("openai_error"):
         return f"{status} without an OpenAI error body: {r.get('error')}"
     if r.get("done") is False:

@@ -121,6 +121,8 @@ def serve_args(o: argparse.Namespace) -> list[str]:
     ]
     if o.num_kv_blocks:
         args += ["--num-kv-blocks", str(o.num_kv_blocks)]
+    if o.daemon:  # the remote backend cannot serialize executables for the cache (daemon_tenants)
+        args.append("--no-compilation-cache")
     return args + list(o.serve_arg)
 
 
@@ -280,7 +282,7 @@ class Soak:
         while time.perf_counter() < self.stop_at:
             r, body = self.client_request(rng)
             await self.run_one(r, body)
-            if r.status in OVERLOAD_STATUSES:
+            if r.status in OVERLOAD_STATUSES:  # overload or a failed engine: back off
                 await asyncio.sleep(self.o.backoff_s)
 
     async def poll_health(self) -> None:

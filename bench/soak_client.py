@@ -15,8 +15,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-# Statuses that are a named refusal under overload, not a failure.
+# Statuses that are a named refusal under overload, not a failure: 429, and 503 saying the
+# server is at capacity (its queue is full). A 503 for a failed engine is a server error.
 OVERLOAD_STATUSES = (429, 503)
+
+
+def is_overload(status: int | None, error: str | None) -> bool:
+    return status == 429 or (status == 503 and "at capacity" in (error or ""))
 
 
 @dataclass
@@ -67,10 +72,10 @@ def judge(r: Record) -> tuple[str, list[str]]:
     if r.status != 200:
         if r.error is None:
             bad.append(f"HTTP {r.status} without an OpenAI-shaped error body")
-        if r.status >= 500 and r.status not in OVERLOAD_STATUSES:
-            bad.append(f"server error {r.status}: {r.error}")
-        if r.status in OVERLOAD_STATUSES:
+        if is_overload(r.status, r.error):
             return "rejected", bad
+        if r.status >= 500:
+            bad.append(f"server error {r.status}: {r.error}")
         return ("refused" if r.status < 500 else "named-error"), bad
     if r.stream:
         if r.done_markers != 1:

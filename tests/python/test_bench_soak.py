@@ -46,8 +46,11 @@ def test_lost_duplicated_or_twice_ended_tokens_are_violations() -> None:
 
 
 def test_statuses_are_judged_by_name() -> None:
-    overload = Record(0, "client", "/v1/completions", True, status=503, error="queue full")
+    overload = Record(0, "client", "/v1/completions", True, status=503,
+                      error="The server is at capacity: 64 requests waiting. Retry later.")
     assert judge(overload) == ("rejected", [])
+    dead = Record(0, "client", "/v1/completions", True, status=503, error="The engine has failed")
+    assert judge(dead) == ("named-error", ["server error 503: The engine has failed"])
     crash = Record(0, "client", "/v1/completions", True, status=500, error="Generation failed")
     assert judge(crash)[0] == "named-error" and "server error 500" in judge(crash)[1][0]
     unnamed = Record(0, "client", "/v1/completions", True, status=400)
