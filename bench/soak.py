@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ from bench.soak_faults import FAULTS, Fault, FaultContext
 
 WORDS = ("soak", "stream", "token", "virtual", "npu", "flex", "serve", "fault", "storm", "kv")
 DEFAULT_FAULTS = "disconnect-storm,kv-exhaustion,bad-http,instance-failure"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -210,6 +212,7 @@ class Soak:
         self.active: dict[int, tuple[Record, asyncio.Task]] = {}
         self.tasks: set[asyncio.Task] = set()
         self.monitor = Monitor()
+        self.printed = 0  # violations printed as they happened
         self.started = time.perf_counter()
         self.stop_at = self.started + o.duration
 
@@ -233,6 +236,8 @@ class Soak:
             return await send(self.client, r, body, self.started)
         finally:
             self.active.pop(r.id, None)
+            if r.kind != "client":  # the clients' own are judged by their loops
+                self.report_violations(r)
 
     async def run_one(self, r: Record, body: dict) -> Record:
         """Sends and awaits one request; a hang-up on purpose (the task cancelled by a storm)
@@ -277,11 +282,20 @@ class Soak:
         r = self.new_record("client", path, stream, choices=n, expected_tokens=k, max_tokens=k)
         return r, body
 
+    def report_violations(self, r: Record) -> None:
+        """Prints a request's violations as they happen (the first --print-violations)."""
+        outcome, bad = judge(r)
+        if bad and self.printed < self.o.print_violations:
+            self.printed += 1
+            print(f"[{self.now():6.1f}s] violation: request {r.id} ({r.kind} {r.path}, "
+                  f"{outcome}): {bad}", flush=True)  # fmt: skip
+
     async def client_loop(self, i: int) -> None:
         rng = random.Random(self.o.seed * 100_003 + i)
         while time.perf_counter() < self.stop_at:
             r, body = self.client_request(rng)
             await self.run_one(r, body)
+            self.report_violations(r)
             if r.status in OVERLOAD_STATUSES:  # overload or a failed engine: back off
                 await asyncio.sleep(self.o.backoff_s)
 
@@ -678,10 +692,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     m.add_argument("--max-rss-growth", type=float, default=0.10)
     m.add_argument("--drain-s", type=float, default=60.0)
+    m.add_argument("--print-violations", type=int, default=20, help="print the first N at once")
     o = p.parse_args(argv)
     unknown = [x for x in o.faults.split(",") if x and x not in FAULTS]
     if unknown:
         p.error(f"--faults: unknown {unknown}; known: {', '.join(FAULTS)}")
+    if o.base_url is not None and urllib.parse.urlsplit(o.base_url).hostname not in LOOPBACK:
+        p.error(f"--base-url {o.base_url}: the soak only talks to loopback ({', '.join(LOOPBACK)})")
     if not 1 <= o.min_tokens <= o.max_tokens:
         p.error("--min-tokens must be in [1, --max-tokens]")
     return o

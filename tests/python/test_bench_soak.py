@@ -118,7 +118,9 @@ def test_a_small_fuzz_campaign_finds_no_server_error(tiny_server, tmp_path) -> N
     assert doc["requests"] == 60 and sum(doc["statuses"].values()) == 60
 
 
-@pytest.mark.parametrize("bad", [["--faults", "nope"], ["--min-tokens", "0"]])
+@pytest.mark.parametrize(
+    "bad", [["--faults", "nope"], ["--min-tokens", "0"], ["--base-url", "http://10.0.0.1:8000"]]
+)
 def test_bad_options_are_refused(bad: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
         soak.parse_args(bad)
