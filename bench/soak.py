@@ -58,6 +58,11 @@ from bench.soak_faults import FAULTS, Fault, FaultContext
 WORDS = ("soak", "stream", "token", "virtual", "npu", "flex", "serve", "fault", "storm", "kv")
 DEFAULT_FAULTS = "disconnect-storm,kv-exhaustion,bad-http,instance-failure"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+GAUGES = (
+    "flexnpu:kv_cache_usage_perc",
+    "flexnpu:num_requests_running",
+    "flexnpu:num_requests_waiting",
+)
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -202,6 +207,7 @@ class Monitor:
     health_polls: int = 0
     rss: list[tuple[float, float]] = field(default_factory=list)  # (s, MiB)
     faults: list[dict] = field(default_factory=list)
+    gauge_peaks: dict[str, float] = field(default_factory=dict)  # GAUGES' largest samples
 
 
 class Soak:
@@ -312,11 +318,23 @@ class Soak:
                 self.monitor.health_failures.append((self.now(), f"{type(e).__name__}: {e}"))
             await asyncio.sleep(self.o.health_every)
 
-    async def sample_rss(self) -> None:
-        while time.perf_counter() < self.stop_at + 1 and self.pid is not None:
-            mib = rss_mib(self.pid)
+    async def sample(self) -> None:
+        """The server's RSS (from /proc, when its pid is known) and its load gauges (/metrics:
+        how full the KV pools and queues got, to see that the faults reached them)."""
+        import httpx
+
+        while time.perf_counter() < self.stop_at + 1:
+            mib = rss_mib(self.pid) if self.pid is not None else None
             if mib is not None:
                 self.monitor.rss.append((self.now(), mib))
+            try:
+                m = await self.metrics()
+            except httpx.HTTPError:
+                m = {}
+            for gauge in GAUGES:
+                if gauge in m:
+                    peaks = self.monitor.gauge_peaks
+                    peaks[gauge] = max(peaks.get(gauge, 0.0), m[gauge])
             await asyncio.sleep(self.o.rss_every)
 
     async def run_faults(self, faults: list[Fault], ctx: FaultContext) -> None:
@@ -416,7 +434,7 @@ class Soak:
             workers = [asyncio.create_task(self.client_loop(i)) for i in range(o.clients)]
             side = [
                 asyncio.create_task(c)
-                for c in (self.poll_health(), self.sample_rss(), self.run_faults(faults, ctx))
+                for c in (self.poll_health(), self.sample(), self.run_faults(faults, ctx))
             ]
             await asyncio.gather(*workers)
             ran_s = self.now()
@@ -551,6 +569,7 @@ def invariants(
         "violations": violations[:50],
         "violations_total": len(violations),
         "rss": rss,
+        "gauge_peaks": mon.gauge_peaks,
         "client_tokens": sum(r.total_tokens for r in records),
         "generation_tokens_delta": gen,
     }
@@ -585,6 +604,8 @@ def write_report(out: Path, doc: dict) -> None:
         f"Outcomes: {facts['outcomes']}",
         "",
         f"HTTP statuses: {facts['statuses']}",
+        "",
+        f"Peaks of the server's gauges: {facts['gauge_peaks']}",
         "",
         "Faults injected:",
         "",
@@ -783,6 +804,7 @@ def print_summary(doc: dict) -> None:
         f"{doc['config']['ran_s']} s; outcomes {f['outcomes']}"
     )
     print(f"statuses {f['statuses']}; faults injected {Counter(x['fault'] for x in doc['faults'])}")
+    print(f"peaks of the server's gauges: {f['gauge_peaks']}")
     for name, why in doc["faults_skipped"].items():
         print(f"skipped: {name}: {why}")
     for v in f["violations"][:10]:
