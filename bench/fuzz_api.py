@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.soak_client import encode_body, is_overload
+from bench.soak_client import KEEPALIVE_S, encode_body, is_overload
 
 PATHS = ("/v1/completions", "/v1/chat/completions")
 
@@ -174,7 +174,8 @@ async def send_all(base_url: str, examples: list[tuple[str, Any]], concurrency: 
             await one(client, queue.get_nowait())
 
     timeout = httpx.Timeout(timeout_s, connect=30)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout) as client:
+    limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)  # before the server drops them
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
     return results
 

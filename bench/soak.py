@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ServeProcess, ServerStartError, start_server
-from bench.soak_client import OVERLOAD_STATUSES, Record, judge, send
+from bench.soak_client import KEEPALIVE_S, OVERLOAD_STATUSES, Record, judge, send
 from bench.soak_faults import FAULTS, Fault, FaultContext
 
 WORDS = ("soak", "stream", "token", "virtual", "npu", "flex", "serve", "fault", "storm", "kv")
@@ -308,15 +308,21 @@ class Soak:
     async def poll_health(self) -> None:
         import httpx
 
-        while time.perf_counter() < self.stop_at:
-            self.monitor.health_polls += 1
-            try:
-                r = await self.client.get("/health", timeout=self.o.health_timeout_s)
-                if r.status_code != 200:
-                    self.monitor.health_failures.append((self.now(), f"{r.status_code} {r.text}"))
-            except httpx.HTTPError as e:
-                self.monitor.health_failures.append((self.now(), f"{type(e).__name__}: {e}"))
-            await asyncio.sleep(self.o.health_every)
+        # A new connection per poll: a failure is the server's, never a reused connection
+        # the server had just closed.
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=self.base_url, limits=fresh) as client:
+            while time.perf_counter() < self.stop_at:
+                self.monitor.health_polls += 1
+                try:
+                    r = await client.get("/health", timeout=self.o.health_timeout_s)
+                    if r.status_code != 200:
+                        failure = f"{r.status_code} {r.text}"
+                        self.monitor.health_failures.append((self.now(), failure))
+                except httpx.HTTPError as e:
+                    failure = f"{type(e).__name__}: {e}"
+                    self.monitor.health_failures.append((self.now(), failure))
+                await asyncio.sleep(self.o.health_every)
 
     async def sample(self) -> None:
         """The server's RSS (from /proc, when its pid is known) and its load gauges (/metrics:
@@ -397,7 +403,9 @@ class Soak:
         import httpx
 
         o = self.o
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_S
+        )
         timeout = httpx.Timeout(o.request_timeout, connect=30)
         async with httpx.AsyncClient(
             base_url=self.base_url, timeout=timeout, limits=limits

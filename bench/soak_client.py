@@ -15,6 +15,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+# Idle connections are dropped by the client before uvicorn's keep-alive timeout (5 s) closes
+# them: a request sent on a connection the server is closing fails with "Server disconnected
+# without sending a response" (seen once in 10 minutes of 0.5 s /health polls), not the
+# server's fault.
+KEEPALIVE_S = 2.0
+
 # Statuses that are a named refusal under overload, not a failure: 429, and 503 saying the
 # server is at capacity (its queue is full). A 503 for a failed engine is a server error.
 OVERLOAD_STATUSES = (429, 503)
