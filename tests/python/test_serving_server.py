@@ -151,6 +151,10 @@ def test_stop_string_truncates(client) -> None:
     ({"prompt": "x", "top_k": 2**31}, 400, "top_k"),
     ({"prompt": "x", "stop_token_ids": [2**64], "min_tokens": 1}, 400, "stop_token_ids"),
     ({"prompt": "x", "stop_token_ids": [-1], "min_tokens": 1}, 400, "stop_token_ids"),
+    # A lone surrogate escape: valid JSON, not Unicode; the tokenizer raised TypeError (a 500).
+    (b'{"prompt": "\\udcff lone"}', 400, "prompt"),
+    (b'{"prompt": ["ok", "\\ud800"]}', 400, "prompt"),
+    (b'{"prompt": "x", "stop": ["\\udfff"]}', 400, "stop"),
     ({"prompt": "x", "min_p": 1.5}, 400, "min_p"),
     ({"prompt": [1, 100000]}, 400, "prompt"),
     ({"prompt": ["a", 5]}, 400, "prompt"),
@@ -165,6 +169,15 @@ def test_bad_completion_requests(server, client, body, status, param) -> None:
     assert err["message"] and err["param"] == param and err["code"] == status
     # The server keeps serving.
     assert client.completions.create(model="tiny", prompt="ok", max_tokens=2).usage
+
+
+def test_lone_surrogates_are_400s_and_surrogate_pairs_are_text(server, client) -> None:
+    with _http(server) as h:
+        r = h.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", '
+                   b'"content": "hi \\udcff"}], "max_tokens": 2}')
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+        r = h.post("/v1/completions", content=b'{"prompt": "\\ud83d\\ude00", "max_tokens": 2}')
+        assert r.status_code == 200, r.text  # a pair: one emoji
 
 
 def test_bad_chat_requests_and_openai_error(server, client) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -245,6 +246,39 @@ def parse_sampling(
     except ValueError as e:
         raise APIError(str(e)) from None
     return sp, max_tokens
+
+
+# A JSON \u escape of a UTF-16 surrogate (only escapes can carry one: UTF-8 cannot).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _is_unicode(v: Any) -> bool:
+    """Whether every string in v (keys included) is valid Unicode, without lone surrogates."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(v, dict):
+        return all(_is_unicode(k) and _is_unicode(x) for k, x in v.items())
+    if isinstance(v, list):
+        return all(_is_unicode(x) for x in v)
+    return True
+
+
+def check_unicode(raw: bytes, body: dict) -> None:
+    """APIError naming the field whose string holds a lone surrogate escape (`"\ud800"`): JSON
+    parses it, the tokenizer cannot take it (a TypeError, answered 500)."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
+    for key, value in body.items():
+        if not (_is_unicode(key) and _is_unicode(value)):
+            raise APIError(
+                f"'{key.encode('utf-8', 'backslashreplace').decode()}' holds a string with a lone "
+                "UTF-16 surrogate (an unpaired \\ud800-\\udfff escape): not valid Unicode",
+                param=key.encode("utf-8", "backslashreplace").decode(),
+            )
 
 
 def _is_int(v: Any) -> bool:

@@ -42,6 +42,7 @@ from flexnpu.serving.openai_protocol import (
     APIError,
     Choice,
     ResponseFormat,
+    check_unicode,
     finish_error,
     get_field,
     parse_prompts,
@@ -232,12 +233,14 @@ def create_app(state: ServerState) -> FastAPI:
             return JSONResponse(topology().to_json())
 
     async def body_of(request: Request) -> dict:
+        raw = await request.body()
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise APIError("request body must be a JSON object")
+        check_unicode(raw, body)
         model = body.get("model")
         if model is not None and model != state.model_name:
             raise APIError(f"The model `{model}` does not exist.", 404, "model")
