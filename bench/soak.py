@@ -231,6 +231,8 @@ class Soak:
         return r
 
     def spawn(self, r: Record, body: dict | bytes) -> asyncio.Task:
+        if r.kind != "client":  # the clients' bodies are regular; the faults' are worth seeing
+            r.body_excerpt = repr(body)[:400] if isinstance(body, bytes) else json.dumps(body)[:400]
         task = asyncio.get_running_loop().create_task(self._send(r, body))
         self.active[r.id] = (r, task)
         self.tasks.add(task)
@@ -521,6 +523,7 @@ def invariants(
         if bad:
             violations.append(
                 {
+                    "body": r.body_excerpt,
                     "id": r.id,
                     "kind": r.kind,
                     "path": r.path,
@@ -578,6 +581,7 @@ def invariants(
         "violations_total": len(violations),
         "rss": rss,
         "gauge_peaks": mon.gauge_peaks,
+        "rss_samples": [(round(t, 1), round(m, 1)) for t, m in mon.rss],
         "client_tokens": sum(r.total_tokens for r in records),
         "generation_tokens_delta": gen,
     }

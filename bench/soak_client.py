@@ -55,6 +55,7 @@ class Record:
     token_offsets_ok: bool = True  # completions' text_offset never went backwards
     # Whether its tokens can be counted (it asked for logprobs); not for fuzzed bodies.
     counts_tokens: bool = True
+    body_excerpt: str | None = None  # what was sent, for the faults' requests
 
     @property
     def total_tokens(self) -> int:
