@@ -15,6 +15,7 @@ from bench.soak_client import Record, judge
 TINY_SERVER = [
     "--backend", "cpu", "--backend-options", "", "--model", "random:tiny", "--dtype", "float32",
     "--max-model-len", "128", "--num-kv-blocks", "16", "--max-num-seqs", "4",
+    "--serve-arg=--max-num-batched-tokens", "--serve-arg=64",  # one prompt-chunk program
 ]  # fmt: skip
 
 
