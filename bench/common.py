@@ -1,14 +1,20 @@
 """What several benchmarks share: FlexNPU beside its physical backend in one process, a free
-loopback port, the serving engine's SmolLM2 programs timed bare, and the fake vendor libraries
-of tests/fakes/ (the hardware tests build them with the same function)."""
+loopback port and `flexnpu serve` as a subprocess (start_server), the serving engine's SmolLM2
+programs timed bare, and the fake vendor libraries of tests/fakes/ (the hardware tests build
+them with the same function)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
+import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +61,140 @@ def setup_side_by_side(num_physical: int = 4) -> tuple[list[Any], list[Any]]:
 
 # --- servers ------------------------------------------------------------------------------------
 
+HOST = "127.0.0.1"
+
 
 def free_port() -> int:
     """A loopback TCP port nothing listens on now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return int(s.getsockname()[1])
+
+
+class ServerStartError(RuntimeError):
+    """The server exited, or did not answer /health in time; the message ends with the tail of
+    its output."""
+
+
+# SIGTERM drains (the requests in flight get the server's --shutdown-grace-s), SIGKILL ends it.
+DEFAULT_STOP_SIGNALS: tuple[tuple[signal.Signals, float], ...] = (
+    (signal.SIGTERM, 30.0),
+    (signal.SIGKILL, 10.0),
+)
+
+
+class ServeProcess:
+    """`python -m flexnpu serve` (or `launcher`, which takes serve's options) as a subprocess on
+    127.0.0.1 at a free port, its output in `log` (a temporary file if None). start_server()
+    launches one and waits for /health; stop() ends it. A context manager that stops it."""
+
+    def __init__(
+        self,
+        serve_args: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        log: Path | None = None,
+        port: int | None = None,
+        launcher: Sequence[str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.base_url = f"http://{HOST}:{self.port}"
+        if log is None:
+            fd, name = tempfile.mkstemp(prefix="flexnpu-serve-", suffix=".log")
+            os.close(fd)
+            log = Path(name)
+        self.log = log
+        launcher = list(launcher or (sys.executable, "-m", "flexnpu", "serve"))
+        self.command = [*launcher, "--host", HOST, "--port", str(self.port), *serve_args]
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                cwd=cwd,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def output_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def healthy(self, timeout_s: float = 2.0) -> bool:
+        """Whether /health answers 200 now."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=timeout_s) as r:  # noqa: S310 - loopback
+                return r.status == 200
+        except OSError:  # refused, reset, timed out, or an HTTP error status
+            return False
+
+    def wait_ready(self, timeout_s: float = 600.0, poll_s: float = 1.0) -> float:
+        """Waits until /health answers 200; returns the seconds waited. ServerStartError at
+        once if the process exits, or after timeout_s (the process is then stopped)."""
+        start = time.monotonic()
+        while True:
+            if not self.alive():
+                raise ServerStartError(
+                    f"the server exited with {self.proc.returncode} before /health "
+                    f"({' '.join(self.command)}); log {self.log}:\n{self.output_tail()}"
+                )
+            if self.healthy():
+                return time.monotonic() - start
+            if time.monotonic() - start > timeout_s:
+                self.stop()
+                raise ServerStartError(
+                    f"no /health from {self.base_url} in {timeout_s:.0f}s; log {self.log}:\n"
+                    f"{self.output_tail()}"
+                )
+            time.sleep(poll_s)
+
+    def stop(
+        self, signals: Sequence[tuple[signal.Signals, float]] = DEFAULT_STOP_SIGNALS
+    ) -> int | None:
+        """Sends each signal in turn until the process exits (waiting the given seconds after
+        each); returns its exit status."""
+        for sig, wait_s in signals:
+            if self.proc.poll() is not None:
+                break
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                continue
+        return self.proc.poll()
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_server(
+    serve_args: Sequence[str],
+    *,
+    timeout_s: float = 600.0,
+    poll_s: float = 1.0,
+    **launch: Any,
+) -> ServeProcess:
+    """Launches the server (ServeProcess(serve_args, **launch)) and waits for its /health;
+    ServerStartError (with the output's tail) if it exits first or does not answer in time."""
+    server = ServeProcess(serve_args, **launch)
+    try:
+        server.wait_ready(timeout_s, poll_s)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 # --- the serving engine's programs, bare ----------------------------------------------------------

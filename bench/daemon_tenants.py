@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import free_port
+from bench.common import ServeProcess
 from bench.serving import Result, make_prompt, one_request
 
 TENANTS = ("a", "b")
@@ -137,10 +137,12 @@ def _wait_for_log(path: Path, text: str, proc: subprocess.Popen, timeout_s: floa
 
 
 class Processes:
-    """The daemon and servers of one config; stop() ends them (SIGTERM, then SIGKILL)."""
+    """The daemon and servers of one config; stop() ends them (SIGTERM, then SIGKILL), the
+    servers before the daemon."""
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
+        self.servers: list[ServeProcess] = []
 
     def start(self, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         with open(log, "w") as out:
@@ -148,8 +150,16 @@ class Processes:
         self.procs.append(proc)
         return proc
 
+    def start_server(self, serve_args: list[str], env: dict[str, str], log: Path) -> ServeProcess:
+        """Launches one server (ServeProcess.wait_ready waits for it)."""
+        server = ServeProcess(serve_args, env=env, log=log)
+        self.servers.append(server)
+        return server
+
     def stop(self) -> None:
-        for proc in reversed(self.procs):  # servers before the daemon
+        for server in reversed(self.servers):
+            server.stop()
+        for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
@@ -206,18 +216,11 @@ def start_config(
     else:
         for tenant in TENANTS:
             server_env[tenant] = {**env, "FLEXNPU_BACKEND_OPTIONS": "cpu_device_count=2"}
-    urls, servers = {}, {}
+    servers = {}
     for tenant in TENANTS:
-        port = free_port()
-        command = [
-            sys.executable,
-            "-m",
-            "flexnpu",
-            "serve",
+        serve_args = [
             "--model",
             args.model,
-            "--port",
-            str(port),
             "--devices",
             "2",
             "--max-model-len",
@@ -230,14 +233,13 @@ def start_config(
         if config == "dedicated":
             # Not through the daemon: serializing an executable there aborts the server
             # (PJRT_Executable_Name is not provided by the remote backend; reported).
-            command += ["--compilation-cache", str(args.compilation_cache / config)]
-        servers[tenant] = procs.start(command, server_env[tenant], tmp / f"serve_{tenant}.log")
-        urls[tenant] = f"http://127.0.0.1:{port}"
-    for tenant in TENANTS:
-        _wait_for_log(
-            tmp / f"serve_{tenant}.log", "serving ", servers[tenant], args.startup_timeout
+            serve_args += ["--compilation-cache", str(args.compilation_cache / config)]
+        servers[tenant] = procs.start_server(
+            serve_args, server_env[tenant], tmp / f"serve_{tenant}.log"
         )
-    return urls
+    for server in servers.values():
+        server.wait_ready(args.startup_timeout, poll_s=0.2)
+    return {tenant: server.base_url for tenant, server in servers.items()}
 
 
 async def drive(
@@ -253,15 +255,6 @@ async def drive(
         for t, u in urls.items()
     }
     try:
-        # Wait for uvicorn to accept (the log line comes just before it binds).
-        for client in clients.values():
-            for _ in range(100):
-                try:
-                    if (await client.get("/health")).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.2)
         models = {
             t: (await c.get("/v1/models")).json()["data"][0]["id"] for t, c in clients.items()
         }

@@ -23,13 +23,13 @@ import asyncio
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bench.common import free_port
+from bench.common import ServeProcess, ServerStartError
+from bench.common import start_server as start_server_process
 
 
 @dataclass
@@ -161,19 +161,10 @@ async def run_clients(args, base: str, t: Tally) -> float:
     return elapsed
 
 
-def start_server(args) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "flexnpu",
-        "serve",
+def start_server(args) -> ServeProcess:
+    serve_args = [
         "--model",
         args.model,
-        "--port",
-        str(port),
         "--max-model-len",
         "512",
         "--max-num-seqs",
@@ -184,20 +175,10 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         str(args.max_waiting),
     ]
     env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "flexnpu")}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise SystemExit("server did not come up in 600 s")
+    try:
+        return start_server_process(serve_args, env=env, timeout_s=600)
+    except ServerStartError as e:
+        raise SystemExit(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,11 +218,12 @@ def main(argv: list[str] | None = None) -> int:
 
     import httpx
 
-    proc = None
+    server = None
     base = args.base_url
     if base is None:
         print(f"starting python -m flexnpu serve --model {args.model} ...", flush=True)
-        proc, base = start_server(args)
+        server = start_server(args)
+        base = server.base_url
     t = Tally()
     try:
         elapsed = asyncio.run(run_clients(args, base, t))
@@ -256,9 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(0.5)
         healthy = httpx.get(base + "/health", timeout=10).status_code == 200
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
+        if server is not None:
+            server.stop()
 
     after = [m for s, m in t.rss if s >= args.warmup_fraction * args.duration]
     base_rss, last_rss = (after[0], after[-1]) if after else (0.0, 0.0)

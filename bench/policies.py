@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -49,10 +48,9 @@ from typing import Any
 import numpy as np
 
 from bench import serving
-from bench.common import REPO, free_port
+from bench.common import HOST, REPO, ServeProcess, free_port
 
 SERVE = REPO / "examples" / "serve.py"
-HOST = "127.0.0.1"
 
 
 @dataclass
@@ -145,30 +143,8 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(r.read())
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before /health")
-        try:
-            if get_json(url + "/health", 2.0).get("status") == "ok":
-                return
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise TimeoutError(f"no /health from {url} in {timeout:.0f}s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGINT (uvicorn shuts down, the engine stops), then SIGTERM, then SIGKILL, by PID."""
-    for sig, wait in ((signal.SIGINT, 20.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-        if proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(wait)
-        except subprocess.TimeoutExpired:
-            continue
+# SIGINT first: uvicorn shuts down and the engine stops, as at a terminal.
+STOP_SIGNALS = ((signal.SIGINT, 20.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0))
 
 
 def workload_args(
@@ -333,73 +309,60 @@ def compare_greedy(outcomes: list[Outcome]) -> dict[str, Any]:
 
 def run_config(cfg: Config, a: argparse.Namespace, log_dir: Path) -> Outcome:
     out = Outcome(cfg.name)
-    port, stats_port = free_port(), free_port()
-    base = f"http://{HOST}:{port}"
+    stats_port = free_port()
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("FLEXNPU_", "JAX_", "XLA_FLAGS"))
     } | cfg.env
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.policies",
-        "_serve",
-        str(stats_port),
-        "--",
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        *a.server_args,
-    ]
+    launcher = [sys.executable, "-m", "bench.policies", "_serve", str(stats_port), "--"]
     log = log_dir / (cfg.name.replace("/", "_").replace(" ", "_") + ".log")
-    print(f"[{cfg.name}] starting server on {base} (log {log})", flush=True)
     t0 = time.monotonic()
-    with open(log, "wb") as logf:
-        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT, cwd=REPO)
-        try:
-            wait_ready(proc, base, a.startup_timeout)
-            out.startup_s = time.monotonic() - t0
+    server = ServeProcess(a.server_args, env=env, log=log, launcher=launcher, cwd=REPO)
+    base = server.base_url
+    print(f"[{cfg.name}] starting server on {base} (log {log})", flush=True)
+    try:
+        server.wait_ready(a.startup_timeout)
+        out.startup_s = time.monotonic() - t0
+        print(
+            f"[{cfg.name}] ready in {out.startup_s:.0f}s; warm-up {a.warmup_prompts} requests",
+            flush=True,
+        )
+        if a.warmup_prompts:
+            asyncio.run(
+                run_workload(workload_args(a, base, a.warmup_prompts, a.seed + 1, float("inf")))
+            )
+        before = get_json(f"http://{HOST}:{stats_port}/") if cfg.flexnpu else []
+        for seed in a.seeds:
+            wargs = workload_args(a, base, a.num_prompts, seed, a.request_rate)
+            results, duration = asyncio.run(run_workload(wargs))
+            out.per_seed[seed] = serving.summarize(results, duration, wargs)
+            out.requests += [
+                {
+                    "seed": seed,
+                    "ok": r.ok,
+                    "prompt_tokens": r.prompt_tokens,
+                    "output_tokens": r.output_tokens,
+                    "ttft_s": r.ttft,
+                    "tpot_s": tpot(r),
+                    "e2e_s": r.latency,
+                    "error": r.error,
+                }
+                for r in results
+            ]
+            s = out.per_seed[seed]
             print(
-                f"[{cfg.name}] ready in {out.startup_s:.0f}s; warm-up {a.warmup_prompts} requests",
+                f"[{cfg.name}] seed {seed}: {s['completed']}/{a.num_prompts} done in "
+                f"{duration:.1f}s",
                 flush=True,
             )
-            if a.warmup_prompts:
-                asyncio.run(
-                    run_workload(workload_args(a, base, a.warmup_prompts, a.seed + 1, float("inf")))
-                )
-            before = get_json(f"http://{HOST}:{stats_port}/") if cfg.flexnpu else []
-            for seed in a.seeds:
-                wargs = workload_args(a, base, a.num_prompts, seed, a.request_rate)
-                results, duration = asyncio.run(run_workload(wargs))
-                out.per_seed[seed] = serving.summarize(results, duration, wargs)
-                out.requests += [
-                    {
-                        "seed": seed,
-                        "ok": r.ok,
-                        "prompt_tokens": r.prompt_tokens,
-                        "output_tokens": r.output_tokens,
-                        "ttft_s": r.ttft,
-                        "tpot_s": tpot(r),
-                        "e2e_s": r.latency,
-                        "error": r.error,
-                    }
-                    for r in results
-                ]
-                s = out.per_seed[seed]
-                print(
-                    f"[{cfg.name}] seed {seed}: {s['completed']}/{a.num_prompts} done in "
-                    f"{duration:.1f}s",
-                    flush=True,
-                )
-            after = get_json(f"http://{HOST}:{stats_port}/") if cfg.flexnpu else []
-            out.summary = average_summaries(list(out.per_seed.values()))
-            out.placement = placement_delta(before, after) if cfg.flexnpu else None
-            out.greedy_tokens = greedy_tokens(base, a.greedy_prompts, a.greedy_tokens)
-        except Exception as e:  # noqa: BLE001 - one failed configuration is a result
-            out.error = f"{type(e).__name__}: {e}"
-            print(f"[{cfg.name}] FAILED: {out.error}", flush=True)
-        finally:
-            stop(proc)
+        after = get_json(f"http://{HOST}:{stats_port}/") if cfg.flexnpu else []
+        out.summary = average_summaries(list(out.per_seed.values()))
+        out.placement = placement_delta(before, after) if cfg.flexnpu else None
+        out.greedy_tokens = greedy_tokens(base, a.greedy_prompts, a.greedy_tokens)
+    except Exception as e:  # noqa: BLE001 - one failed configuration is a result
+        out.error = f"{type(e).__name__}: {e}"
+        print(f"[{cfg.name}] FAILED: {out.error}", flush=True)
+    finally:
+        server.stop(STOP_SIGNALS)
     return out
 
 

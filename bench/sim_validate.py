@@ -52,7 +52,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import REPO as ROOT
-from bench.common import free_port
+from bench.common import ServeProcess
+from bench.common import start_server as start_server_process
 
 CPU_CALIBRATION = ROOT / "python" / "flexnpu" / "sim" / "data" / "cpu_calibration.json"
 ENGINE = {"max_num_seqs": 8, "max_model_len": 256, "max_num_batched_tokens": 128, "block_size": 16}
@@ -153,59 +154,26 @@ def _env(**extra: str) -> dict[str, str]:
 
 def start_server(
     args: argparse.Namespace,
-    port: int,
     log: Path,
     engine: dict[str, int] = ENGINE,
     extra_args: tuple[str, ...] = (),
     extra_env: dict[str, str] | None = None,
-) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "flexnpu",
-        "serve",
-        "--port",
-        str(port),
-        "--devices",
-        str(args.devices),
-        *extra_args,
-    ]
+) -> ServeProcess:
+    serve_args = ["--devices", str(args.devices), *extra_args]
     for k, v in engine.items():
-        cmd += [f"--{k.replace('_', '-')}", str(v)]
+        serve_args += [f"--{k.replace('_', '-')}", str(v)]
     if args.model:
-        cmd += ["--model", args.model]
+        serve_args += ["--model", args.model]
     if args.compilation_cache:
-        cmd += ["--compilation-cache", str(args.compilation_cache)]
+        serve_args += ["--compilation-cache", str(args.compilation_cache)]
     env = _env(JAX_PLATFORMS=args.platform) | (extra_env or {})
     if args.devices > 1 and "FLEXNPU_BACKEND" not in env:  # jaxlib's cpu: N devices, shared cores
         env["XLA_FLAGS"] = (
             env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
         ).strip()
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    deadline = time.time() + args.startup_timeout
-    import httpx
-
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"the server exited ({proc.returncode}); log: {log}\n" + log.read_text()[-2000:]
-            )
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    proc.kill()
-    raise RuntimeError(f"the server did not come up within {args.startup_timeout} s; log: {log}")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    return start_server_process(
+        serve_args, env=env, log=log, cwd=ROOT, timeout_s=args.startup_timeout
+    )
 
 
 def measured_requests(reqs: list[Sent], time_scale: float = 1.0) -> list[dict]:
@@ -505,9 +473,9 @@ def measure_config(cfg: Config, args: argparse.Namespace, work: Path) -> dict:
         f"output median {cfg.output_median}); load average {_load():.1f}",
         flush=True,
     )
-    port = free_port()
     t = time.time()
-    proc = start_server(args, port, work / f"server_{cfg.name}.log")
+    server = start_server(args, work / f"server_{cfg.name}.log")
+    port = server.port
     print(
         f"server up in {time.time() - t:.0f} s (compiled); load average {_load():.1f}", flush=True
     )
@@ -524,7 +492,7 @@ def measure_config(cfg: Config, args: argparse.Namespace, work: Path) -> dict:
         loads["probe_after"] = _load()
         rows_tpot = asyncio.run(probe_rows(port, (1, 4, 8, 1), args.seed))
     finally:
-        stop_server(proc)
+        server.stop()
     per_request = measured_requests(reqs)
     doc = {
         "config": cfg.__dict__,

@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import free_port
 from bench.sim_validate import (
     Config,
     Sent,
@@ -48,7 +47,6 @@ from bench.sim_validate import (
     measured_requests,
     run_simulate,
     start_server,
-    stop_server,
     write_measured_trace,
 )
 
@@ -177,9 +175,9 @@ def measure(config: str, args: argparse.Namespace, work: Path) -> dict:
         "FLEXNPU_BACKEND": args.platform,
         "FLEXNPU_BACKEND_OPTIONS": f"device_count={args.devices};time_scale={k:g}",
     }
-    port = free_port()
     t = time.time()
-    proc = start_server(args, port, work / f"server_{name}.log", ENGINE, tuple(layout), env)
+    server = start_server(args, work / f"server_{name}.log", ENGINE, tuple(layout), env)
+    port = server.port
     print(f"server up in {time.time() - t:.0f} s; load average {_load():.1f}", flush=True)
     loads = {"load_start": _load()}
     try:
@@ -190,7 +188,7 @@ def measure(config: str, args: argparse.Namespace, work: Path) -> dict:
         split = split_metrics(port)
         print(f"split: {split}", flush=True)
     finally:
-        stop_server(proc)
+        server.stop()
     per_request = measured_requests(reqs, k)
     doc = {
         "name": name,

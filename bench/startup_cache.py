@@ -19,7 +19,6 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from bench.common import ServeProcess, ServerStartError
 
 CHAT = {
     "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -54,37 +55,20 @@ def start_once(
 ) -> Start:
     env = {**os.environ, "JAX_PLATFORMS": platform}
     cache = ["--compilation-cache", str(cache_dir)] if cache_dir else ["--no-compilation-cache"]
-    command = [sys.executable, "-m", "flexnpu", "serve", "--port", str(port), *cache, *serve_args]
-    base = f"http://127.0.0.1:{port}"
-    with log.open("w") as out:
-        start = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    start = time.perf_counter()
+    server = ServeProcess([*cache, *serve_args], env=env, log=log, port=port)
+    try:
         try:
-            while True:
-                if proc.poll() is not None:
-                    raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()}")
-                if time.perf_counter() - start > timeout_s:
-                    raise SystemExit(
-                        f"server not healthy after {timeout_s:.0f}s:\n{log.read_text()}"
-                    )
-                try:
-                    if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.05)
-            healthy = time.perf_counter() - start
-            r = httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=timeout_s)
-            r.raise_for_status()
-            answered = time.perf_counter() - start
-            load_average = os.getloadavg()[0]
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            server.wait_ready(timeout_s, poll_s=0.05)
+        except ServerStartError as e:
+            raise SystemExit(str(e)) from None
+        healthy = time.perf_counter() - start
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", json=CHAT, timeout=timeout_s)
+        r.raise_for_status()
+        answered = time.perf_counter() - start
+        load_average = os.getloadavg()[0]
+    finally:
+        server.stop()
     warmup = re.search(
         r"(?:compiled|loaded from the compilation cache) in ([0-9.]+)s", log.read_text()
     )

@@ -205,6 +205,16 @@ def test_stop_string_truncates(client) -> None:
     ({"prompt": "x", "echo": True}, 400, "echo"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
     ({"prompt": "x", "top_k": -2}, 400, "top_k"),
+    # int32 on the device: found by bench.soak's bad-http fault, they failed the engine (500s,
+    # then /health 503 for good)
+    ({"prompt": "x", "top_k": 2**64}, 400, "top_k"),
+    ({"prompt": "x", "top_k": 2**31}, 400, "top_k"),
+    ({"prompt": "x", "stop_token_ids": [2**64], "min_tokens": 1}, 400, "stop_token_ids"),
+    ({"prompt": "x", "stop_token_ids": [-1], "min_tokens": 1}, 400, "stop_token_ids"),
+    # A lone surrogate escape: valid JSON, not Unicode; the tokenizer raised TypeError (a 500).
+    (b'{"prompt": "\\udcff lone"}', 400, "prompt"),
+    (b'{"prompt": ["ok", "\\ud800"]}', 400, "prompt"),
+    (b'{"prompt": "x", "stop": ["\\udfff"]}', 400, "stop"),
     ({"prompt": "x", "min_p": 1.5}, 400, "min_p"),
     ({"prompt": [1, 100000]}, 400, "prompt"),
     ({"prompt": ["a", 5]}, 400, "prompt"),
@@ -219,6 +229,15 @@ def test_bad_completion_requests(server, client, body, status, param) -> None:
     assert err["message"] and err["param"] == param and err["code"] == status
     # The server keeps serving.
     assert client.completions.create(model="tiny", prompt="ok", max_tokens=2).usage
+
+
+def test_lone_surrogates_are_400s_and_surrogate_pairs_are_text(server, client) -> None:
+    with _http(server) as h:
+        r = h.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", '
+                   b'"content": "hi \\udcff"}], "max_tokens": 2}')
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+        r = h.post("/v1/completions", content=b'{"prompt": "\\ud83d\\ude00", "max_tokens": 2}')
+        assert r.status_code == 200, r.text  # a pair: one emoji
 
 
 def test_bad_chat_requests_and_openai_error(server, client) -> None:
@@ -508,3 +527,33 @@ def test_sse_events_stay_one_line_for_line_reading_clients(fake) -> None:
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(ln[6:]) for ln in lines[:-1]]  # every line is a whole event
     assert "".join(c["choices"][0]["text"] for c in chunks) == eng.text
+
+
+def test_the_fault_route_exists_only_with_fault_injection_on() -> None:
+    require("fastapi", "httpx")
+    from fastapi.testclient import TestClient
+
+    from flexnpu.serving.server import ServerState, create_app
+    from flexnpu.serving.tokenizer import ByteTokenizer
+
+    for on in (False, True):
+        app = create_app(ServerState(FakeEngine(), ByteTokenizer(), "fake", fault_injection=on))
+        r = TestClient(app).post("/debug/fail-instance/fake-0")
+        assert r.status_code == 404
+        msg = r.json()["error"]["message"]
+        # On, the engine answers (the fake has no such instance); off, there is no route.
+        assert ("no instance 'fake-0'" in msg) is on and ("Not found" in msg) is not on
+
+
+def test_a_client_that_leaves_mid_body_is_not_an_internal_error(fake, caplog) -> None:
+    import socket
+
+    host, port = fake[0].removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:  # found by bench.soak's slow clients
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 1000\r\n\r\n{\"prompt\": ")
+        time.sleep(0.3)
+    time.sleep(0.5)
+    assert not [r for r in caplog.records if "request failed" in r.getMessage()]
+    with _http(fake) as h:
+        assert h.get("/health").status_code == 200

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from flexnpu.serving.tokenizer import Tokenizer
 
 MAX_CHOICES = 64  # prompts x n per request
 MAX_LOGPROBS = NUM_TOP_LOGPROBS  # what the device step returns
+INT32_LIMIT = 2**31  # token ids and top_k go to the device step as int32
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -160,15 +162,24 @@ def parse_sampling(
         stop = [stop]
     if not all(isinstance(s, str) and s for s in stop):
         raise APIError("'stop' must be a string or a list of non-empty strings", param="stop")
+    # The device step holds token ids and top_k as int32: a larger value would fail the
+    # engine's step (and with it every request of its instance), not just this request.
     stop_ids = get_field(
         body,
         "stop_token_ids",
         (list,),
         [],
-        lambda v: all(isinstance(t, int) and not isinstance(t, bool) for t in v),
-        "a list of token ids",
+        lambda v: all(_is_int(t) and 0 <= t < INT32_LIMIT for t in v),
+        f"a list of token ids (integers in [0, {INT32_LIMIT}))",
     )
-    top_k = get_field(body, "top_k", (int,), 0, lambda v: v >= -1, "an integer >= -1 (-1, 0: off)")
+    top_k = get_field(
+        body,
+        "top_k",
+        (int,),
+        0,
+        lambda v: -1 <= v < INT32_LIMIT,
+        f"an integer in [-1, {INT32_LIMIT}) (-1, 0: off)",
+    )
     if chat:
         want = get_field(body, "logprobs", (bool,), False, None, "a boolean")
         top = get_field(
@@ -235,6 +246,43 @@ def parse_sampling(
     except ValueError as e:
         raise APIError(str(e)) from None
     return sp, max_tokens
+
+
+# A JSON \u escape of a UTF-16 surrogate (only escapes can carry one: UTF-8 cannot).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _is_unicode(v: Any) -> bool:
+    """Whether every string in v (keys included) is valid Unicode, without lone surrogates."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(v, dict):
+        return all(_is_unicode(k) and _is_unicode(x) for k, x in v.items())
+    if isinstance(v, list):
+        return all(_is_unicode(x) for x in v)
+    return True
+
+
+def check_unicode(raw: bytes, body: dict) -> None:
+    """APIError naming the field whose string holds a lone surrogate escape (`"\ud800"`): JSON
+    parses it, the tokenizer cannot take it (a TypeError, answered 500)."""
+    if not _SURROGATE_ESCAPE.search(raw):
+        return
+    for key, value in body.items():
+        if not (_is_unicode(key) and _is_unicode(value)):
+            raise APIError(
+                f"'{key.encode('utf-8', 'backslashreplace').decode()}' holds a string with a lone "
+                "UTF-16 surrogate (an unpaired \\ud800-\\udfff escape): not valid Unicode",
+                param=key.encode("utf-8", "backslashreplace").decode(),
+            )
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _set_if_supported(sp: SamplingParams, key: str, value: Any, neutral: Any) -> None:

@@ -33,6 +33,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from flexnpu.serving.chat_template import ChatTemplate, ChatTemplateError
 from flexnpu.serving.engine_client import EngineClient
@@ -41,6 +42,7 @@ from flexnpu.serving.openai_protocol import (
     APIError,
     Choice,
     ResponseFormat,
+    check_unicode,
     finish_error,
     get_field,
     parse_prompts,
@@ -147,6 +149,8 @@ class _InternalErrors:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # the client left while sending its body: nobody to answer, nothing failed
         except Exception as e:
             if started:
                 raise
@@ -239,12 +243,14 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse(topology.to_json())
 
     async def body_of(request: Request) -> dict:
+        raw = await request.body()
         try:
-            body = json.loads(await request.body())
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise APIError("request body must be a JSON object")
+        check_unicode(raw, body)
         model = body.get("model")
         if model is not None and model != state.model_name:
             raise APIError(f"The model `{model}` does not exist.", 404, "model")
