@@ -97,17 +97,17 @@ def test_a_short_soak_with_faults_passes_its_invariants(tiny_server, tmp_path) -
     rc = soak.main([
         *TINY_SERVER, *tiny_server, "--clients", "3", "--duration", "6", "--min-tokens", "2",
         "--max-tokens", "8", "--prompt-words", "4", "--fault-every", "1.5",
-        "--fault-quiet-s", "1", "--faults", "disconnect-storm,bad-http,kv-exhaustion,"
-        "instance-failure", "--slow-client-s", "1", "--huge-body-mb", "0.2", "--fuzz-bodies",
+        "--fault-quiet-s", "1", "--faults", "instance-failure,disconnect-storm,bad-http,"
+        "kv-exhaustion", "--slow-client-s", "1", "--huge-body-mb", "0.2", "--fuzz-bodies",
         "4", "--long-requests", "3", "--long-output-tokens", "8", "--out", str(tmp_path),
     ])  # fmt: skip
     doc = json.loads((tmp_path / "soak.json").read_text())
     failed = {k: v for k, v in doc["invariants"].items() if not v["ok"]}
     assert rc == 0 and not failed, (failed, doc["facts"]["violations"])
     injected = {f["fault"] for f in doc["faults"]}
-    assert {"disconnect-storm", "bad-http"} <= injected
-    # Until the engine offers instance-failure, the soak skips it and says why.
-    assert "instance-failure" in injected | set(doc["faults_skipped"])
+    assert {"instance-failure", "disconnect-storm"} <= injected
+    failure = next(f for f in doc["faults"] if f["fault"] == "instance-failure")
+    assert failure["status"] == 200, failure  # the instance failed, restarted, served on
     assert doc["facts"]["outcomes"].get("client:completed", 0) > 0
     assert (tmp_path / "soak.md").read_text().startswith("# Soak")
 
