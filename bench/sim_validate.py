@@ -42,6 +42,7 @@ import asyncio
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -176,11 +177,32 @@ def start_server(
     )
 
 
+_SHORT = re.compile(r"\d+ tokens of \d+ \((finish_reason [^)]*)\)")
+
+
+def failures(reqs: list[Sent]) -> str:
+    """The failed requests by kind, each kind's count and its first request (its id, when it
+    was sent, its error): one example alone read a server shut down mid-run (7 streams cut at
+    its shutdown with finish_reason abort, 20 sent after it refused) as 27 truncated
+    answers."""
+    kinds: dict[str, list[Sent]] = {}
+    for r in reqs:
+        if r.error:
+            short = _SHORT.fullmatch(r.error)
+            kind = f"fewer tokens than asked, {short.group(1)}" if short else r.error[:80]
+            kinds.setdefault(kind, []).append(r)
+    return "; ".join(
+        f"{len(rs)} x {kind} (first: request {rs[0].rid} sent at {rs[0].sent:.1f} s: "
+        f"{rs[0].error[:120]})"
+        for kind, rs in sorted(kinds.items(), key=lambda kv: kv[1][0].rid)
+    )
+
+
 def measured_requests(reqs: list[Sent], time_scale: float = 1.0) -> list[dict]:
     """The requests as measured (times in seconds / time_scale); an error if any failed."""
     bad = [r for r in reqs if r.error]
     if bad:
-        raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[0].error}")
+        raise RuntimeError(f"{len(bad)} of {len(reqs)} requests failed: {failures(reqs)}")
     k = time_scale
     return [
         {

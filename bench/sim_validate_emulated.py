@@ -124,7 +124,12 @@ def split_metrics(port: int) -> dict[str, float]:
         "moved_sequences_total",
     )
     out: dict[str, float] = {}
-    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    except httpx.HTTPError as e:  # a server gone: the requests' failures say why, not this
+        print(f"split metrics: the server did not answer: {e}", flush=True)
+        return out
+    for line in text.splitlines():
         for n in names:
             if line.startswith(f"flexnpu:{n}{{"):
                 out[n] = float(line.rsplit(" ", 1)[1])

@@ -415,6 +415,63 @@ def test_failed_kv_handoff_is_computed_again(split_front) -> None:
     assert out.done.wait(TIMEOUT_S) and (out.tokens, out.finish) == ([7, 8, 9], "length")
 
 
+class _EntryOrderEngine:
+    """What a replica asks of its engine when a handoff continues: records which request
+    enters first (it never decodes)."""
+
+    eos_ids = frozenset({2})
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.ec = SimpleNamespace(block_size=8)
+        self.entered: list[int] = []
+        self.first_entry = threading.Event()
+
+    def submit_prefilled(self, prefilled, sampling, out, *, deadline, priority):
+        from types import SimpleNamespace
+
+        self.entered.append(prefilled.prompt_ids[0])
+        self.first_entry.set()
+        return SimpleNamespace(done=False)
+
+    def stop(self) -> None:
+        pass
+
+
+def test_handoffs_enter_the_decode_engine_in_the_order_they_were_sent() -> None:
+    """A decode replica fetches handed-off KVs in parallel, but they take its engine's
+    first-come batch slots in the order the front sent them: the first one's fetch is slow
+    (it returns once something entered the engine, or after 1 s), the second's is at once;
+    the first still enters first. (Entering as fetched, the second took the one decode slot
+    of test_ray_handoff's decode host, ran to its end there before the host was killed, and
+    the first waited: the request that ended on the killed host.)"""
+    import numpy as np
+
+    from flexnpu.serving.multihost.replica import Continuation, PrefillDone, ReplicaServer
+    from flexnpu.serving.sampling import SamplingParams
+
+    engine = _EntryOrderEngine()
+
+    class SlowFirstFetch(ReplicaServer):
+        def fetch_kv(self, source):
+            if source == "slow":
+                engine.first_entry.wait(1.0)
+            kv = np.zeros((1, 8, 1, 4), np.float32)
+            return kv, kv
+
+    server = SlowFirstFetch(None, "flexnpu-replica-dddd", log=lambda *_: None)
+    server.engine = engine
+    done = PrefillDone((7,), (1, 0), 1, 256)
+    for rid, kv in ((1, "slow"), (2, "fast")):
+        server.submit_prefilled(
+            Continuation(rid, [rid, 5, 5], SamplingParams(max_tokens=8), done, kv, "a")
+        )
+    _wait(lambda: len(engine.entered) == 2)
+    server.stop()
+    assert engine.entered == [1, 2]
+
+
 def test_kv_transfers_and_host_roles_in_the_metrics(split_front) -> None:
     f, a, b, metrics = split_front
     from flexnpu.serving.multihost.replica import KvReceived, RequestEvents

@@ -316,3 +316,46 @@ def test_decode_instance_batches_handed_off_sequences_with_running_ones():
     assert plan.kv_inserts == [second]
     assert sorted(e.seq.request_id for e in plan.scheduled) == ["a", "b"]
     assert all(e.is_decode for e in plan.scheduled)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_handed_off_sequences_preempted_on_the_decode_side_deliver_every_token(seed):
+    """The split layout's two schedulers, steps one ahead as the engine runs them, a decode
+    pool small enough to preempt: a handed-off sequence (its prompt KV inserted) that is
+    preempted recomputes its prompt and tokens from scratch, and finishes "length" having
+    delivered exactly max_tokens tokens (a token is delivered for each sampling entry of a
+    step whose sequence is not finished when the step completes, as Engine._complete does):
+    no early "length" from a count run ahead of the tokens."""
+    rng = random.Random(seed)
+    common = dict(max_num_batched_tokens=32, block_size=4, max_model_len=120,
+                  max_prefill_seqs=1)
+    pre = Scheduler(SchedulerConfig(role=Role.PREFILL, num_blocks=200, **common))
+    dec = Scheduler(SchedulerConfig(role=Role.DECODE, max_num_seqs=6, num_blocks=40,
+                                    **common))
+    want, delivered, preempted = {}, {}, 0
+    in_flight: dict[Role, list] = {Role.PREFILL: [], Role.DECODE: []}
+    now = 0.0
+    while len(want) < 40 or pre.has_work or dec.has_work or any(in_flight.values()):
+        if len(want) < 40 and rng.random() < 0.5:
+            r = seq(len(want), rng.randint(1, 60), rng.randint(1, 55), arrival=now)
+            pre.add(r)
+            want[r.request_id], delivered[r.request_id] = r.max_tokens, 0
+        for s in (pre, dec):
+            plan, steps = s.schedule(now), in_flight[s.config.role]
+            if not plan.is_empty:
+                steps.append(plan)
+            if len(steps) == 2 or (steps and plan.is_empty):
+                done = steps.pop(0)
+                for e in done.scheduled:
+                    delivered[e.seq.request_id] += e.samples and not e.seq.finished
+                for r in s.on_step_done(done, now):
+                    if r.finish_reason == "prefilled":
+                        dec.add_prefilled(r)
+                        continue
+                    assert r.finish_reason == "length"
+                    assert delivered[r.request_id] == want[r.request_id], r
+                    preempted += r.num_preemptions
+        now += 1
+        assert now < 100_000
+    assert all(delivered[i] == n for i, n in want.items()) and preempted > 0
+

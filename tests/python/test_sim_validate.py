@@ -59,6 +59,32 @@ def test_bench_trace_round_trips_through_simulate(tmp_path):
     assert pol["requests_finished"] == len(reqs)
 
 
+def test_failed_requests_are_reported_by_kind():
+    """The emulated split run of issue 42 (seed 0: 34 requests over 4 device seconds at
+    time_scale 20, request 7 the one asking 112 tokens): the server shut down 42.5 s into the
+    load. Requests 0-6 had finished; the 7 in flight (7-13) ended at the grace period's end
+    with finish_reason abort and fewer tokens; the 20 sent later were refused. The report says
+    so, instead of "27 requests failed, e.g. 97 tokens of 112"."""
+    v = _bench("sim_validate")
+    e = _bench("sim_validate_emulated")
+    reqs = e.make_phase_trace(e.CONFIGS["emu"], 4.0, 0)
+    assert len(reqs) == 34 and reqs[7].output == 112
+    for r in reqs:
+        r.sent = r.planned * 20
+        if r.sent > 42.5:
+            r.error = "ConnectError: All connection attempts failed"
+        elif r.rid >= 7:
+            r.error = f"{r.output * 7 // 8} tokens of {r.output} (finish_reason abort)"
+    with pytest.raises(RuntimeError) as failed:
+        v.measured_requests(reqs)
+    assert str(failed.value) == (
+        "27 of 34 requests failed: 7 x fewer tokens than asked, finish_reason abort (first: "
+        "request 7 sent at 14.1 s: 98 tokens of 112 (finish_reason abort)); 20 x ConnectError: "
+        "All connection attempts failed (first: request 14 sent at 43.3 s: ConnectError: All "
+        "connection attempts failed)"
+    )
+
+
 def test_engine_shapes_pick_the_runners_programs():
     shapes = EngineShapes.of_engine(**ENGINE)
     ec = EngineConfig(**ENGINE)

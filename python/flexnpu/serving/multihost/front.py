@@ -791,9 +791,10 @@ class ClusterFront(ModelLimits):
             self._kv_received(rep, ev.kv_received)
         with self._lock:
             req = self._requests.get(rid)
-        # Events of a replica the request left (handed off, re-routed) are stale.
-        if req is None or req.done or req.replica != rep.info.name:
-            return
+            # Events of a replica the request left (handed off, re-routed) are stale, and so
+            # are those of a replica declared dead: its requests went on elsewhere.
+            if req is None or req.done or req.replica != rep.info.name or not rep.live:
+                return
         for token, lp in ev.tokens:
             now = time.perf_counter()
             observe_token(self.metrics, req, now)
@@ -821,19 +822,22 @@ class ClusterFront(ModelLimits):
     def _recompute(self, req: ClusterRequest) -> bool:
         """Sends a request that streamed tokens to a live replica again: its prompt followed
         by those tokens, for what is left of its tokens (greedy, it goes on as it would have;
-        seeded sampling too: a token's randomness is its position's). False if none takes it."""
-        prompt_ids = req.prompt_ids + req.token_ids
-        sp = req.sampling
-        left = sp.max_tokens - len(req.token_ids)
-        if left < 1:
-            return False
-        req.sent_prompt_ids = prompt_ids
-        req.sent_sampling = dataclasses.replace(
-            sp, max_tokens=left, min_tokens=max(0, sp.min_tokens - len(req.token_ids))
-        )
-        if not self._reroute(req):
-            return False
-        req.recomputes += 1
+        seeded sampling too: a token's randomness is its position's). False if none takes it;
+        True, nothing sent nor counted, if it finished meanwhile (a client's abort)."""
+        with self._lock:  # the check and the send at once: a finish in between went uncounted
+            if req.done:
+                return True
+            sp = req.sampling
+            left = sp.max_tokens - len(req.token_ids)
+            if left < 1:
+                return False
+            req.sent_prompt_ids = req.prompt_ids + req.token_ids
+            req.sent_sampling = dataclasses.replace(
+                sp, max_tokens=left, min_tokens=max(0, sp.min_tokens - len(req.token_ids))
+            )
+            if not self._reroute(req):
+                return False
+            req.recomputes += 1
         return True
 
     def _kv_received(self, dst: _Replica, received: Any) -> None:

@@ -19,11 +19,12 @@ by the front's ids, not the engine's."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,6 +200,40 @@ class _EventBuffer:
         return taken
 
 
+class _Turns:
+    """Tickets taken in one order let their holders through one at a time in that order,
+    whatever order they come in (KV fetches that end in any order enter the engine in the
+    order their handoffs were sent)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._taken = 0  # tickets given out
+        self._next = 0  # the ticket whose turn it is
+        self._closed = False  # the replica stops: nobody waits
+
+    def take(self) -> int:
+        with self._cond:
+            self._taken += 1
+            return self._taken - 1
+
+    @contextlib.contextmanager
+    def turn(self, ticket: int) -> Iterator[None]:
+        """Waits for `ticket`'s turn; the next ticket's comes when the block ends."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._next == ticket or self._closed)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._next = max(self._next, ticket + 1)
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
 class ReplicaServer:
     """The replica: `start()` builds and starts the engine (minutes: loading, compiling), then
     the front submits, aborts and polls. Thread-safe (a Ray actor runs calls on several
@@ -224,6 +259,7 @@ class ReplicaServer:
         self._exports: dict[int, tuple[float, Any]] = {}
         self._continuing: set[int] = set()  # submit_prefilled taken, its KV being fetched
         self._move_pending: set[int] = set()  # of those, to move on once in the engine
+        self._handoff_order = _Turns()  # continuations enter the engine in arrival order
         self._prefilled_taken = 0
         self._fetcher: ThreadPoolExecutor | None = None
 
@@ -442,34 +478,20 @@ class ReplicaServer:
             if self._fetcher is None:
                 self._fetcher = ThreadPoolExecutor(2, thread_name_prefix="flexnpu-kv-fetch")
             fetcher = self._fetcher
-        fetcher.submit(self._continue, c, deadline)
+            ticket = self._handoff_order.take()  # calls come in the front's order
+        fetcher.submit(self._continue, c, deadline, ticket)
 
-    def _continue(self, c: Continuation, deadline: float | None) -> None:
-        from flexnpu.serving.engine import PrefilledSequence
-
-        rid, done = c.rid, c.done
+    def _continue(self, c: Continuation, deadline: float | None, ticket: int) -> None:
+        """Fetches the KV (in parallel with other handoffs), then enters the engine in the
+        order the handoffs were sent: the engine queues them first come, first served, and a
+        fetch that ends sooner must not give a later handoff an earlier one's batch slot."""
+        rid = c.rid
         out = _ForwardingOutput(rid, c.sampling, self.engine.eos_ids, self._events)
-        out.num_tokens = len(done.output_ids)  # for min_tokens: those came from `source`
-        received = None
+        out.num_tokens = len(c.done.output_ids)  # for min_tokens: those came from `source`
         try:
-            if c.kv is None:
-                with self._lock:
-                    prefilled = self._exports.pop(rid)[1]
-            else:
-                t0 = time.perf_counter()
-                k, v = self.fetch_kv(c.kv)
-                received = KvReceived(c.source, k.nbytes + v.nbytes, time.perf_counter() - t0)
-                prefilled = PrefilledSequence(
-                    list(c.prompt_ids),
-                    list(done.output_ids),
-                    tuple(done.seed_words),
-                    done.num_blocks,
-                    self.engine.ec.block_size,
-                    k,
-                    v,
-                )
+            prefilled = self._fetch(c)
         except Exception as e:  # noqa: BLE001 - told to the front as the request's finish
-            with self._lock:
+            with self._handoff_order.turn(ticket), self._lock:
                 self._continuing.discard(rid)
                 self._move_pending.discard(rid)
                 self._prefilled_taken += 1
@@ -478,10 +500,8 @@ class ReplicaServer:
                 time.perf_counter(),
             )
             return
-        if received is not None:
-            self._events.kv_received(rid, received)
         req = refused = None
-        with self._lock:
+        with self._handoff_order.turn(ticket), self._lock:
             self._prefilled_taken += 1
             if rid not in self._continuing:  # aborted meanwhile
                 return
@@ -501,6 +521,29 @@ class ReplicaServer:
             out.on_finish(refused, time.perf_counter())
         elif move and req is not None:  # its host stopped decoding while the KV came
             self._export_running(rid, req)
+
+    def _fetch(self, c: Continuation) -> Any:
+        """The PrefilledSequence `c` continues: this replica's own export, or one built from
+        the KV fetched from `c.source` (its arrival reported in the next poll)."""
+        from flexnpu.serving.engine import PrefilledSequence
+
+        if c.kv is None:
+            with self._lock:
+                return self._exports.pop(c.rid)[1]
+        t0 = time.perf_counter()
+        k, v = self.fetch_kv(c.kv)
+        received = KvReceived(c.source, k.nbytes + v.nbytes, time.perf_counter() - t0)
+        self._events.kv_received(c.rid, received)
+        done = c.done
+        return PrefilledSequence(
+            list(c.prompt_ids),
+            list(done.output_ids),
+            tuple(done.seed_words),
+            done.num_blocks,
+            self.engine.ec.block_size,
+            k,
+            v,
+        )
 
     def abort(self, rid: int, reason: str = "abort") -> None:
         """Ends `rid` here, counted as `reason` in this replica's series ("rebalanced": the
@@ -546,6 +589,7 @@ class ReplicaServer:
     def stop(self) -> None:
         if self.engine is not None:
             self.engine.stop()
+        self._handoff_order.close()  # no fetch waits for a turn that never comes
         if self._fetcher is not None:
             self._fetcher.shutdown(wait=False, cancel_futures=True)
 
