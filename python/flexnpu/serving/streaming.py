@@ -114,6 +114,11 @@ class Run:
                 yield batch
         finally:
             self.abort()
+            # Left early (the client went, the guard passed): nobody reads on, so the choices
+            # end here, and the Run leaves InFlight's count now, not when it is collected.
+            for c in self.choices:
+                if c.finish is None:
+                    c.finish = "abort"
 
     def _record(self, c: Choice, d: Delta) -> int:
         """Adds the delta to its choice; returns where its logprobs start in c.logprobs."""
