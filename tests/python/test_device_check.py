@@ -53,6 +53,12 @@ def test_calibration_rows_give_the_error_of_the_prediction() -> None:
                        "error_pct": rows[0]["error_pct"]}  # fmt: skip
     assert abs(rows[0]["error_pct"] - 25.0) < 1e-9
     assert rows[1]["measured_s"] is None and rows[1]["error_pct"] is None
+    # a failed prediction keeps the GPU's timings in the table
+    (only,) = device_check._calibration_rows({}, measured)
+    assert only["measured_s"] == 0.002 and only["predicted_s"] is None
+    assert "| a | 2.000 | - | - |" in "\n".join(
+        device_check._calibration_table({"details": {"rows": [only]}})
+    )
 
 
 def test_cuda_environment_lets_two_clients_share_the_gpu() -> None:
