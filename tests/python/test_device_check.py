@@ -68,3 +68,21 @@ def test_cuda_environment_lets_two_clients_share_the_gpu() -> None:
     assert "preallocate=false" in env["FLEXNPU_BACKEND_OPTIONS"]
     assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
     assert device_check.backend_env("cpu", None) == {}
+
+
+def test_prepare_packs_what_the_device_run_unpacks(tmp_path: Path, monkeypatch) -> None:
+    package = tmp_path / "site" / "xla_plugins" / "xla_cpu_pjrt"
+    (package / "include").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "xla_cpu_pjrt.so").write_bytes(b"\0" * 1000)
+    (package / "include" / "pjrt_c_api.h").write_text("// the PJRT C API")
+    monkeypatch.setattr(device_check, "_xla_cpu_pjrt_dir", lambda: package)
+    monkeypatch.setattr(device_check, "UNPACK_DIR", tmp_path / "device")
+    carried = tmp_path / "carried"
+    device_check.prepare(carried)
+    assert (carried / "include" / "pjrt_c_api.h").read_text() == "// the PJRT C API"
+    env = device_check.unpack(carried)
+    site = tmp_path / "device" / "site"
+    assert (site / "xla_plugins" / "xla_cpu_pjrt" / "xla_cpu_pjrt.so").stat().st_size == 1000
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(site)
+    assert env["FLEXNPU_PJRT_INCLUDE_DIR"] == str((carried / "include").resolve())
