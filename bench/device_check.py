@@ -309,14 +309,16 @@ def part_build(runner: Runner) -> dict[str, Any]:
         ".",
     ]
     env = {**runner.env, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 4)}
-    proc = subprocess.run(
-        cmd,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=max(1.0, min(360.0, runner.left())),
-    )
+    limit = max(1.0, min(360.0, runner.left()))
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as e:
+        output = (e.stdout or b"") + (e.stderr or b"")
+        return {
+            "status": "failed",
+            "reason": f"pip install did not finish within {limit:.0f} s",
+            "details": {"log_tail": output.decode(errors="replace")[-4000:]},
+        }
     seconds = time.monotonic() - t0
     if proc.returncode != 0:
         return {
