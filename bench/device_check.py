@@ -309,24 +309,11 @@ def part_build(runner: Runner) -> dict[str, Any]:
         ".",
     ]
     env = {**runner.env, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 4)}
-    limit = max(1.0, min(360.0, runner.left()))
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=limit)
-    except subprocess.TimeoutExpired as e:
-        output = (e.stdout or b"") + (e.stderr or b"")
-        return {
-            "status": "failed",
-            "reason": f"pip install did not finish within {limit:.0f} s",
-            "details": {"log_tail": output.decode(errors="replace")[-4000:]},
-        }
+    code, output = run_command(cmd, env, min(360.0, runner.left()))
     seconds = time.monotonic() - t0
-    if proc.returncode != 0:
-        return {
-            "status": "failed",
-            "reason": f"pip install exited {proc.returncode}",
-            "seconds": seconds,
-            "details": {"log_tail": (proc.stdout + proc.stderr)[-4000:]},
-        }
+    if code != 0:
+        why = "did not finish in time" if code is None else f"exited {code}"
+        return {"status": "failed", "reason": f"pip install {why}", "details": {"log_tail": output}}
     check = subprocess.run(
         [sys.executable, "-c", "import flexnpu, os; print(os.path.dirname(flexnpu.__file__))"],
         cwd="/",
@@ -341,7 +328,7 @@ def part_build(runner: Runner) -> dict[str, Any]:
         if status == "passed"
         else f"import flexnpu failed: {check.stderr[-1500:]}",
         "seconds": seconds,
-        "details": {"log_tail": proc.stdout[-1500:]},
+        "details": {"log_tail": output[-1500:]},
     }
 
 
@@ -399,10 +386,23 @@ def _calibration_rows(
     return rows
 
 
+def run_command(cmd: list[str], env: dict[str, str], limit_s: float) -> tuple[int | None, str]:
+    """(exit code or None when it overran `limit_s`, its output's end)."""
+    try:
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=max(1.0, limit_s)
+        )
+    except subprocess.TimeoutExpired as e:
+        output = (e.stdout or b"") + (e.stderr or b"")
+        return None, output.decode(errors="replace")[-4000:]
+    return proc.returncode, (proc.stdout + proc.stderr)[-4000:]
+
+
 def part_export(runner: Runner, gpu_env: dict[str, str]) -> dict[str, Any]:
     """`serve --export` over the CPU plugin, then the export served on jaxlib's cpu and on
     flexnpu over the backend: the same greedy tokens."""
     export_dir = runner.work / "export"
+    chunks = "32" if runner.args.quick else "16,32"  # one prefill program fewer
     cli = [
         sys.executable,
         "-m",
@@ -423,21 +423,15 @@ def part_export(runner: Runner, gpu_env: dict[str, str]) -> dict[str, Any]:
         "--block-size",
         "16",
         "--chunk-buckets",
-        "16,32",
+        chunks,
     ]
-    proc = subprocess.run(
-        cli,
-        cwd=REPO,
-        env=runner.env,
-        capture_output=True,
-        text=True,
-        timeout=max(1.0, min(240.0, runner.left())),
-    )
-    if proc.returncode != 0:
+    code, output = run_command(cli, runner.env, min(240.0, runner.left()))
+    if code != 0:
+        why = "did not finish in time" if code is None else f"exited {code}"
         return {
             "status": "failed",
-            "reason": f"serve --export exited {proc.returncode}",
-            "details": {"log_tail": (proc.stdout + proc.stderr)[-3000:]},
+            "reason": f"serve --export {why}",
+            "details": {"log_tail": output},
         }
     served = runner.run("export_serve", gpu_env, 300, export_dir=str(export_dir))
     return {**served, "reason": f"exported on CPU, {served['reason']}"}
