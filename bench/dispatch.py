@@ -38,7 +38,7 @@ def _time_calls(fn: Callable, args: tuple, calls: int) -> list[float]:
     return samples
 
 
-def _compare(
+def compare_dispatch(
     name: str,
     fn: Callable,
     make_args: Callable,
@@ -152,7 +152,9 @@ def main() -> None:
     ]
     runs = [
         [
-            _compare(name, fn, make_args, calls, args.rounds, npu_devices[0], direct_devices[0])
+            compare_dispatch(
+                name, fn, make_args, calls, args.rounds, npu_devices[0], direct_devices[0]
+            )
             for name, fn, make_args, calls in benchmarks
         ]
         for _ in range(args.runs)

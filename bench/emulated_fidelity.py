@@ -60,9 +60,12 @@ def _programs() -> dict[str, tuple[Callable, Callable]]:
     }
 
 
-def _engine_programs(rows: int) -> dict[str, tuple[Callable, Callable]]:
-    """The serving engine's step programs for Qwen2.5-7B (bf16): name -> (a call of the step
-    that threads the donated KV cache through, maker of its arguments)."""
+def engine_programs(
+    model: str = "qwen2.5-7b", rows: int = 16, context: int = 4096, chunk: int = 2048
+) -> dict[str, tuple[Callable, ...]]:
+    """The serving engine's step programs for a random-weight preset (bf16): name -> (a call of
+    the step that threads the donated KV cache through, maker of its arguments, the step's
+    arguments as the analysis lowers them, the jitted step)."""
     import jax
     import jax.numpy as jnp
 
@@ -70,8 +73,8 @@ def _engine_programs(rows: int) -> dict[str, tuple[Callable, Callable]]:
     from flexnpu.serving.model import random_params
     from flexnpu.serving.runner import ModelSteps, Runner, RunnerShapes
 
-    cfg = RANDOM_PRESETS["qwen2.5-7b"]
-    block, context, chunk = 16, 4096, 2048
+    cfg = RANDOM_PRESETS[model]
+    block = 16
     blocks = context // block
     shapes = RunnerShapes(
         num_seqs=rows,
@@ -96,8 +99,8 @@ def _engine_programs(rows: int) -> dict[str, tuple[Callable, Callable]]:
         return runner.params, runner.ck, runner.cv, inp
 
     return {
-        f"qwen2.5-7b decode step {rows} rows x 4k ctx": (step, inputs(0), analysed, steps.step),
-        f"qwen2.5-7b prefill step 2k chunk (+{rows} rows)": (
+        f"{model} decode step {rows} rows x {context} ctx": (step, inputs(0), analysed, steps.step),
+        f"{model} prefill step {chunk} chunk (+{rows} rows)": (
             step,
             inputs(chunk),
             analysed,
@@ -193,7 +196,7 @@ def main() -> None:
     if args.only in ("all", "ops"):
         programs |= {name: (fn, make, lambda *a: a, fn) for name, (fn, make) in _programs().items()}
     if args.only in ("all", "engine"):
-        programs |= _engine_programs(args.engine_rows)
+        programs |= engine_programs(rows=args.engine_rows)
     for name, (fn, make_args, analysed, jitted) in programs.items():
         fn_args = make_args()
         predicted = _predicted_s(preset, jitted, analysed(*fn_args))
